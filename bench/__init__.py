@@ -1,0 +1,1 @@
+"""Benchmarks for hubproxy's hot path (not timed tests)."""

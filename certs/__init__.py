@@ -1,0 +1,1 @@
+"""Certificate authorities and certificates for hubproxy, and TLS contexts that reload them."""

@@ -1,0 +1,1 @@
+"""hubproxy gateway: the hub-side front door, and the agent's HTTP side, over the tunnel."""

@@ -1,0 +1,104 @@
+"""The `hubproxy` command: one binary, one subcommand per process or tool.
+
+Each subcommand lives in its own module exposing ``add_arguments(parser)`` and
+``run(args) -> int``. Every long flag can also come from the environment as
+``HUBPROXY_<FLAG>`` (``--tunnel-listen`` -> ``HUBPROXY_TUNNEL_LISTEN``), so the same
+binary runs from a shell, a systemd unit or a Kubernetes manifest. A flag given on the
+command line wins over the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+
+ENV_PREFIX = "HUBPROXY_"
+
+# name -> (module, one-line help). Modules are imported only when the parser is built.
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "gateway": ("gateway.serve", "run the hub-side gateway (front door :9092, tunnel :8091)"),
+    "agent": ("gateway.agent.command", "run the managed-cluster agent that dials out to the hub"),
+    "certs": ("certs.cli", "create CAs and issue gateway, tunnel and agent certificates"),
+    "kubeconfig": ("gateway.kubeconfig", "print a kubeconfig whose clusters go through the gateway"),
+    "demo": ("gateway.demo", "run hub, two managed clusters, gateway and agents locally"),
+    "kubesim": ("kubesim.cli", "run kubesim, the kube-apiserver stand-in for tests (not production)"),
+}
+
+
+def env_name(option: str) -> str:
+    """``--tunnel-listen`` -> ``HUBPROXY_TUNNEL_LISTEN``."""
+    return ENV_PREFIX + option.lstrip("-").upper().replace("-", "_")
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def apply_environment(parser: argparse.ArgumentParser, environ: os._Environ[str] | dict[str, str]) -> None:
+    """Turn ``HUBPROXY_*`` variables into defaults of the flags they name, recursively.
+
+    Repeatable flags take a comma-separated list. Boolean switches take 1/0, true/false,
+    yes/no, on/off; anything else is a usage error rather than a silent guess.
+    """
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                apply_environment(sub, environ)
+            continue
+        longs = [o for o in action.option_strings if o.startswith("--")]
+        if not longs or action.dest in ("help", "version"):
+            continue
+        name = env_name(longs[0])
+        if action.help is not argparse.SUPPRESS:
+            action.help = f"{action.help or ''} [env {name}]".strip()
+        if name not in environ:
+            continue
+        raw = environ[name]
+        if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):
+            lowered = raw.strip().lower()
+            if lowered not in _TRUE | _FALSE:
+                parser.error(f"{name}={raw!r}: expected one of 1/0, true/false, yes/no, on/off")
+            on = lowered in _TRUE
+            action.default = on if isinstance(action, argparse._StoreTrueAction) else not on
+        elif isinstance(action, argparse._AppendAction):
+            items = [item.strip() for item in raw.split(",") if item.strip()]
+            action.default = [action.type(i) if action.type else i for i in items]
+        else:
+            action.default = action.type(raw) if action.type else raw
+        action.required = False
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hubproxy",
+        description=(
+            "Reach the API servers and Services of managed Kubernetes clusters from a hub "
+            "through a reverse tunnel. Callers authenticate with hub tokens (TokenReview); "
+            "managed clusters see only an impersonated, prefixed hub identity."
+        ),
+        epilog="Every --flag can also be set as HUBPROXY_<FLAG> in the environment.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        module = importlib.import_module(module_name)
+        sub = subparsers.add_parser(name, help=help_text, description=module.__doc__)
+        module.add_arguments(sub)
+        sub.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    apply_environment(parser, os.environ)
+    args = parser.parse_args(argv)
+    try:
+        return int(args._run(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,5 @@
+import sys
+
+from kubesim.cli import main
+
+sys.exit(main())

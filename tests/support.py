@@ -1,0 +1,128 @@
+"""Helpers shared by the test suite: loopback ports and background processes we own.
+
+Every process a test starts goes through `ProcessGroup`, which records its PID and stops
+exactly those processes (their process groups) and nothing else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+LOOPBACK = "127.0.0.1"
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """A TCP port that was free on loopback a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for_port(port: int, host: str = LOOPBACK, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.5):
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"nothing listens on {host}:{port} after {timeout}s")
+
+
+class BackgroundProcess:
+    """A child process whose output lines are collected, so tests can wait for them."""
+
+    def __init__(self, args: Sequence[str], env: dict[str, str] | None, cwd: Path | None) -> None:
+        self.args = list(args)
+        self.popen = subprocess.Popen(
+            self.args,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **(env or {})},
+            cwd=cwd,
+            start_new_session=True,
+        )
+        self.pid = self.popen.pid
+        self.lines: list[str] = []
+        self._changed = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.popen.stdout is not None
+        for raw in self.popen.stdout:
+            with self._changed:
+                self.lines.append(raw.decode(errors="replace").rstrip("\n"))
+                self._changed.notify_all()
+        with self._changed:
+            self._changed.notify_all()
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def wait_for_line(self, needle: str, timeout: float = 30.0) -> str:
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while True:
+                for line in self.lines:
+                    if needle in line:
+                        return line
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or (self.popen.poll() is not None and not self._reader.is_alive()):
+                    raise TimeoutError(
+                        f"{needle!r} not printed by {self.args[:3]} "
+                        f"(exit {self.popen.poll()}); output:\n{self.output[-4000:]}"
+                    )
+                self._changed.wait(min(remaining, 0.2))
+
+    def signal(self, signum: int) -> None:
+        if self.popen.poll() is None:
+            os.killpg(self.pid, signum)
+
+    def stop(self, timeout: float = 10.0) -> int:
+        """SIGTERM, then SIGKILL after `timeout`; returns the exit code."""
+        if self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pid, signal.SIGTERM)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.pid, signal.SIGKILL)
+                self.popen.wait(5)
+        self._reader.join(2)
+        return self.popen.returncode
+
+
+class ProcessGroup:
+    """The background processes one test started; `stop_all` stops only those."""
+
+    def __init__(self) -> None:
+        self.started: list[BackgroundProcess] = []
+
+    def start(
+        self,
+        args: Sequence[str],
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> BackgroundProcess:
+        proc = BackgroundProcess(args, env, cwd)
+        self.started.append(proc)
+        return proc
+
+    def hubproxy(self, *args: str, env: dict[str, str] | None = None) -> BackgroundProcess:
+        """Start `hubproxy ARGS...` with this interpreter (no PATH lookup)."""
+        return self.start([sys.executable, "-m", "gateway.cli", *args], env=env)
+
+    def stop_all(self) -> None:
+        for proc in reversed(self.started):
+            proc.stop()

@@ -1,0 +1,1 @@
+"""The reverse tunnel: a multiplexed, flow-controlled session between hub and agent."""
