@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import ssl
 from collections.abc import AsyncIterator
@@ -84,10 +85,8 @@ async def exchange(port: int, ctx: ssl.SSLContext, server_hostname: str = "local
         return answer, x509.load_der_x509_certificate(der).serial_number
     finally:
         writer.close()
-        try:
+        with contextlib.suppress(ConnectionError, ssl.SSLError, TimeoutError):
             await asyncio.wait_for(writer.wait_closed(), TIMEOUT)
-        except (ConnectionError, ssl.SSLError, TimeoutError):
-            pass
 
 
 async def refused(port: int, ctx: ssl.SSLContext) -> bool:
