@@ -149,7 +149,7 @@ class ReloadingContext:
         self._signature = signature
         try:
             context = self._build()
-        except (OSError, ValueError, ssl.SSLError) as exc:
+        except Exception as exc:  # any failure: keep serving with what we had
             self.last_error = f"{type(exc).__name__}: {exc}"
             log.warning(
                 "certificate reload from %s failed, keeping the previous certificates: %s",
