@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import ssl
 from collections.abc import AsyncIterator, Sequence
@@ -46,7 +47,18 @@ PODS = {
 }
 
 
-def _discovery_app() -> web.Application:
+@dataclass(frozen=True)
+class SeenRequest:
+    """How a client reached a subresource, so tests can assert which wire protocol ran."""
+
+    subresource: str
+    method: str
+    upgrade: str
+    ws_protocols: str
+    stream_protocols: str
+
+
+def _discovery_app(seen: list[SeenRequest]) -> web.Application:
     async def api(_: web.Request) -> web.Response:
         return web.json_response({"kind": "APIVersions", "versions": ["v1"],
                                   "serverAddressByClientCIDRs": [
@@ -78,15 +90,20 @@ def _discovery_app() -> web.Application:
     def lookup(request: web.Request) -> dict[str, Any]:
         pod = PODS.get(request.match_info["name"])
         if pod is None or request.match_info["ns"] != "default":
-            raise web.HTTPNotFound(content_type="application/json", text=(
-                '{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound",'
-                '"code":404,"message":"pods \\"%s\\" not found"}' % request.match_info["name"]))
+            name = request.match_info["name"]
+            raise web.HTTPNotFound(content_type="application/json", text=json.dumps({
+                "kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound",
+                "code": 404, "message": f'pods "{name}" not found'}))
         return pod
 
     async def get_pod(request: web.Request) -> web.Response:
         return web.json_response(lookup(request))
 
     async def subresource(request: web.Request) -> web.StreamResponse:
+        seen.append(SeenRequest(request.match_info["sub"], request.method,
+                                request.headers.get("Upgrade", ""),
+                                request.headers.get("Sec-WebSocket-Protocol", ""),
+                                request.headers.get("X-Stream-Protocol-Version", "")))
         return await serve_pod_subresource(request, request.match_info["sub"], lookup(request))
 
     app = web.Application()
@@ -106,6 +123,7 @@ class StreamsServer:
     ca_file: Path
     client_ssl: ssl.SSLContext
     kubeconfig: Path
+    seen: list[SeenRequest]
 
 
 @contextlib.asynccontextmanager
@@ -119,7 +137,8 @@ async def streams_server(tmp_path: Path) -> AsyncIterator[StreamsServer]:
     ca_file = tmp_path / "ca.crt"
     ca.cert_pem.write_to_path(str(ca_file))
 
-    runner = web.AppRunner(_discovery_app(), handle_signals=False, access_log=None)
+    seen: list[SeenRequest] = []
+    runner = web.AppRunner(_discovery_app(seen), handle_signals=False, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server_ssl)
     await site.start()
@@ -128,7 +147,7 @@ async def streams_server(tmp_path: Path) -> AsyncIterator[StreamsServer]:
     kubeconfig = tmp_path / "kubeconfig"
     write_kubeconfig(kubeconfig, url, ca_file)
     try:
-        yield StreamsServer(url, port, ca_file, client_ssl, kubeconfig)
+        yield StreamsServer(url, port, ca_file, client_ssl, kubeconfig, seen)
     finally:
         await runner.cleanup()
 
