@@ -41,16 +41,19 @@ def _upgrade(request: web.Request) -> str:
     return request.headers.get("Upgrade", "").strip().lower()
 
 
-async def serve_pod_subresource(request: web.Request, subresource: str,
-                                pod: dict[str, Any]) -> web.StreamResponse:
+async def serve_pod_subresource(
+    request: web.Request, subresource: str, pod: dict[str, Any]
+) -> web.StreamResponse:
     if subresource == "log":
         if request.method not in ("GET", "HEAD"):
-            return error_response(405, "the server does not allow this method on the requested "
-                                       "resource", "MethodNotAllowed")
+            return error_response(
+                405,
+                "the server does not allow this method on the requested resource",
+                "MethodNotAllowed",
+            )
         return await serve_log(request, pod)
     if subresource not in SUBRESOURCES:
-        return error_response(404, "the server could not find the requested resource",
-                              "NotFound")
+        return error_response(404, "the server could not find the requested resource", "NotFound")
     upgrade = _upgrade(request)
     if subresource in ("exec", "attach"):
         opts = parse_exec_request(request, pod, attach=subresource == "attach")

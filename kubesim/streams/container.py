@@ -88,8 +88,11 @@ class Process:
     tty: bool = False
 
     def environment(self) -> dict[str, str]:
-        env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-               "HOSTNAME": pod_name(self.pod), "HOME": "/root"}
+        env = {
+            "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "HOSTNAME": pod_name(self.pod),
+            "HOME": "/root",
+        }
         for spec in self.pod.get("spec", {}).get("containers") or []:
             if spec.get("name") == self.container:
                 for item in spec.get("env") or []:
@@ -107,7 +110,7 @@ class Process:
 
 
 def _unescape(text: str) -> str:
-    return (text.replace("\\n", "\n").replace("\\t", "\t").replace("\\\\", "\\"))
+    return text.replace("\\n", "\n").replace("\\t", "\t").replace("\\\\", "\\")
 
 
 def _printf(fmt: str, args: list[str]) -> str:
@@ -213,8 +216,15 @@ async def _pwd(args: list[str], proc: Process) -> int:
 
 
 _EXECUTABLES: dict[str, Callable[[list[str], Process], Awaitable[int]]] = {
-    "echo": _echo, "cat": _cat, "printf": _printf_cmd, "whoami": _whoami,
-    "hostname": _hostname, "env": _env, "sleep": _sleep, "true": _true, "false": _false,
+    "echo": _echo,
+    "cat": _cat,
+    "printf": _printf_cmd,
+    "whoami": _whoami,
+    "hostname": _hostname,
+    "env": _env,
+    "sleep": _sleep,
+    "true": _true,
+    "false": _false,
     "pwd": _pwd,
 }
 
@@ -280,8 +290,14 @@ async def _run_simple(argv: list[str], proc: Process) -> int:
             raise _Exit(int(argv[1]) & 0xFF if len(argv) > 1 else 0)
         except ValueError:
             raise _Exit(2) from None
-    target = Process(proc.pod, proc.container, proc.stdin,
-                     proc.stderr if to_stderr else proc.stdout, proc.stderr, proc.tty)
+    target = Process(
+        proc.pod,
+        proc.container,
+        proc.stdin,
+        proc.stderr if to_stderr else proc.stdout,
+        proc.stderr,
+        proc.tty,
+    )
     try:
         return await run(argv, target)
     except CommandNotFound:

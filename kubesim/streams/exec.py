@@ -1,10 +1,11 @@
 """`pods/{name}/exec` and `pods/{name}/attach` over WebSocket and over SPDY/3.1.
 
-WebSocket (`GET`, kubectl ≥1.30 default): subprotocols v5/v4/v3/v2/`channel.k8s.io`; every
-binary message is `channel byte + payload` (0 stdin, 1 stdout, 2 stderr, 3 error/status,
-4 resize). v5 adds channel 255: `[255, 0]` from the client half-closes stdin. v4+ put a JSON
-Status on channel 3 (Success, NonZeroExitCode with an ExitCode cause, or InternalError); older
-versions put only a failure message there. Then we close the WebSocket.
+WebSocket (`GET`, kubectl ≥1.30 default): subprotocols v5/v4/v3/v2/`channel.k8s.io` (and the
+base64 text variants); every message is `channel + payload` (0 stdin, 1 stdout, 2 stderr,
+3 error/status, 4 resize), see channels.py. v5 adds channel 255: `[255, 0]` from the client
+half-closes stdin. v4+ put a JSON Status on channel 3 (Success, NonZeroExitCode with an
+ExitCode cause, or InternalError); older versions put only a failure message there. Then we
+close the WebSocket.
 
 SPDY (`POST`, `Upgrade: SPDY/3.1`, `X-Stream-Protocol-Version: v4.channel.k8s.io` ...): the
 client opens one SPDY stream per channel, named by the `streamType` header (error, stdin, stdout,
@@ -21,9 +22,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from aiohttp import WSMsgType, web
+from aiohttp import web
 
 from kubesim.streams import container as builtin
+from kubesim.streams.channels import ChannelCodec
 from kubesim.streams.logs import choose_container
 from kubesim.streams.spdy_session import SpdySession, SpdyStream
 from kubesim.streams.status import (
@@ -36,10 +38,14 @@ from kubesim.streams.upgrade import negotiate, negotiation_failed, switch_protoc
 
 log = logging.getLogger(__name__)
 
-WS_PROTOCOLS = ("v5.channel.k8s.io", "v4.channel.k8s.io", "v3.channel.k8s.io",
-                "v2.channel.k8s.io", "channel.k8s.io")
-SPDY_PROTOCOLS = ("v4.channel.k8s.io", "v3.channel.k8s.io", "v2.channel.k8s.io",
-                  "channel.k8s.io")
+WS_PROTOCOLS = (
+    "v5.channel.k8s.io",
+    "v4.channel.k8s.io",
+    "v3.channel.k8s.io",
+    "v2.channel.k8s.io",
+    "channel.k8s.io",
+)
+SPDY_PROTOCOLS = ("v4.channel.k8s.io", "v3.channel.k8s.io", "v2.channel.k8s.io", "channel.k8s.io")
 STDIN, STDOUT, STDERR, ERROR, RESIZE, CLOSE = 0, 1, 2, 3, 4, 255
 STREAM_CREATION_TIMEOUT = 30.0
 CLOSE_GRACE = 2.0
@@ -60,8 +66,9 @@ def _flag(request: web.Request, name: str) -> bool:
     return request.query.get(name, "").lower() in ("true", "1")
 
 
-def parse_exec_request(request: web.Request, pod: dict[str, Any],
-                       attach: bool) -> ExecRequest | web.Response:
+def parse_exec_request(
+    request: web.Request, pod: dict[str, Any], attach: bool
+) -> ExecRequest | web.Response:
     """Query → ExecRequest, or the 400 the apiserver would answer."""
     chosen = choose_container(pod, request.query.get("container"))
     if isinstance(chosen, web.Response):
@@ -69,8 +76,15 @@ def parse_exec_request(request: web.Request, pod: dict[str, Any],
     command = tuple(request.query.getall("command", []))
     if not attach and not command:
         return error_response(400, "you must specify at least one command for the container")
-    opts = ExecRequest(command, chosen, _flag(request, "stdin"), _flag(request, "stdout"),
-                       _flag(request, "stderr"), _flag(request, "tty"), attach)
+    opts = ExecRequest(
+        command,
+        chosen,
+        _flag(request, "stdin"),
+        _flag(request, "stdout"),
+        _flag(request, "stderr"),
+        _flag(request, "tty"),
+        attach,
+    )
     if not (opts.stdin or opts.stdout or opts.stderr):
         return error_response(400, "you must specify at least 1 of stdin, stdout, stderr")
     if opts.tty and opts.stderr:
@@ -83,8 +97,10 @@ async def _attached_process(proc: builtin.Process) -> int:
     """The container's main process: echoes stdin when attached with -i, else keeps logging."""
     if proc.stdin is not None:
         return await builtin.run(["cat"], proc)
-    interval = builtin.annotation_int(proc.pod, "log-interval-ms",
-                                      builtin.DEFAULT_LOG_INTERVAL_MS) / 1000.0
+    interval = (
+        builtin.annotation_int(proc.pod, "log-interval-ms", builtin.DEFAULT_LOG_INTERVAL_MS)
+        / 1000.0
+    )
     n = builtin.annotation_int(proc.pod, "log-lines", builtin.DEFAULT_LOG_LINES)
     while True:
         await asyncio.sleep(interval)
@@ -92,17 +108,26 @@ async def _attached_process(proc: builtin.Process) -> int:
         await proc.stdout((builtin.log_line(proc.pod, proc.container, n) + "\n").encode())
 
 
-async def run_exec(opts: ExecRequest, pod: dict[str, Any], stdin: builtin.ReadStdin | None,
-                   stdout: builtin.Write, stderr: builtin.Write) -> tuple[bytes, str | None]:
+async def run_exec(
+    opts: ExecRequest,
+    pod: dict[str, Any],
+    stdin: builtin.ReadStdin | None,
+    stdout: builtin.Write,
+    stderr: builtin.Write,
+) -> tuple[bytes, str | None]:
     """Run the command; returns (v4 status JSON, failure text for v1-v3 or None on success)."""
 
     async def discard(_data: bytes) -> None:
         return None
 
-    proc = builtin.Process(pod, opts.container, stdin if opts.stdin else None,
-                           stdout if opts.stdout else discard,
-                           stderr if opts.stderr else (stdout if opts.tty else discard),
-                           opts.tty)
+    proc = builtin.Process(
+        pod,
+        opts.container,
+        stdin if opts.stdin else None,
+        stdout if opts.stdout else discard,
+        stderr if opts.stderr else (stdout if opts.tty else discard),
+        opts.tty,
+    )
     try:
         if opts.attach:
             code = await _attached_process(proc)
@@ -112,7 +137,8 @@ async def run_exec(opts: ExecRequest, pod: dict[str, Any], stdin: builtin.ReadSt
         message = (
             "error executing command in container: failed to exec in container: "
             f"OCI runtime exec failed: exec failed: unable to start container process: {exc}: "
-            "unknown")
+            "unknown"
+        )
         return exec_internal_error(message), f"Internal error occurred: {message}"
     if code == 0:
         return exec_success(), None
@@ -122,25 +148,25 @@ async def run_exec(opts: ExecRequest, pod: dict[str, Any], stdin: builtin.ReadSt
 # -- WebSocket ---------------------------------------------------------------------------------
 
 
-async def serve_exec_websocket(request: web.Request, pod: dict[str, Any],
-                               opts: ExecRequest) -> web.StreamResponse:
+async def serve_exec_websocket(
+    request: web.Request, pod: dict[str, Any], opts: ExecRequest
+) -> web.StreamResponse:
     ws = web.WebSocketResponse(protocols=WS_PROTOCOLS, autoping=True, timeout=CLOSE_GRACE)
     await ws.prepare(request)
-    protocol = ws.ws_protocol or "channel.k8s.io"
-    v4 = protocol in ("v4.channel.k8s.io", "v5.channel.k8s.io")
-    v5 = protocol == "v5.channel.k8s.io"
+    codec = ChannelCodec(ws.ws_protocol or "channel.k8s.io")
 
     stdin_queue: asyncio.Queue[bytes] = asyncio.Queue()
 
     async def read_client() -> None:
         try:
             async for msg in ws:
-                if msg.type != WSMsgType.BINARY or not msg.data:
+                decoded = codec.decode(msg)
+                if decoded is None:
                     continue
-                channel, payload = msg.data[0], bytes(msg.data[1:])
+                channel, payload = decoded
                 if channel == STDIN and payload:
                     stdin_queue.put_nowait(payload)
-                elif channel == CLOSE and v5 and payload[:1] == bytes([STDIN]):
+                elif channel == CLOSE and codec.has_close_signal and payload[:1] == b"\x00":
                     stdin_queue.put_nowait(b"")
                 # RESIZE: nothing to resize.
         finally:
@@ -152,12 +178,11 @@ async def serve_exec_websocket(request: web.Request, pod: dict[str, Any],
     def writer(channel: int) -> Callable[[bytes], Awaitable[None]]:
         async def write(data: bytes) -> None:
             if data and not ws.closed:
-                await ws.send_bytes(bytes([channel]) + data)
+                await codec.send(ws, channel, data)
         return write
 
     reader = asyncio.ensure_future(read_client())
-    command = asyncio.ensure_future(
-        run_exec(opts, pod, read_stdin, writer(STDOUT), writer(STDERR)))
+    command = asyncio.ensure_future(run_exec(opts, pod, read_stdin, writer(STDOUT), writer(STDERR)))
     try:
         # The command ends, or the client disconnects (attach otherwise runs forever).
         await asyncio.wait({reader, command}, return_when=asyncio.FIRST_COMPLETED)
@@ -166,10 +191,10 @@ async def serve_exec_websocket(request: web.Request, pod: dict[str, Any],
         with contextlib.suppress(asyncio.CancelledError):
             status, failure = await command
             if not ws.closed:
-                if v4:
-                    await ws.send_bytes(bytes([ERROR]) + status)
+                if codec.status_is_json:
+                    await codec.send(ws, ERROR, status)
                 elif failure:
-                    await ws.send_bytes(bytes([ERROR]) + failure.encode())
+                    await codec.send(ws, ERROR, failure.encode())
     except ConnectionError as exc:
         log.debug("exec client went away: %s", exc)
     finally:
@@ -187,8 +212,9 @@ async def serve_exec_websocket(request: web.Request, pod: dict[str, Any],
 # -- SPDY --------------------------------------------------------------------------------------
 
 
-async def serve_exec_spdy(request: web.Request, pod: dict[str, Any],
-                          opts: ExecRequest) -> web.StreamResponse:
+async def serve_exec_spdy(
+    request: web.Request, pod: dict[str, Any], opts: ExecRequest
+) -> web.StreamResponse:
     protocol = negotiate(request, SPDY_PROTOCOLS)
     if protocol is None:
         return negotiation_failed(request, SPDY_PROTOCOLS)
@@ -205,7 +231,6 @@ async def serve_exec_spdy(request: web.Request, pod: dict[str, Any],
 
     streams: dict[str, SpdyStream] = {}
     ready = asyncio.Event()
-    out: list[Callable[[bytes], None]] = []
 
     def on_stream(stream: SpdyStream) -> None:
         stream.reply()
@@ -214,19 +239,19 @@ async def serve_exec_spdy(request: web.Request, pod: dict[str, Any],
         if expected <= streams.keys():
             ready.set()
 
-    session = SpdySession(lambda data: out[0](data), on_stream)
+    session = SpdySession(on_stream)
     headers = {"Upgrade": "SPDY/3.1"}
     if protocol:
         headers["X-Stream-Protocol-Version"] = protocol
     conn = await switch_protocols(request, headers, session.feed, session.connection_lost)
-    out.append(conn.write)
-    session._drain = conn.drain
+    session.bind(conn.write, conn.drain)
 
     closed = asyncio.ensure_future(session.closed.wait())
     try:
         waiter = asyncio.ensure_future(ready.wait())
-        await asyncio.wait({waiter, closed}, timeout=STREAM_CREATION_TIMEOUT,
-                           return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(
+            {waiter, closed}, timeout=STREAM_CREATION_TIMEOUT, return_when=asyncio.FIRST_COMPLETED
+        )
         waiter.cancel()
         if not ready.is_set():
             log.info("exec client did not create streams %s (got %s)", expected, set(streams))
@@ -245,8 +270,9 @@ async def serve_exec_spdy(request: web.Request, pod: dict[str, Any],
             await write_to("stderr", data)
 
         stdin_stream = streams.get("stdin")
-        command = asyncio.ensure_future(run_exec(
-            opts, pod, stdin_stream.read if stdin_stream else None, out_writer, err_writer))
+        command = asyncio.ensure_future(
+            run_exec(opts, pod, stdin_stream.read if stdin_stream else None, out_writer, err_writer)
+        )
         await asyncio.wait({command, closed}, return_when=asyncio.FIRST_COMPLETED)
         if not command.done():
             command.cancel()

@@ -45,8 +45,9 @@ def choose_container(pod: dict[str, Any], requested: str | None) -> str | web.Re
     if not names:
         return error_response(400, f"pod {name} has no containers")
     return error_response(
-        400, f"a container name must be specified for pod {name}, "
-             f"choose one of: [{' '.join(names)}]")
+        400,
+        f"a container name must be specified for pod {name}, choose one of: [{' '.join(names)}]",
+    )
 
 
 async def serve_log(request: web.Request, pod: dict[str, Any]) -> web.StreamResponse:
@@ -63,14 +64,17 @@ async def serve_log(request: web.Request, pod: dict[str, Any]) -> web.StreamResp
         return error_response(400, "limitBytes must be greater than zero")
     if _flag(request, "previous"):
         return error_response(
-            400, f'previous terminated container "{container}" in pod '
-                 f'"{builtin.pod_name(pod)}" not found')
+            400,
+            f'previous terminated container "{container}" in pod '
+            f'"{builtin.pod_name(pod)}" not found',
+        )
     follow = _flag(request, "follow")
     timestamps = _flag(request, "timestamps")
 
     backlog = builtin.annotation_int(pod, "log-lines", builtin.DEFAULT_LOG_LINES)
-    interval = builtin.annotation_int(pod, "log-interval-ms",
-                                      builtin.DEFAULT_LOG_INTERVAL_MS) / 1000.0
+    interval = (
+        builtin.annotation_int(pod, "log-interval-ms", builtin.DEFAULT_LOG_INTERVAL_MS) / 1000.0
+    )
     follow_limit = builtin.annotation_int(pod, "log-follow-limit", 0)
     first = 1 if tail is None else max(1, backlog - tail + 1)
 

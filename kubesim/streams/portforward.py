@@ -19,12 +19,12 @@ import asyncio
 import contextlib
 import logging
 import struct
-from collections.abc import Callable
 from typing import Any
 
 from aiohttp import WSMsgType, web
 
 from kubesim.streams import container as builtin
+from kubesim.streams.channels import ChannelCodec
 from kubesim.streams.spdy_session import OutboundQueue, SpdySession, SpdyStream
 from kubesim.streams.status import error_response
 from kubesim.streams.upgrade import negotiate, negotiation_failed, switch_protocols
@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 PORTFORWARD_PROTOCOL = "portforward.k8s.io"
 TUNNEL_PROTOCOL = "SPDY/3.1+portforward.k8s.io"
-CHANNEL_PROTOCOLS = ("v4.channel.k8s.io", "portforward.k8s.io")
+CHANNEL_PROTOCOLS = ("v4.channel.k8s.io", "portforward.k8s.io", "v4.base64.channel.k8s.io")
 STREAM_PAIR_TIMEOUT = 30.0
 
 
@@ -88,19 +88,19 @@ class StreamPairer:
                 await task
 
 
-async def serve_portforward_spdy(request: web.Request,
-                                 pod: dict[str, Any]) -> web.StreamResponse:
+async def serve_portforward_spdy(request: web.Request, pod: dict[str, Any]) -> web.StreamResponse:
     protocol = negotiate(request, (PORTFORWARD_PROTOCOL,))
     if protocol is None:
         return negotiation_failed(request, (PORTFORWARD_PROTOCOL,))
     pairer = StreamPairer(pod)
-    out: list[Callable[[bytes], None]] = []
-    session = SpdySession(lambda data: out[0](data), pairer.on_stream)
+    session = SpdySession(pairer.on_stream)
     conn = await switch_protocols(
-        request, {"Upgrade": "SPDY/3.1", "X-Stream-Protocol-Version": PORTFORWARD_PROTOCOL},
-        session.feed, session.connection_lost)
-    out.append(conn.write)
-    session._drain = conn.drain
+        request,
+        {"Upgrade": "SPDY/3.1", "X-Stream-Protocol-Version": PORTFORWARD_PROTOCOL},
+        session.feed,
+        session.connection_lost,
+    )
+    session.bind(conn.write, conn.drain)
     try:
         await session.closed.wait()  # kubectl keeps the session until it stops forwarding
     finally:
@@ -110,13 +110,12 @@ async def serve_portforward_spdy(request: web.Request,
     return conn.response
 
 
-async def serve_portforward_tunnel(request: web.Request,
-                                   pod: dict[str, Any]) -> web.StreamResponse:
+async def serve_portforward_tunnel(request: web.Request, pod: dict[str, Any]) -> web.StreamResponse:
     ws = web.WebSocketResponse(protocols=(TUNNEL_PROTOCOL,), autoping=True, timeout=2.0)
     await ws.prepare(request)
     outbound = OutboundQueue(ws.send_bytes)
     pairer = StreamPairer(pod)
-    session = SpdySession(outbound.put, pairer.on_stream)
+    session = SpdySession(pairer.on_stream, outbound.put, outbound.drain)
     try:
         async for msg in ws:
             if msg.type == WSMsgType.BINARY:
@@ -148,24 +147,27 @@ def _ports(request: web.Request) -> list[int] | web.Response:
     return ports
 
 
-async def serve_portforward_channels(request: web.Request,
-                                     pod: dict[str, Any]) -> web.StreamResponse:
+async def serve_portforward_channels(
+    request: web.Request, pod: dict[str, Any]
+) -> web.StreamResponse:
     ports = _ports(request)
     if isinstance(ports, web.Response):
         return ports
     ws = web.WebSocketResponse(protocols=CHANNEL_PROTOCOLS, autoping=True, timeout=2.0)
     await ws.prepare(request)
+    codec = ChannelCodec(ws.ws_protocol or "channel.k8s.io")
     try:
         for index, port in enumerate(ports):
             prefix = struct.pack("<H", port)
-            await ws.send_bytes(bytes([2 * index]) + prefix)
-            await ws.send_bytes(bytes([2 * index + 1]) + prefix)
+            await codec.send(ws, 2 * index, prefix)
+            await codec.send(ws, 2 * index + 1, prefix)
         async for msg in ws:
-            if msg.type != WSMsgType.BINARY or len(msg.data) < 2:
+            decoded = codec.decode(msg)
+            if decoded is None:
                 continue
-            channel = msg.data[0]
-            if channel % 2 == 0 and channel // 2 < len(ports):
-                await ws.send_bytes(bytes(msg.data))  # echo on the same data channel
+            channel, payload = decoded
+            if channel % 2 == 0 and channel // 2 < len(ports) and payload:
+                await codec.send(ws, channel, payload)  # echo on the same data channel
     except ConnectionError as exc:
         log.debug("port-forward client went away: %s", exc)
     finally:

@@ -56,17 +56,71 @@ class RstStatus(IntEnum):
 def _header_dictionary() -> bytes:
     """The SPDY/3 zlib dictionary (spec section 2.6.10.1): length-prefixed words, then a tail."""
     words = [
-        "options", "head", "post", "put", "delete", "trace", "accept", "accept-charset",
-        "accept-encoding", "accept-language", "accept-ranges", "age", "allow",
-        "authorization", "cache-control", "connection", "content-base", "content-encoding",
-        "content-language", "content-length", "content-location", "content-md5",
-        "content-range", "content-type", "date", "etag", "expect", "expires", "from",
-        "host", "if-match", "if-modified-since", "if-none-match", "if-range",
-        "if-unmodified-since", "last-modified", "location", "max-forwards", "pragma",
-        "proxy-authenticate", "proxy-authorization", "range", "referer", "retry-after",
-        "server", "te", "trailer", "transfer-encoding", "upgrade", "user-agent", "vary",
-        "via", "warning", "www-authenticate", "method", "get", "status", "200 OK",
-        "version", "HTTP/1.1", "url", "public", "set-cookie", "keep-alive", "origin",
+        "options",
+        "head",
+        "post",
+        "put",
+        "delete",
+        "trace",
+        "accept",
+        "accept-charset",
+        "accept-encoding",
+        "accept-language",
+        "accept-ranges",
+        "age",
+        "allow",
+        "authorization",
+        "cache-control",
+        "connection",
+        "content-base",
+        "content-encoding",
+        "content-language",
+        "content-length",
+        "content-location",
+        "content-md5",
+        "content-range",
+        "content-type",
+        "date",
+        "etag",
+        "expect",
+        "expires",
+        "from",
+        "host",
+        "if-match",
+        "if-modified-since",
+        "if-none-match",
+        "if-range",
+        "if-unmodified-since",
+        "last-modified",
+        "location",
+        "max-forwards",
+        "pragma",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "range",
+        "referer",
+        "retry-after",
+        "server",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "user-agent",
+        "vary",
+        "via",
+        "warning",
+        "www-authenticate",
+        "method",
+        "get",
+        "status",
+        "200 OK",
+        "version",
+        "HTTP/1.1",
+        "url",
+        "public",
+        "set-cookie",
+        "keep-alive",
+        "origin",
     ]
     tail = (
         "100101201202205206300302303304305306307402405406407408409410411412413414415416417"
@@ -171,8 +225,9 @@ class Data:
     fin: bool = False
 
 
-Frame = (SynStream | SynReply | HeadersFrame | RstStream | Settings | Ping | GoAway
-         | WindowUpdate | Data)
+Frame = (
+    SynStream | SynReply | HeadersFrame | RstStream | Settings | Ping | GoAway | WindowUpdate | Data
+)
 
 
 def header_value(headers: Headers, name: str) -> str | None:
@@ -205,7 +260,7 @@ def _unpack_header_block(block: bytes) -> Headers:
         nonlocal pos
         if pos + n > len(view):
             raise HeaderBlockError("header block truncated")
-        chunk = bytes(view[pos:pos + n])
+        chunk = bytes(view[pos : pos + n])
         pos += n
         return chunk
 
@@ -234,8 +289,9 @@ class FrameEncoder:
     """Serialises frames; owns this direction's header compressor (one per connection)."""
 
     def __init__(self) -> None:
-        self._zlib = zlib.compressobj(zlib.Z_BEST_COMPRESSION, zlib.DEFLATED, 15,
-                                      zdict=HEADER_DICTIONARY)
+        self._zlib = zlib.compressobj(
+            zlib.Z_BEST_COMPRESSION, zlib.DEFLATED, 15, zdict=HEADER_DICTIONARY
+        )
 
     def _block(self, headers: Headers) -> bytes:
         raw = _pack_header_block(headers)
@@ -253,38 +309,53 @@ class FrameEncoder:
                 if len(data) > MAX_FRAME_LENGTH:
                     raise FrameTooLarge(f"data payload of {len(data)} bytes")
                 flags = FLAG_FIN if fin else 0
-                return struct.pack(">II", stream_id & 0x7FFFFFFF,
-                                   (flags << 24) | len(data)) + bytes(data)
+                return struct.pack(
+                    ">II", stream_id & 0x7FFFFFFF, (flags << 24) | len(data)
+                ) + bytes(data)
             case SynStream():
                 flags = (FLAG_FIN if frame.fin else 0) | (
-                    FLAG_UNIDIRECTIONAL if frame.unidirectional else 0)
-                payload = struct.pack(">IIBB", frame.stream_id & 0x7FFFFFFF,
-                                      frame.associated_id & 0x7FFFFFFF,
-                                      (frame.priority & 0x7) << 5, frame.slot)
-                return self._control(FrameType.SYN_STREAM, flags,
-                                     payload + self._block(frame.headers))
+                    FLAG_UNIDIRECTIONAL if frame.unidirectional else 0
+                )
+                payload = struct.pack(
+                    ">IIBB",
+                    frame.stream_id & 0x7FFFFFFF,
+                    frame.associated_id & 0x7FFFFFFF,
+                    (frame.priority & 0x7) << 5,
+                    frame.slot,
+                )
+                return self._control(
+                    FrameType.SYN_STREAM, flags, payload + self._block(frame.headers)
+                )
             case SynReply(stream_id, headers, fin):
-                return self._control(FrameType.SYN_REPLY, FLAG_FIN if fin else 0,
-                                     struct.pack(">I", stream_id) + self._block(headers))
+                return self._control(
+                    FrameType.SYN_REPLY,
+                    FLAG_FIN if fin else 0,
+                    struct.pack(">I", stream_id) + self._block(headers),
+                )
             case HeadersFrame(stream_id, headers, fin):
-                return self._control(FrameType.HEADERS, FLAG_FIN if fin else 0,
-                                     struct.pack(">I", stream_id) + self._block(headers))
+                return self._control(
+                    FrameType.HEADERS,
+                    FLAG_FIN if fin else 0,
+                    struct.pack(">I", stream_id) + self._block(headers),
+                )
             case RstStream(stream_id, status):
-                return self._control(FrameType.RST_STREAM, 0,
-                                     struct.pack(">II", stream_id, status))
+                return self._control(FrameType.RST_STREAM, 0, struct.pack(">II", stream_id, status))
             case Settings(entries, clear):
                 payload = struct.pack(">I", len(entries)) + b"".join(
                     struct.pack(">II", (flags << 24) | ident, value)
-                    for flags, ident, value in entries)
-                return self._control(FrameType.SETTINGS, FLAG_SETTINGS_CLEAR if clear else 0,
-                                     payload)
+                    for flags, ident, value in entries
+                )
+                return self._control(
+                    FrameType.SETTINGS, FLAG_SETTINGS_CLEAR if clear else 0, payload
+                )
             case Ping(ping_id):
                 return self._control(FrameType.PING, 0, struct.pack(">I", ping_id))
             case GoAway(last, status):
                 return self._control(FrameType.GOAWAY, 0, struct.pack(">II", last, status))
             case WindowUpdate(stream_id, delta):
-                return self._control(FrameType.WINDOW_UPDATE, 0,
-                                     struct.pack(">II", stream_id, delta))
+                return self._control(
+                    FrameType.WINDOW_UPDATE, 0, struct.pack(">II", stream_id, delta)
+                )
         raise TypeError(f"not a SPDY frame: {frame!r}")
 
 
@@ -299,7 +370,8 @@ class FrameDecoder:
     max_frame_size: int = DEFAULT_MAX_FRAME
     _buffer: bytearray = field(default_factory=bytearray)
     _zlib: zlib._Decompress = field(
-        default_factory=lambda: zlib.decompressobj(zdict=HEADER_DICTIONARY))
+        default_factory=lambda: zlib.decompressobj(zdict=HEADER_DICTIONARY)
+    )
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
         self._buffer += data
@@ -311,8 +383,8 @@ class FrameDecoder:
                 raise FrameTooLarge(f"frame of {length} bytes (limit {self.max_frame_size})")
             if len(self._buffer) < 8 + length:
                 break
-            payload = bytes(self._buffer[8:8 + length])
-            del self._buffer[:8 + length]
+            payload = bytes(self._buffer[8 : 8 + length])
+            del self._buffer[: 8 + length]
             flags = flags_length >> 24
             if first & 0x80000000:
                 frame = self._control(first, flags, payload)
@@ -349,9 +421,15 @@ class FrameDecoder:
             case FrameType.SYN_STREAM:
                 need(10)
                 sid, assoc, pri, slot = struct.unpack_from(">IIBB", payload)
-                return SynStream(sid & 0x7FFFFFFF, self._headers(payload[10:]),
-                                 assoc & 0x7FFFFFFF, pri >> 5, slot, bool(flags & FLAG_FIN),
-                                 bool(flags & FLAG_UNIDIRECTIONAL))
+                return SynStream(
+                    sid & 0x7FFFFFFF,
+                    self._headers(payload[10:]),
+                    assoc & 0x7FFFFFFF,
+                    pri >> 5,
+                    slot,
+                    bool(flags & FLAG_FIN),
+                    bool(flags & FLAG_UNIDIRECTIONAL),
+                )
             case FrameType.SYN_REPLY | FrameType.HEADERS:
                 need(4)
                 (sid,) = struct.unpack_from(">I", payload)

@@ -69,7 +69,8 @@ class SpdyStream:
             return
         for start in range(0, len(data), MAX_DATA_FRAME):
             self.session.send_frame(
-                spdy.Data(self.stream_id, bytes(data[start:start + MAX_DATA_FRAME])))
+                spdy.Data(self.stream_id, bytes(data[start : start + MAX_DATA_FRAME]))
+            )
 
     def close(self) -> None:
         """Half-close our direction (empty DATA frame with FIN)."""
@@ -86,8 +87,8 @@ class SpdySession:
 
     def __init__(
         self,
-        send: Callable[[bytes], None],
         on_stream: Callable[[SpdyStream], None],
+        send: Callable[[bytes], None] | None = None,
         drain: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self._send = send
@@ -100,9 +101,16 @@ class SpdySession:
         self.closed = asyncio.Event()
         self.went_away = False
 
+    def bind(
+        self, send: Callable[[bytes], None], drain: Callable[[], Awaitable[None]] | None = None
+    ) -> None:
+        """Attach the output pipe once it exists (after the 101 went out)."""
+        self._send = send
+        self._drain = drain
+
     # -- output ---------------------------------------------------------------------------------
     def send_frame(self, frame: spdy.Frame) -> None:
-        if self.closed.is_set():
+        if self.closed.is_set() or self._send is None:
             return
         self._send(self._encoder.encode(frame))
 
@@ -143,8 +151,7 @@ class SpdySession:
             case spdy.SynStream():
                 # Client streams are odd and strictly increasing (SPDY/3 section 2.3.2).
                 if frame.stream_id % 2 == 0 or frame.stream_id <= self._last_stream_id:
-                    self.send_frame(spdy.RstStream(frame.stream_id,
-                                                   spdy.RstStatus.PROTOCOL_ERROR))
+                    self.send_frame(spdy.RstStream(frame.stream_id, spdy.RstStatus.PROTOCOL_ERROR))
                     return
                 self._last_stream_id = frame.stream_id
                 stream = SpdyStream(self, frame)
@@ -165,23 +172,45 @@ class SpdySession:
 
 
 class OutboundQueue:
-    """Serialises sends for pipes whose write is a coroutine (WebSocket): sync `put`, one task."""
+    """Serialises sends for pipes whose write is a coroutine (WebSocket): sync `put`, one task.
 
-    def __init__(self, write: Callable[[bytes], Awaitable[None]]) -> None:
+    `drain()` waits while more than `high_water` bytes are queued, so a producer that awaits it
+    (an echo loop) cannot outrun a slow client without bound."""
+
+    def __init__(
+        self, write: Callable[[bytes], Awaitable[None]], high_water: int = 256 * 1024
+    ) -> None:
         self._write = write
         self._queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self._queued = 0
+        self._high_water = high_water
+        self._below_high_water = asyncio.Event()
+        self._below_high_water.set()
         self._task = asyncio.ensure_future(self._run())
 
     def put(self, data: bytes) -> None:
+        self._queued += len(data)
+        if self._queued > self._high_water:
+            self._below_high_water.clear()
         self._queue.put_nowait(data)
 
+    async def drain(self) -> None:
+        if not self._task.done():
+            await self._below_high_water.wait()
+
     async def _run(self) -> None:
-        while (data := await self._queue.get()) is not None:
-            try:
-                await self._write(data)
-            except (ConnectionError, RuntimeError) as exc:
-                log.debug("pipe closed while sending: %s", exc)
-                break
+        try:
+            while (data := await self._queue.get()) is not None:
+                try:
+                    await self._write(data)
+                except (ConnectionError, RuntimeError) as exc:
+                    log.debug("pipe closed while sending: %s", exc)
+                    break
+                self._queued -= len(data)
+                if self._queued <= self._high_water:
+                    self._below_high_water.set()
+        finally:
+            self._below_high_water.set()  # never leave a producer waiting on a dead pipe
 
     async def flush_and_stop(self, timeout: float = 5.0) -> None:
         self._queue.put_nowait(None)

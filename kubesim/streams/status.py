@@ -7,15 +7,26 @@ from typing import Any
 
 from aiohttp import web
 
-REASONS = {400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "NotFound",
-           500: "InternalError"}
+REASONS = {
+    400: "BadRequest",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "NotFound",
+    500: "InternalError",
+}
 
 
-def status_object(code: int, message: str, reason: str | None = None,
-                  details: dict[str, Any] | None = None) -> dict[str, Any]:
+def status_object(
+    code: int, message: str, reason: str | None = None, details: dict[str, Any] | None = None
+) -> dict[str, Any]:
     obj: dict[str, Any] = {
-        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-        "message": message, "reason": reason or REASONS.get(code, "InternalError"), "code": code,
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason or REASONS.get(code, "InternalError"),
+        "code": code,
     }
     if details:
         obj["details"] = details
@@ -23,8 +34,11 @@ def status_object(code: int, message: str, reason: str | None = None,
 
 
 def error_response(code: int, message: str, reason: str | None = None) -> web.Response:
-    return web.Response(status=code, content_type="application/json",
-                        text=json.dumps(status_object(code, message, reason)))
+    return web.Response(
+        status=code,
+        content_type="application/json",
+        text=json.dumps(status_object(code, message, reason)),
+    )
 
 
 def exec_success() -> bytes:
@@ -34,18 +48,26 @@ def exec_success() -> bytes:
 
 def exec_exit_code(code: int) -> bytes:
     """kubelet's NonZeroExitCode Status; client-go turns the ExitCode cause into the exit code."""
-    return json.dumps({
-        "metadata": {}, "status": "Failure",
-        "message": f"command terminated with non-zero exit code: exit status {code}",
-        "reason": "NonZeroExitCode",
-        "details": {"causes": [{"reason": "ExitCode", "message": str(code)}]},
-    }).encode()
+    return json.dumps(
+        {
+            "metadata": {},
+            "status": "Failure",
+            "message": f"command terminated with non-zero exit code: exit status {code}",
+            "reason": "NonZeroExitCode",
+            "details": {"causes": [{"reason": "ExitCode", "message": str(code)}]},
+        }
+    ).encode()
 
 
 def exec_internal_error(message: str) -> bytes:
     """apierrors.NewInternalError as the kubelet writes it when the exec itself fails."""
-    return json.dumps({
-        "metadata": {}, "status": "Failure",
-        "message": f"Internal error occurred: {message}", "reason": "InternalError",
-        "details": {"causes": [{"message": message}]}, "code": 500,
-    }).encode()
+    return json.dumps(
+        {
+            "metadata": {},
+            "status": "Failure",
+            "message": f"Internal error occurred: {message}",
+            "reason": "InternalError",
+            "details": {"causes": [{"message": message}]},
+            "code": 500,
+        }
+    ).encode()

@@ -38,8 +38,7 @@ class _Feeder:
 class RawConnection:
     """The byte pipe left after a 101: `write`, `drain`, `close`."""
 
-    def __init__(self, transport: asyncio.Transport, response: web.StreamResponse,
-                 writer) -> None:
+    def __init__(self, transport: asyncio.Transport, response: web.StreamResponse, writer) -> None:
         self._transport = transport
         self.response = response
         self._writer = writer
@@ -82,8 +81,12 @@ def negotiate(request: web.Request, supported: tuple[str, ...]) -> str | None:
     """httpstream.Handshake: the first protocol the client offers that we support.
 
     Returns "" when the client offered nothing (legacy clients), None when nothing matches."""
-    offered = [p.strip() for value in request.headers.getall("X-Stream-Protocol-Version", [])
-               for p in value.split(",") if p.strip()]
+    offered = [
+        p.strip()
+        for value in request.headers.getall("X-Stream-Protocol-Version", [])
+        for p in value.split(",")
+        if p.strip()
+    ]
     if not offered:
         return ""
     for candidate in offered:
@@ -95,5 +98,8 @@ def negotiate(request: web.Request, supported: tuple[str, ...]) -> str | None:
 def negotiation_failed(request: web.Request, supported: tuple[str, ...]) -> web.Response:
     offered = ", ".join(request.headers.getall("X-Stream-Protocol-Version", []))
     return error_response(
-        403, f"unable to upgrade: unable to negotiate protocol: client supports [{offered}], "
-             f"server supports [{', '.join(supported)}]", "Forbidden")
+        403,
+        f"unable to upgrade: unable to negotiate protocol: client supports [{offered}], "
+        f"server supports [{', '.join(supported)}]",
+        "Forbidden",
+    )

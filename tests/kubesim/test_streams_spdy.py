@@ -155,7 +155,7 @@ class _Client:
         self.decoder = spdy.FrameDecoder()
         self.received: list[spdy.Frame] = []
         self.streams: list[SpdyStream] = []
-        self.session = SpdySession(self._on_wire, self.streams.append)
+        self.session = SpdySession(self.streams.append, self._on_wire)
 
     def _on_wire(self, data: bytes) -> None:
         self.received += self.decoder.feed(data)
