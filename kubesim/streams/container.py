@@ -316,7 +316,7 @@ async def _interactive_shell(proc: Process) -> int:
         if not chunk:
             break
         if proc.tty:
-            await proc.stdout(chunk.replace(b"\r", b"\r\n"))  # a terminal echoes input
+            await proc.stdout(chunk.replace(b"\r", b"\n"))  # a terminal echoes input
         pending += chunk.replace(b"\r", b"\n")
         while b"\n" in pending:
             line, pending = pending.split(b"\n", 1)

@@ -120,6 +120,12 @@ async def run_exec(
     async def discard(_data: bytes) -> None:
         return None
 
+    if opts.tty:
+        raw_stdout = stdout
+
+        async def stdout(data: bytes) -> None:  # a terminal's ONLCR: \n becomes \r\n
+            await raw_stdout(data.replace(b"\r\n", b"\n").replace(b"\n", b"\r\n"))
+
     proc = builtin.Process(
         pod,
         opts.container,
@@ -179,6 +185,7 @@ async def serve_exec_websocket(
         async def write(data: bytes) -> None:
             if data and not ws.closed:
                 await codec.send(ws, channel, data)
+
         return write
 
     reader = asyncio.ensure_future(read_client())

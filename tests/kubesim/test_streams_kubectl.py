@@ -48,17 +48,31 @@ def _kubesim_available() -> bool:
 async def target(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Target]:
     if request.param == "streams-app":
         async with streams_server(tmp_path) as server:
-            yield Target(server.kubeconfig, lambda: [
-                (s.subresource, s.method, s.upgrade.lower(), s.ws_protocols)
-                for s in server.seen])
+            yield Target(
+                server.kubeconfig,
+                lambda: [
+                    (s.subresource, s.method, s.upgrade.lower(), s.ws_protocols)
+                    for s in server.seen
+                ],
+            )
         return
     if not _kubesim_available():
         pytest.skip("kubesim.testing is not there yet")
     from kubesim.testing import run_kubesim
 
     async with run_kubesim(tmp_path) as sim:
-        sim.apply([make_pod("web"), make_pod("fast", annotations={
-            "kubesim.hubproxy.dev/log-interval-ms": "20", "kubesim.hubproxy.dev/log-lines": "3"})])
+        sim.apply(
+            [
+                make_pod("web"),
+                make_pod(
+                    "fast",
+                    annotations={
+                        "kubesim.hubproxy.dev/log-interval-ms": "20",
+                        "kubesim.hubproxy.dev/log-lines": "3",
+                    },
+                ),
+            ]
+        )
         kubeconfig = sim.write_kubeconfig(tmp_path / "kubeconfig", namespace="default")
 
         def upgrades() -> list[tuple[str, str, str, str]]:
@@ -66,8 +80,14 @@ async def target(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterato
             for r in sim.received:
                 sub = r.path.split("?")[0].rsplit("/", 1)[-1]
                 if sub in ("log", "exec", "attach", "portforward"):
-                    out.append((sub, r.method, (r.header("Upgrade") or [""])[0].lower(),
-                                ",".join(r.header("Sec-WebSocket-Protocol") or [])))
+                    out.append(
+                        (
+                            sub,
+                            r.method,
+                            (r.header("Upgrade") or [""])[0].lower(),
+                            ",".join(r.header("Sec-WebSocket-Protocol") or []),
+                        )
+                    )
             return out
 
         yield Target(kubeconfig, upgrades)
@@ -83,8 +103,9 @@ async def test_kubectl_logs_and_tail(target: Target) -> None:
     assert result.stdout.decode().splitlines() == [f"line {n} web/main" for n in range(1, 11)]
     result = await run(target, "logs", "pod/web", "--tail=1", "--timestamps")
     # RFC 3339 with nanoseconds, as the kubelet writes them (kubesim sets creationTimestamp).
-    assert re.fullmatch(rb"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{9}Z line 10 web/main\n",
-                        result.stdout), result.stdout
+    assert re.fullmatch(
+        rb"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{9}Z line 10 web/main\n", result.stdout
+    ), result.stdout
     result = await run(target, "logs", "web", "--previous")
     assert result.code == 1
     assert b'previous terminated container "main" in pod "web" not found' in result.stderr
@@ -92,13 +113,21 @@ async def test_kubectl_logs_and_tail(target: Target) -> None:
 
 async def test_kubectl_logs_follow_streams_until_stopped(target: Target) -> None:
     proc = await asyncio.create_subprocess_exec(
-        KUBECTL, f"--kubeconfig={target.kubeconfig}", "logs", "-f", "fast",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "HOME": str(target.kubeconfig.parent)}, start_new_session=True)
+        KUBECTL,
+        f"--kubeconfig={target.kubeconfig}",
+        "logs",
+        "-f",
+        "fast",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "HOME": str(target.kubeconfig.parent)},
+        start_new_session=True,
+    )
     try:
         assert proc.stdout is not None
-        lines = [(await asyncio.wait_for(proc.stdout.readline(), 10)).decode().strip()
-                 for _ in range(6)]
+        lines = [
+            (await asyncio.wait_for(proc.stdout.readline(), 10)).decode().strip() for _ in range(6)
+        ]
         assert lines == [f"line {n} fast/main" for n in range(1, 7)]
         assert proc.returncode is None  # still following
     finally:
@@ -115,37 +144,47 @@ async def test_kubectl_exec_echo_stdin_and_exit_codes(target: Target, env: dict[
     result = await run(target, "exec", "-i", "web", "--", "cat", stdin=b"one\ntwo\n", env=env)
     assert (result.code, result.stdout) == (0, b"one\ntwo\n"), result.stderr
 
-    result = await run(target, "exec", "web", "--", "sh", "-c", "echo out; echo err >&2; exit 3",
-                       env=env)
+    result = await run(
+        target, "exec", "web", "--", "sh", "-c", "echo out; echo err >&2; exit 3", env=env
+    )
     assert (result.code, result.stdout) == (3, b"out\n")
     assert result.stderr.startswith(b"err\n")
     assert b"command terminated with exit code 3" in result.stderr
 
     result = await run(target, "exec", "web", "--", "nosuch", env=env)
     assert result.code == 1
-    assert b'exec: \\"nosuch\\": executable file not found in $PATH' in result.stderr or \
-        b'exec: "nosuch": executable file not found in $PATH' in result.stderr
+    assert (
+        b'exec: \\"nosuch\\": executable file not found in $PATH' in result.stderr
+        or b'exec: "nosuch": executable file not found in $PATH' in result.stderr
+    )
 
-    kinds = {(sub, method, upgrade) for sub, method, upgrade, _ in target.upgrades()
-             if sub == "exec"}
+    kinds = {
+        (sub, method, upgrade) for sub, method, upgrade, _ in target.upgrades() if sub == "exec"
+    }
     assert kinds == ({("exec", "POST", "spdy/3.1")} if env else {("exec", "GET", "websocket")})
 
 
 async def _forward_and_echo(target: Target, env: dict[str, str]) -> bytes:
     port = free_port()
     proc = await asyncio.create_subprocess_exec(
-        KUBECTL, f"--kubeconfig={target.kubeconfig}", "port-forward", "--address=127.0.0.1",
-        "pod/web", f"{port}:8080", stdout=asyncio.subprocess.PIPE,
+        KUBECTL,
+        f"--kubeconfig={target.kubeconfig}",
+        "port-forward",
+        "--address=127.0.0.1",
+        "pod/web",
+        f"{port}:8080",
+        stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "HOME": str(target.kubeconfig.parent), **env}, start_new_session=True)
+        env={**os.environ, "HOME": str(target.kubeconfig.parent), **env},
+        start_new_session=True,
+    )
     try:
         assert proc.stdout is not None
         line = await asyncio.wait_for(proc.stdout.readline(), 10)
         assert line.startswith(b"Forwarding from 127.0.0.1:"), line
         replies = b""
         for i in range(2):  # two connections: two stream pairs on one session
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_connection("127.0.0.1", port), 5)
+            reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 5)
             writer.write(b"ping %d\n" % i)
             await writer.drain()
             replies += await asyncio.wait_for(reader.readline(), 5)
@@ -161,8 +200,11 @@ async def _forward_and_echo(target: Target, env: dict[str, str]) -> bytes:
 @pytest.mark.parametrize("env", [{}, SPDY_PORT_FORWARD], ids=["websocket-tunnel", "spdy"])
 async def test_kubectl_port_forward_echo(target: Target, env: dict[str, str]) -> None:
     assert await _forward_and_echo(target, env) == b"ping 0\nping 1\n"
-    used = {(sub, method, upgrade, protocols) for sub, method, upgrade, protocols
-            in target.upgrades() if sub == "portforward"}
+    used = {
+        (sub, method, upgrade, protocols)
+        for sub, method, upgrade, protocols in target.upgrades()
+        if sub == "portforward"
+    }
     if env:
         assert used == {("portforward", "POST", "spdy/3.1", "")}
     else:

@@ -31,8 +31,9 @@ async def server(tmp_path: Path) -> AsyncIterator[StreamsServer]:
 @pytest.fixture
 async def http(server: StreamsServer) -> AsyncIterator[aiohttp.ClientSession]:
     connector = aiohttp.TCPConnector(ssl=server.client_ssl)
-    async with aiohttp.ClientSession(server.url, connector=connector,
-                                     timeout=aiohttp.ClientTimeout(total=15)) as session:
+    async with aiohttp.ClientSession(
+        server.url, connector=connector, timeout=aiohttp.ClientTimeout(total=15)
+    ) as session:
         yield session
 
 
@@ -52,18 +53,23 @@ async def test_log_tail_timestamps_and_limit_bytes(http: aiohttp.ClientSession) 
     async with http.get(f"{POD}/web/log", params={"tailLines": "2", "timestamps": "true"}) as r:
         assert (await r.text()).splitlines() == [
             "2026-01-01T00:00:09.000000000Z line 9 web/main",
-            "2026-01-01T00:00:10.000000000Z line 10 web/main"]
+            "2026-01-01T00:00:10.000000000Z line 10 web/main",
+        ]
     async with http.get(f"{POD}/web/log", params={"limitBytes": "20"}) as r:
         assert await r.read() == b"line 1 web/main\nline"
 
 
-@pytest.mark.parametrize(("params", "message"), [
-    ({"previous": "true"}, 'previous terminated container "main" in pod "web" not found'),
-    ({"container": "nope"}, "container nope is not valid for pod web"),
-    ({"tailLines": "x"}, "tailLines and limitBytes must be non-negative integers"),
-])
-async def test_log_errors_are_400_status(http: aiohttp.ClientSession, params: dict[str, str],
-                                         message: str) -> None:
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"previous": "true"}, 'previous terminated container "main" in pod "web" not found'),
+        ({"container": "nope"}, "container nope is not valid for pod web"),
+        ({"tailLines": "x"}, "tailLines and limitBytes must be non-negative integers"),
+    ],
+)
+async def test_log_errors_are_400_status(
+    http: aiohttp.ClientSession, params: dict[str, str], message: str
+) -> None:
     async with http.get(f"{POD}/web/log", params=params) as resp:
         assert resp.status == 400
         status = await resp.json()
@@ -72,18 +78,17 @@ async def test_log_errors_are_400_status(http: aiohttp.ClientSession, params: di
     assert status["message"] == message
 
 
-async def test_log_of_multi_container_pod_needs_a_container(
-        http: aiohttp.ClientSession) -> None:
+async def test_log_of_multi_container_pod_needs_a_container(http: aiohttp.ClientSession) -> None:
     async with http.get(f"{POD}/two/log") as resp:
         assert resp.status == 400
         assert (await resp.json())["message"] == (
-            "a container name must be specified for pod two, choose one of: [a b]")
+            "a container name must be specified for pod two, choose one of: [a b]"
+        )
     async with http.get(f"{POD}/two/log", params={"container": "b", "tailLines": "1"}) as resp:
         assert await resp.text() == "line 10 two/b\n"
 
 
-async def test_log_follow_streams_each_line_as_it_is_produced(
-        http: aiohttp.ClientSession) -> None:
+async def test_log_follow_streams_each_line_as_it_is_produced(http: aiohttp.ClientSession) -> None:
     # Pod "fast": 3 backlog lines, then one every 20 ms. Read 5 followed lines, then hang up.
     async with http.get(f"{POD}/fast/log", params={"follow": "true"}) as resp:
         lines, arrivals = [], []
@@ -99,11 +104,20 @@ async def test_log_follow_streams_each_line_as_it_is_produced(
 # -- exec over WebSocket -----------------------------------------------------------------------
 
 
-async def _ws_exec(http: aiohttp.ClientSession, command: list[str], *, protocol: str,
-                   stdin: bytes | None = None, close_stdin: bool = True,
-                   **flags: str) -> tuple[dict[int, bytes], list[bytes]]:
-    params = [("command", c) for c in command] + [
-        ("stdout", "true"), ("stderr", "true")] + list(flags.items())
+async def _ws_exec(
+    http: aiohttp.ClientSession,
+    command: list[str],
+    *,
+    protocol: str,
+    stdin: bytes | None = None,
+    close_stdin: bool = True,
+    **flags: str,
+) -> tuple[dict[int, bytes], list[bytes]]:
+    params = (
+        [("command", c) for c in command]
+        + [("stdout", "true"), ("stderr", "true")]
+        + list(flags.items())
+    )
     if stdin is not None:
         params.append(("stdin", "true"))
     channels: dict[int, bytes] = {}
@@ -130,23 +144,22 @@ async def test_v5_exec_echo_reports_success_status(http: aiohttp.ClientSession) 
 
 
 async def test_v5_close_signal_ends_stdin_of_cat(http: aiohttp.ClientSession) -> None:
-    channels, status = await _ws_exec(http, ["cat"], protocol="v5.channel.k8s.io",
-                                      stdin=b"abc\n")
+    channels, status = await _ws_exec(http, ["cat"], protocol="v5.channel.k8s.io", stdin=b"abc\n")
     assert channels == {1: b"abc\n"}
     assert json.loads(status[0])["status"] == "Success"
 
 
 async def test_v4_exit_code_and_stderr(http: aiohttp.ClientSession) -> None:
     channels, status = await _ws_exec(
-        http, ["sh", "-c", "echo out; echo err >&2; exit 7"], protocol="v4.channel.k8s.io")
+        http, ["sh", "-c", "echo out; echo err >&2; exit 7"], protocol="v4.channel.k8s.io"
+    )
     assert channels == {1: b"out\n", 2: b"err\n"}
     (body,) = [json.loads(s) for s in status]
     assert body["status"] == "Failure" and body["reason"] == "NonZeroExitCode"
     assert body["details"]["causes"] == [{"reason": "ExitCode", "message": "7"}]
 
 
-async def test_unknown_executable_is_an_internal_error_status(
-        http: aiohttp.ClientSession) -> None:
+async def test_unknown_executable_is_an_internal_error_status(http: aiohttp.ClientSession) -> None:
     _, status = await _ws_exec(http, ["nosuch"], protocol="v4.channel.k8s.io")
     body = json.loads(status[0])
     assert (body["reason"], body["code"]) == ("InternalError", 500)
@@ -154,8 +167,9 @@ async def test_unknown_executable_is_an_internal_error_status(
 
 
 async def test_v1_channel_protocol_sends_only_failure_text(http: aiohttp.ClientSession) -> None:
-    channels, status = await _ws_exec(http, ["sh", "-c", "printf '%s-%d' a 5; false"],
-                                      protocol="channel.k8s.io")
+    channels, status = await _ws_exec(
+        http, ["sh", "-c", "printf '%s-%d' a 5; false"], protocol="channel.k8s.io"
+    )
     assert channels == {1: b"a-5"}
     assert status == [b"command terminated with non-zero exit code: exit status 1"]
     _, ok = await _ws_exec(http, ["true"], protocol="channel.k8s.io")
@@ -164,8 +178,10 @@ async def test_v1_channel_protocol_sends_only_failure_text(http: aiohttp.ClientS
 
 async def test_shell_builtins_see_the_pod(http: aiohttp.ClientSession) -> None:
     channels, _ = await _ws_exec(
-        http, ["/bin/sh", "-c", "whoami && hostname; echo $GREETING $HOSTNAME; false || echo x"],
-        protocol="v5.channel.k8s.io")
+        http,
+        ["/bin/sh", "-c", "whoami && hostname; echo $GREETING $HOSTNAME; false || echo x"],
+        protocol="v5.channel.k8s.io",
+    )
     assert channels[1] == b"root\nweb\nhello web\nx\n"
 
 
@@ -173,17 +189,20 @@ async def test_exec_without_command_or_upgrade_is_400(http: aiohttp.ClientSessio
     async with http.post(f"{POD}/web/exec", params={"stdout": "true"}) as resp:
         assert resp.status == 400
         assert (await resp.json())["message"] == (
-            "you must specify at least one command for the container")
+            "you must specify at least one command for the container"
+        )
     async with http.post(f"{POD}/web/exec", params={"command": "ls", "stdout": "true"}) as resp:
         assert resp.status == 400
         assert (await resp.json())["message"] == "Upgrade request required"
 
 
 async def test_attach_with_stdin_echoes_and_ends_on_close_signal(
-        http: aiohttp.ClientSession) -> None:
+    http: aiohttp.ClientSession,
+) -> None:
     params = {"stdin": "true", "stdout": "true"}
-    async with http.ws_connect(f"{POD}/web/attach", params=params,
-                               protocols=("v5.channel.k8s.io",)) as ws:
+    async with http.ws_connect(
+        f"{POD}/web/attach", params=params, protocols=("v5.channel.k8s.io",)
+    ) as ws:
         await ws.send_bytes(b"\x00ping\n")
         msg = await ws.receive(timeout=5)
         assert msg.data == b"\x01ping\n"
@@ -195,14 +214,18 @@ async def test_attach_with_stdin_echoes_and_ends_on_close_signal(
 # -- port-forward over WebSocket channels and tunnelled SPDY -----------------------------------
 
 
-async def test_channel_portforward_prefixes_ports_and_echoes(
-        http: aiohttp.ClientSession) -> None:
-    async with http.ws_connect(f"{POD}/web/portforward", params={"ports": "8080,9090"},
-                               protocols=("v4.channel.k8s.io",)) as ws:
+async def test_channel_portforward_prefixes_ports_and_echoes(http: aiohttp.ClientSession) -> None:
+    async with http.ws_connect(
+        f"{POD}/web/portforward", params={"ports": "8080,9090"}, protocols=("v4.channel.k8s.io",)
+    ) as ws:
         assert ws.protocol == "v4.channel.k8s.io"
         first = [await ws.receive_bytes(timeout=5) for _ in range(4)]
-        assert first == [b"\x00" + struct.pack("<H", 8080), b"\x01" + struct.pack("<H", 8080),
-                         b"\x02" + struct.pack("<H", 9090), b"\x03" + struct.pack("<H", 9090)]
+        assert first == [
+            b"\x00" + struct.pack("<H", 8080),
+            b"\x01" + struct.pack("<H", 8080),
+            b"\x02" + struct.pack("<H", 9090),
+            b"\x03" + struct.pack("<H", 9090),
+        ]
         await ws.send_bytes(b"\x02hello 9090")
         assert await ws.receive_bytes(timeout=5) == b"\x02hello 9090"
 
@@ -220,19 +243,21 @@ class SpdyClient:
         return sid, self.encoder.encode(spdy.SynStream(sid, tuple(headers.items())))
 
     def data_for(self, sid: int) -> bytes:
-        return b"".join(f.data for f in self.frames if isinstance(f, spdy.Data)
-                        and f.stream_id == sid)
+        return b"".join(
+            f.data for f in self.frames if isinstance(f, spdy.Data) and f.stream_id == sid
+        )
 
     def finished(self, sid: int) -> bool:
-        return any(isinstance(f, spdy.Data) and f.stream_id == sid and f.fin
-                   for f in self.frames)
+        return any(isinstance(f, spdy.Data) and f.stream_id == sid and f.fin for f in self.frames)
 
 
 async def test_tunnelled_spdy_portforward_pairs_streams_by_request_id(
-        http: aiohttp.ClientSession) -> None:
+    http: aiohttp.ClientSession,
+) -> None:
     client = SpdyClient()
-    async with http.ws_connect(f"{POD}/web/portforward",
-                               protocols=("SPDY/3.1+portforward.k8s.io",)) as ws:
+    async with http.ws_connect(
+        f"{POD}/web/portforward", protocols=("SPDY/3.1+portforward.k8s.io",)
+    ) as ws:
         assert ws.protocol == "SPDY/3.1+portforward.k8s.io"
         err_id, syn_err = client.syn(streamtype="error", port="8080", requestid="0")
         data_id, syn_data = client.syn(streamtype="data", port="8080", requestid="0")
@@ -252,15 +277,19 @@ async def test_tunnelled_spdy_portforward_pairs_streams_by_request_id(
 # -- exec and port-forward over a raw SPDY/3.1 upgrade -------------------------------------------
 
 
-async def _spdy_upgrade(server: StreamsServer, target: str, protocol: str,
-                        method: str = "POST") -> tuple[asyncio.StreamReader, asyncio.StreamWriter,
-                                                       bytes]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", server.port,
-                                                   ssl=server.client_ssl,
-                                                   server_hostname="127.0.0.1")
-    writer.write((f"{method} {target} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: Upgrade\r\n"
-                  f"Upgrade: SPDY/3.1\r\nX-Stream-Protocol-Version: {protocol}\r\n"
-                  "Content-Length: 0\r\n\r\n").encode())
+async def _spdy_upgrade(
+    server: StreamsServer, target: str, protocol: str, method: str = "POST"
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]:
+    reader, writer = await asyncio.open_connection(
+        "127.0.0.1", server.port, ssl=server.client_ssl, server_hostname="127.0.0.1"
+    )
+    writer.write(
+        (
+            f"{method} {target} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: Upgrade\r\n"
+            f"Upgrade: SPDY/3.1\r\nX-Stream-Protocol-Version: {protocol}\r\n"
+            "Content-Length: 0\r\n\r\n"
+        ).encode()
+    )
     head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
     return reader, writer, head
 
@@ -275,8 +304,9 @@ async def _pump(reader: asyncio.StreamReader, client: SpdyClient, until) -> None
 
 async def test_spdy_exec_runs_once_all_streams_exist(server: StreamsServer) -> None:
     target = f"{POD}/web/exec?command=cat&stdin=true&stdout=true&stderr=true"
-    reader, writer, head = await _spdy_upgrade(server, target,
-                                               "v4.channel.k8s.io, v3.channel.k8s.io")
+    reader, writer, head = await _spdy_upgrade(
+        server, target, "v4.channel.k8s.io, v3.channel.k8s.io"
+    )
     try:
         assert head.startswith(b"HTTP/1.1 101 ")
         assert b"Upgrade: SPDY/3.1\r\n" in head
@@ -295,8 +325,7 @@ async def test_spdy_exec_runs_once_all_streams_exist(server: StreamsServer) -> N
         assert spdy.Ping(1) in client.frames
         assert all(spdy.SynReply(i) in client.frames for i in ids.values())
         assert all(client.finished(ids[k]) for k in ("stdout", "stderr"))
-        await _pump(reader, client, lambda: any(isinstance(f, spdy.GoAway)
-                                                for f in client.frames))
+        await _pump(reader, client, lambda: any(isinstance(f, spdy.GoAway) for f in client.frames))
         assert any(isinstance(f, spdy.GoAway) for f in client.frames)
     finally:
         writer.close()
@@ -304,15 +333,18 @@ async def test_spdy_exec_runs_once_all_streams_exist(server: StreamsServer) -> N
 
 async def test_spdy_exec_with_unsupported_protocol_is_403(server: StreamsServer) -> None:
     _reader, writer, head = await _spdy_upgrade(
-        server, f"{POD}/web/exec?command=ls&stdout=true", "v9.channel.k8s.io")
+        server, f"{POD}/web/exec?command=ls&stdout=true", "v9.channel.k8s.io"
+    )
     writer.close()
     assert head.startswith(b"HTTP/1.1 403 ")
 
 
 async def test_spdy_portforward_reports_bad_ports_on_the_error_stream(
-        server: StreamsServer) -> None:
-    reader, writer, head = await _spdy_upgrade(server, f"{POD}/web/portforward",
-                                               "portforward.k8s.io")
+    server: StreamsServer,
+) -> None:
+    reader, writer, head = await _spdy_upgrade(
+        server, f"{POD}/web/portforward", "portforward.k8s.io"
+    )
     try:
         assert b"X-Stream-Protocol-Version: portforward.k8s.io\r\n" in head
         client = SpdyClient()

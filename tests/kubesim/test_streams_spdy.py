@@ -12,8 +12,13 @@ from kubesim.streams import spdy
 from kubesim.streams.spdy_session import SpdySession, SpdyStream
 
 ALL_FRAMES: list[spdy.Frame] = [
-    spdy.SynStream(1, (("streamtype", "error"), ("port", "8080"), ("requestid", "0")),
-                   associated_id=0, priority=3, slot=0),
+    spdy.SynStream(
+        1,
+        (("streamtype", "error"), ("port", "8080"), ("requestid", "0")),
+        associated_id=0,
+        priority=3,
+        slot=0,
+    ),
     spdy.SynStream(3, (("streamtype", "stdin"),), fin=True, unidirectional=True),
     spdy.SynReply(1),
     spdy.SynReply(3, (("a", "1"), ("a", "2")), fin=True),
@@ -48,7 +53,7 @@ def test_every_frame_round_trips_fed_one_byte_at_a_time() -> None:
     wire = b"".join(encoder.encode(frame) for frame in ALL_FRAMES)
     got: list[spdy.Frame] = []
     for i in range(len(wire)):
-        got += decoder.feed(wire[i:i + 1])
+        got += decoder.feed(wire[i : i + 1])
     assert got == ALL_FRAMES
 
 
@@ -57,11 +62,12 @@ def test_fixed_frames_have_the_exact_wire_bytes() -> None:
     assert encoder.encode(spdy.Ping(1)) == bytes.fromhex("80030006 00000004 00000001")
     assert encoder.encode(spdy.Data(5, b"ab", fin=True)) == bytes.fromhex("00000005 01000002 6162")
     assert encoder.encode(spdy.RstStream(3, 5)) == bytes.fromhex(
-        "80030003 00000008 00000003 00000005")
-    assert encoder.encode(spdy.GoAway(7, 0)) == bytes.fromhex(
-        "80030007 00000008 00000007 00000000")
+        "80030003 00000008 00000003 00000005"
+    )
+    assert encoder.encode(spdy.GoAway(7, 0)) == bytes.fromhex("80030007 00000008 00000007 00000000")
     assert encoder.encode(spdy.WindowUpdate(1, 0x10000)) == bytes.fromhex(
-        "80030009 00000008 00000001 00010000")
+        "80030009 00000008 00000001 00010000"
+    )
 
 
 def test_syn_stream_layout_and_header_block_use_the_dictionary() -> None:
@@ -77,8 +83,13 @@ def test_syn_stream_layout_and_header_block_use_the_dictionary() -> None:
     assert struct.unpack(">I", block[2:6])[0] == zlib.adler32(spdy.HEADER_DICTIONARY)
     inflater = zlib.decompressobj(zdict=spdy.HEADER_DICTIONARY)
     raw = inflater.decompress(block)
-    assert raw == (struct.pack(">I", 1) + struct.pack(">I", 10) + b"streamtype"
-                   + struct.pack(">I", 4) + b"data")
+    assert raw == (
+        struct.pack(">I", 1)
+        + struct.pack(">I", 10)
+        + b"streamtype"
+        + struct.pack(">I", 4)
+        + b"data"
+    )
 
 
 def test_header_compression_context_spans_frames() -> None:
@@ -126,13 +137,25 @@ def _raw_block_frame(raw_block: bytes) -> bytes:
     return struct.pack(">HHI", 0x8003, 2, len(payload)) + payload
 
 
-@pytest.mark.parametrize(("raw_block", "why"), [
-    (struct.pack(">II", 1, 1) + b"A" + struct.pack(">I", 1) + b"x", "not lowercase"),
-    (struct.pack(">II", 2, 1) + b"a" + struct.pack(">I", 1) + b"x"
-     + struct.pack(">I", 1) + b"a" + struct.pack(">I", 1) + b"y", "appears twice"),
-    (struct.pack(">II", 1, 9) + b"a", "truncated"),
-    (struct.pack(">II", 1, 0) + struct.pack(">I", 0), "empty header name"),
-])
+@pytest.mark.parametrize(
+    ("raw_block", "why"),
+    [
+        (struct.pack(">II", 1, 1) + b"A" + struct.pack(">I", 1) + b"x", "not lowercase"),
+        (
+            struct.pack(">II", 2, 1)
+            + b"a"
+            + struct.pack(">I", 1)
+            + b"x"
+            + struct.pack(">I", 1)
+            + b"a"
+            + struct.pack(">I", 1)
+            + b"y",
+            "appears twice",
+        ),
+        (struct.pack(">II", 1, 9) + b"a", "truncated"),
+        (struct.pack(">II", 1, 0) + struct.pack(">I", 0), "empty header name"),
+    ],
+)
 def test_bad_header_blocks_are_refused(raw_block: bytes, why: str) -> None:
     with pytest.raises(spdy.HeaderBlockError, match=why):
         spdy.FrameDecoder().feed(_raw_block_frame(raw_block))
@@ -172,8 +195,7 @@ async def test_session_hands_out_streams_and_relays_data_until_fin() -> None:
     stream.reply()
     stream.write(b"out")
     stream.close()
-    assert client.received == [spdy.SynReply(1), spdy.Data(1, b"out"),
-                               spdy.Data(1, b"", fin=True)]
+    assert client.received == [spdy.SynReply(1), spdy.Data(1, b"out"), spdy.Data(1, b"", fin=True)]
     assert await stream.read() == b"abc"
     client.send(spdy.Data(1, b"", fin=True))
     assert await asyncio.wait_for(stream.read(), 1) == b""
@@ -189,8 +211,10 @@ async def test_session_resets_even_or_reused_stream_ids() -> None:
     client = _Client()
     client.send(spdy.SynStream(2), spdy.SynStream(5), spdy.SynStream(3))
     assert [s.stream_id for s in client.streams] == [5]
-    assert client.received == [spdy.RstStream(2, spdy.RstStatus.PROTOCOL_ERROR),
-                               spdy.RstStream(3, spdy.RstStatus.PROTOCOL_ERROR)]
+    assert client.received == [
+        spdy.RstStream(2, spdy.RstStatus.PROTOCOL_ERROR),
+        spdy.RstStream(3, spdy.RstStatus.PROTOCOL_ERROR),
+    ]
 
 
 async def test_rst_stream_and_connection_loss_end_readers() -> None:

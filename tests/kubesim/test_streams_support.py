@@ -25,16 +25,30 @@ from kubesim.streams import serve_pod_subresource
 KUBECTL = "/usr/bin/kubectl"
 
 
-def make_pod(name: str, containers: Sequence[str] = ("main",),
-             annotations: dict[str, str] | None = None) -> dict[str, Any]:
+def make_pod(
+    name: str, containers: Sequence[str] = ("main",), annotations: dict[str, str] | None = None
+) -> dict[str, Any]:
     return {
-        "kind": "Pod", "apiVersion": "v1",
-        "metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}",
-                     "resourceVersion": "1", "creationTimestamp": "2026-01-01T00:00:00Z",
-                     "annotations": annotations or {}},
-        "spec": {"containers": [{"name": c, "image": "kubesim/builtin",
-                                 "env": [{"name": "GREETING", "value": "hello"}]}
-                                for c in containers]},
+        "kind": "Pod",
+        "apiVersion": "v1",
+        "metadata": {
+            "name": name,
+            "namespace": "default",
+            "uid": f"uid-{name}",
+            "resourceVersion": "1",
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+            "annotations": annotations or {},
+        },
+        "spec": {
+            "containers": [
+                {
+                    "name": c,
+                    "image": "kubesim/builtin",
+                    "env": [{"name": "GREETING", "value": "hello"}],
+                }
+                for c in containers
+            ]
+        },
         "status": {"phase": "Running"},
     }
 
@@ -42,8 +56,13 @@ def make_pod(name: str, containers: Sequence[str] = ("main",),
 PODS = {
     "web": make_pod("web"),
     "two": make_pod("two", ("a", "b")),
-    "fast": make_pod("fast", annotations={"kubesim.hubproxy.dev/log-interval-ms": "20",
-                                          "kubesim.hubproxy.dev/log-lines": "3"}),
+    "fast": make_pod(
+        "fast",
+        annotations={
+            "kubesim.hubproxy.dev/log-interval-ms": "20",
+            "kubesim.hubproxy.dev/log-lines": "3",
+        },
+    ),
 }
 
 
@@ -60,50 +79,109 @@ class SeenRequest:
 
 def _discovery_app(seen: list[SeenRequest]) -> web.Application:
     async def api(_: web.Request) -> web.Response:
-        return web.json_response({"kind": "APIVersions", "versions": ["v1"],
-                                  "serverAddressByClientCIDRs": [
-                                      {"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}]})
+        return web.json_response(
+            {
+                "kind": "APIVersions",
+                "versions": ["v1"],
+                "serverAddressByClientCIDRs": [
+                    {"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}
+                ],
+            }
+        )
 
     async def apis(_: web.Request) -> web.Response:
         return web.json_response({"kind": "APIGroupList", "apiVersion": "v1", "groups": []})
 
     async def api_v1(_: web.Request) -> web.Response:
         resources = [
-            {"name": "pods", "singularName": "pod", "namespaced": True, "kind": "Pod",
-             "verbs": ["get", "list"], "shortNames": ["po"]},
-            {"name": "pods/log", "singularName": "", "namespaced": True, "kind": "Pod",
-             "verbs": ["get"]},
-            {"name": "pods/exec", "singularName": "", "namespaced": True,
-             "kind": "PodExecOptions", "verbs": ["create", "get"]},
-            {"name": "pods/attach", "singularName": "", "namespaced": True,
-             "kind": "PodAttachOptions", "verbs": ["create", "get"]},
-            {"name": "pods/portforward", "singularName": "", "namespaced": True,
-             "kind": "PodPortForwardOptions", "verbs": ["create", "get"]},
+            {
+                "name": "pods",
+                "singularName": "pod",
+                "namespaced": True,
+                "kind": "Pod",
+                "verbs": ["get", "list"],
+                "shortNames": ["po"],
+            },
+            {
+                "name": "pods/log",
+                "singularName": "",
+                "namespaced": True,
+                "kind": "Pod",
+                "verbs": ["get"],
+            },
+            {
+                "name": "pods/exec",
+                "singularName": "",
+                "namespaced": True,
+                "kind": "PodExecOptions",
+                "verbs": ["create", "get"],
+            },
+            {
+                "name": "pods/attach",
+                "singularName": "",
+                "namespaced": True,
+                "kind": "PodAttachOptions",
+                "verbs": ["create", "get"],
+            },
+            {
+                "name": "pods/portforward",
+                "singularName": "",
+                "namespaced": True,
+                "kind": "PodPortForwardOptions",
+                "verbs": ["create", "get"],
+            },
         ]
-        return web.json_response({"kind": "APIResourceList", "apiVersion": "v1",
-                                  "groupVersion": "v1", "resources": resources})
+        return web.json_response(
+            {
+                "kind": "APIResourceList",
+                "apiVersion": "v1",
+                "groupVersion": "v1",
+                "resources": resources,
+            }
+        )
 
     async def version(_: web.Request) -> web.Response:
-        return web.json_response({"major": "1", "minor": "32", "gitVersion": "v1.32.0-kubesim",
-                                  "platform": "linux/amd64"})
+        return web.json_response(
+            {
+                "major": "1",
+                "minor": "32",
+                "gitVersion": "v1.32.0-kubesim",
+                "platform": "linux/amd64",
+            }
+        )
 
     def lookup(request: web.Request) -> dict[str, Any]:
         pod = PODS.get(request.match_info["name"])
         if pod is None or request.match_info["ns"] != "default":
             name = request.match_info["name"]
-            raise web.HTTPNotFound(content_type="application/json", text=json.dumps({
-                "kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound",
-                "code": 404, "message": f'pods "{name}" not found'}))
+            raise web.HTTPNotFound(
+                content_type="application/json",
+                text=json.dumps(
+                    {
+                        "kind": "Status",
+                        "apiVersion": "v1",
+                        "status": "Failure",
+                        "reason": "NotFound",
+                        "code": 404,
+                        "message": f'pods "{name}" not found',
+                    }
+                ),
+            )
         return pod
 
     async def get_pod(request: web.Request) -> web.Response:
         return web.json_response(lookup(request))
 
     async def subresource(request: web.Request) -> web.StreamResponse:
-        seen.append(SeenRequest(request.match_info["sub"], request.method,
-                                request.headers.get("Upgrade", ""),
-                                request.headers.get("Sec-WebSocket-Protocol", ""),
-                                request.headers.get("X-Stream-Protocol-Version", "")))
+        seen.append(
+            SeenRequest(
+                request.match_info["sub"],
+                request.method,
+                request.headers.get("Upgrade", ""),
+                request.headers.get("Sec-WebSocket-Protocol", ""),
+                request.headers.get("X-Stream-Protocol-Version", ""),
+            )
+        )
         return await serve_pod_subresource(request, request.match_info["sub"], lookup(request))
 
     app = web.Application()
@@ -175,14 +253,23 @@ class KubectlResult:
     stderr: bytes
 
 
-async def kubectl(kubeconfig: Path, *args: str, stdin: bytes | None = None,
-                  env: dict[str, str] | None = None, timeout: float = 20.0) -> KubectlResult:
+async def kubectl(
+    kubeconfig: Path,
+    *args: str,
+    stdin: bytes | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 20.0,
+) -> KubectlResult:
     proc = await asyncio.create_subprocess_exec(
-        KUBECTL, f"--kubeconfig={kubeconfig}", *args,
+        KUBECTL,
+        f"--kubeconfig={kubeconfig}",
+        *args,
         stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
         env={**os.environ, "HOME": str(kubeconfig.parent), **(env or {})},
-        start_new_session=True)
+        start_new_session=True,
+    )
     try:
         out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)
     except TimeoutError:
