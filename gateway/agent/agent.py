@@ -1,0 +1,176 @@
+"""The agent's decision for each stream the hub opens: which upstream, with what identity.
+
+``Agent.on_open`` is the tunnel's ``on_open`` callback. Per stream, in this order:
+
+1. The target must pass the agent's own :class:`tunnel.policy.TargetPolicy` (the hub could be
+   compromised: it cannot reach what this cluster's operator did not allow-list).
+2. ``KubeAPITarget``: the OPEN metadata must carry a valid hub-verified identity
+   (``gateway.identity.Identity.from_metadata``); none or invalid -> ``NO_IDENTITY``. The
+   agent's credential can impersonate, so it is never used bare. The request then runs with
+   the agent's credential + ``Impersonate-*`` for that identity. If the identity says
+   *passthrough* (the gateway's ``--token-passthrough``), the caller's own ``Authorization`` is
+   forwarded untouched and the agent adds nothing: neither credential nor impersonation.
+3. ``ServiceTarget``: only allow-listed Services, dialled at the address the policy resolved;
+   no credential and no identity headers (``Authorization`` is stripped too). ``https``
+   Services are verified against ``--service-ca`` (default: the cluster CA) unless listed with
+   ``--insecure-service`` (an explicit, per-Service opt-out).
+4. ``TCPTarget``: raw byte relay, only if the policy allows it.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tunnel.errors import OpenErrorCode, OpenRefused
+from tunnel.targets import KubeAPITarget, ServiceTarget, TCPTarget
+
+from gateway.agent.exchange import HttpExchange, Route
+from gateway.agent.kubeapi import KubeAPIAccess
+from gateway.agent.pool import UpstreamKey, UpstreamPool
+from gateway.agent.tcp import RawRelay, Refusal
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class AgentStats:
+    streams: int = 0
+    refused: int = 0
+    active: int = 0
+    by_outcome: dict[str, int] = field(default_factory=dict)
+
+
+def _identity_api() -> tuple[Any, Callable[[Any], list[tuple[bytes, bytes]]]]:
+    from gateway.identity import Identity, impersonation_headers
+
+    return Identity, impersonation_headers
+
+
+def _passthrough(identity: Any) -> bool:
+    """Does the gateway ask for token passthrough? (attribute name per gateway.identity)."""
+    return bool(getattr(identity, "passthrough", False))
+
+
+class Agent:
+    def __init__(
+        self,
+        *,
+        cluster: str,
+        policy: Any,  # tunnel.policy.TargetPolicy
+        kube: KubeAPIAccess | None,
+        pool: UpstreamPool | None = None,
+        service_ca: str | None = None,
+        insecure_services: frozenset[tuple[str, str, int]] = frozenset(),
+    ) -> None:
+        self.cluster = cluster
+        self.policy = policy
+        self.kube = kube
+        self.pool = pool or UpstreamPool()
+        self.insecure_services = insecure_services
+        self.stats = AgentStats()
+        self._service_ctx: ssl.SSLContext | None = None
+        self._service_ca = service_ca or (kube.ca_file if kube else None)
+        self._identity_cls, self._impersonation_headers = _identity_api()
+
+    # ---------------------------------------------------------------- tunnel callback ----
+    def on_open(self, request: Any) -> Any:
+        self.stats.streams += 1
+        target = request.target
+        if isinstance(target, KubeAPITarget):
+            return self._kube_exchange(request)
+        if isinstance(target, ServiceTarget):
+            return self._service_exchange(target)
+        if isinstance(target, TCPTarget):
+            return RawRelay(lambda: self.policy.resolve(target), self.pool.connect_timeout,
+                            on_done=self._done)
+        return self._refusal(OpenErrorCode.DENIED, "unknown target type")
+
+    def _refusal(self, code: OpenErrorCode, message: str) -> Refusal:
+        self.stats.refused += 1
+        log.info("refusing stream: %s %s", code.name, message)
+        return Refusal(code, message)
+
+    def _kube_exchange(self, request: Any) -> Any:
+        if self.kube is None:
+            return self._refusal(OpenErrorCode.DENIED, "this agent serves no kube-apiserver")
+        try:
+            identity = self._identity_cls.from_metadata(request.metadata)
+        except (ValueError, TypeError) as exc:
+            # Never name the metadata content: it could carry anything.
+            return self._refusal(
+                OpenErrorCode.NO_IDENTITY,
+                f"a kube-apiserver request needs a hub-verified identity ({type(exc).__name__})",
+            )
+        kube = self.kube
+        passthrough = _passthrough(identity)
+        identity_headers = [] if passthrough else list(self._impersonation_headers(identity))
+        if not passthrough and not any(
+            name.lower() == b"impersonate-user" for name, _ in identity_headers
+        ):
+            return self._refusal(OpenErrorCode.NO_IDENTITY, "identity without a user")
+        target = request.target
+
+        async def route() -> Route:
+            resolved = await self.policy.resolve(target)
+            return Route(
+                key=UpstreamKey(resolved.host_ip, resolved.port, kube.server_hostname, True),
+                ssl_context=kube.ssl_context,
+                authority=_authority(kube.host, kube.port),
+                label="kube-apiserver",
+                credential=kube.authorization,
+                identity_headers=identity_headers,
+                passthrough=passthrough,
+            )
+
+        self.stats.active += 1
+        return HttpExchange(route, self.pool, request_id=getattr(identity, "request_id", ""),
+                            on_done=self._done)
+
+    def _service_exchange(self, target: ServiceTarget) -> Any:
+        insecure = (target.namespace, target.name, target.port) in self.insecure_services
+
+        async def route() -> Route:
+            resolved = await self.policy.resolve(target)
+            tls = target.scheme == "https"
+            if tls and not insecure and self._service_ca is None:
+                raise OpenRefused(OpenErrorCode.DENIED,
+                                  "no CA to verify https services (--service-ca)")
+            hostname = resolved.server_hostname or f"{target.name}.{target.namespace}.svc"
+            return Route(
+                key=UpstreamKey(resolved.host_ip, resolved.port,
+                                hostname if tls else None, tls),
+                ssl_context=(lambda: self._service_context(insecure)) if tls else (lambda: None),
+                authority=_authority(hostname, target.port),
+                label=f"service {target.namespace}/{target.name}:{target.port}",
+            )
+
+        self.stats.active += 1
+        return HttpExchange(route, self.pool, on_done=self._done)
+
+    def _service_context(self, insecure: bool) -> ssl.SSLContext:
+        if insecure:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+            return ctx
+        if self._service_ctx is None:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+            assert self._service_ca is not None
+            ctx.load_verify_locations(cafile=self._service_ca)
+            self._service_ctx = ctx
+        return self._service_ctx
+
+    def _done(self, exchange: Any) -> None:
+        self.stats.active = max(0, self.stats.active - 1)
+        outcome = getattr(exchange, "outcome", "") or "closed"
+        key = outcome.split(":")[0]
+        self.stats.by_outcome[key] = self.stats.by_outcome.get(key, 0) + 1
+
+
+def _authority(host: str, port: int) -> bytes:
+    text = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return text.encode("ascii")

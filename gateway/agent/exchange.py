@@ -1,0 +1,571 @@
+"""One HTTP/1.1 exchange carried by one tunnel stream, relayed to an upstream by the agent.
+
+The stream brings the request head (0-RTT, in the OPEN), then the body exactly as the client
+framed it, then EOF. The exchange:
+
+1. checks the target (``route()``: the agent's allow-list, typed refusals) and waits for the
+   complete head (bounded size and time);
+2. rewrites the head: ``Host`` becomes the upstream's, every ``Authorization``,
+   ``Proxy-Authorization``, ``Impersonate-*`` and ``X-Remote-*`` header and the WebSocket bearer
+   subprotocol are dropped, then the route's credential and identity headers are appended
+   (identity last) — the stream's bytes never decide who the request runs as;
+3. takes a keep-alive connection from the pool (dial failures become typed refusals:
+   UNREACHABLE, TIMEOUT, OVERLOAD), accepts the stream, and relays the request body up to the
+   end its framing declares (bytes past it are a protocol violation: reset, connection dropped);
+4. relays the response byte for byte; at its end writes EOF on the stream and returns the
+   connection to the pool only if request and response were both complete and keep-alive.
+   A ``101`` turns both directions into raw bytes (never pooled) with half-close carried.
+
+A reset stream (the client went away) aborts the upstream connection, which cancels the
+request on the apiserver (watches and ``logs -f`` stop). Back-pressure is passed both ways:
+stream ``pause_writing`` pauses reading the upstream socket; the upstream socket's
+``pause_writing`` pauses reading the stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import ssl
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tunnel.errors import OpenErrorCode, OpenRefused, ResetCode, StreamError
+
+from gateway.agent.messages import (
+    BodyTracker,
+    Headers,
+    MessageError,
+    RequestHead,
+    ResponseHead,
+    find_head_end,
+    parse_request_head,
+    parse_response_head,
+    serialize_request_head,
+)
+from gateway.agent.pool import (
+    PoolExhausted,
+    UpstreamConnection,
+    UpstreamKey,
+    UpstreamPool,
+    UpstreamTimeout,
+    UpstreamUnreachable,
+)
+
+log = logging.getLogger(__name__)
+
+MAX_REQUEST_HEAD = 256 * 1024  # the gateway enforces a tighter limit; this is our own bound
+MAX_RESPONSE_HEAD = 256 * 1024
+MAX_EARLY_BYTES = 256 * 1024  # bytes buffered before the upstream is ready / before a 101
+HEAD_TIMEOUT = 30.0
+UPGRADE_LINGER = 30.0  # after the upstream of an upgrade closed, wait this long for the peer
+WS_BEARER_PREFIX = b"base64url.bearer.authorization.k8s.io."
+
+# Headers a request can never bring across: the agent decides identity and credentials.
+_DROPPED_PREFIXES = (b"impersonate-", b"x-remote-")
+_DROPPED = {b"host", b"authorization", b"proxy-authorization"}
+
+
+@dataclass
+class Route:
+    """Where an exchange goes and what the agent adds to it."""
+
+    key: UpstreamKey
+    ssl_context: Callable[[], ssl.SSLContext | None]
+    authority: bytes  # Host header value sent upstream
+    label: str  # for logs, e.g. "kube-apiserver" or "service ns/name:port"
+    credential: Callable[[], bytes | None] = lambda: None  # Authorization value, or None
+    identity_headers: Headers = field(default_factory=list)
+    passthrough: bool = False  # keep the caller's own Authorization, add nothing
+
+
+def rewrite_request_head(head: RequestHead, route: Route) -> bytes:
+    """The head sent upstream (see module docstring, step 2)."""
+    kept: Headers = []
+    caller_authorization: list[tuple[bytes, bytes]] = []
+    for name, value in head.headers:
+        lowered = name.lower()
+        if lowered == b"authorization":
+            caller_authorization.append((name, value))
+            continue
+        if lowered in _DROPPED or lowered.startswith(_DROPPED_PREFIXES):
+            continue
+        if lowered == b"sec-websocket-protocol":
+            protocols = [p.strip() for p in value.split(b",")]
+            kept_protocols = [p for p in protocols if p and not p.startswith(WS_BEARER_PREFIX)]
+            if kept_protocols:
+                kept.append((name, b", ".join(kept_protocols)))
+            continue
+        kept.append((name, value))
+    headers: Headers = [(b"Host", route.authority), *kept]
+    if route.passthrough:
+        headers += caller_authorization[:1]
+    else:
+        credential = route.credential()
+        if credential is not None:
+            headers.append((b"Authorization", credential))
+        headers += route.identity_headers  # identity last
+    return serialize_request_head(head.method, head.target, headers)
+
+
+def status_response(code: int, reason: str, message: str) -> bytes:
+    """A complete Kubernetes ``Status`` response the agent itself answers with."""
+    body = json.dumps(
+        {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+         "message": message, "reason": reason, "code": code}
+    ).encode()
+    return (
+        f"HTTP/1.1 {code} {reason}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode() + body
+
+
+RouteFactory = Callable[[], Awaitable[Route]]
+
+
+class HttpExchange:
+    """StreamProtocol (tunnel side) and UpstreamUser (pool side) of one exchange."""
+
+    # states
+    SETUP, OPEN, UPGRADED, DONE = "setup", "open", "upgraded", "done"
+
+    def __init__(
+        self,
+        route: RouteFactory,
+        pool: UpstreamPool,
+        *,
+        request_id: str = "",
+        head_timeout: float = HEAD_TIMEOUT,
+        on_done: Callable[[HttpExchange], None] | None = None,
+    ) -> None:
+        self._route_factory = route
+        self.pool = pool
+        self.request_id = request_id
+        self.head_timeout = head_timeout
+        self.on_done = on_done
+        self.stream: Any = None
+        self.state = self.SETUP
+        self.route: Route | None = None
+        self.conn: UpstreamConnection | None = None
+        self.request: RequestHead | None = None
+        self.response: ResponseHead | None = None
+        self.status = 0
+        self.bytes_up = 0
+        self.bytes_down = 0
+        self.started = time.monotonic()
+        self.outcome = ""
+        self._head_buf = bytearray()
+        self._head_ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._early: list[bytes] = []  # request bytes waiting for the upstream (or a 101)
+        self._early_size = 0
+        self._request_bytes: bytes | None = None  # kept for one retry of a body-less request
+        self._req_tracker: BodyTracker | None = None
+        self._req_done = False
+        self._stream_eof = False
+        self._discard_input = False
+        self._resp_buf = bytearray()
+        self._resp_tracker: BodyTracker | None = None
+        self._resp_started = False  # a response byte went to the stream
+        self._resp_done = False
+        self._conn_reusable = True
+        self._conn_reused = False  # the connection came from the pool (may be stale)
+        self._stream_pauses: set[str] = set()
+        self._task: asyncio.Task[None] | None = None
+        self._linger: asyncio.TimerHandle | None = None
+        self._closed = False
+
+    # ------------------------------------------------------------------ StreamProtocol ----
+    def connection_made(self, stream: Any) -> None:
+        self.stream = stream
+        self._task = asyncio.get_running_loop().create_task(self._setup())
+
+    def data_received(self, data: bytes | memoryview) -> None:
+        if self._discard_input or self.state == self.DONE:
+            return
+        if self.state == self.SETUP:
+            if self.request is None:
+                self._take_head_bytes(bytes(data))
+            else:
+                self._buffer_early(bytes(data))
+            return
+        if self.state == self.UPGRADED:
+            self._to_upstream(data)
+            return
+        self._request_body(data)
+
+    def eof_received(self) -> None:
+        self._stream_eof = True
+        if self.state == self.SETUP:
+            if self.request is None and not self._head_ready.done():
+                self._head_ready.set_exception(MessageError("stream ended before the request head"))
+            return
+        if self.state == self.UPGRADED:
+            if self.conn is not None:
+                self.conn.write_eof()
+            return
+        if self.state == self.OPEN and not self._req_done and not self._discard_input:
+            self._fail("request body truncated by the gateway", ResetCode.PROTOCOL)
+
+    def connection_lost(self, exc: StreamError | None) -> None:
+        self._closed = True
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+        if not self._head_ready.done():
+            self._head_ready.cancel()
+        if self._linger is not None:
+            self._linger.cancel()
+        if self.conn is not None:
+            # The client went away (reset) or the session died: abort the upstream request.
+            self.pool.discard(self.conn)
+            self.conn = None
+            if not self.outcome:
+                self.outcome = "cancelled" if exc is not None else "closed"
+        self._finish()
+
+    def pause_writing(self) -> None:
+        if self.conn is not None:
+            self.conn.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.conn is not None:
+            self.conn.resume_reading()
+
+    # ------------------------------------------------------------------ setup -------------
+    def _take_head_bytes(self, data: bytes) -> None:
+        start = len(self._head_buf)
+        self._head_buf += data
+        end = find_head_end(self._head_buf, start)
+        if end < 0:
+            if len(self._head_buf) > MAX_REQUEST_HEAD:
+                self._head_ready.set_exception(MessageError("request head too large", 431))
+            return
+        head, rest = bytes(self._head_buf[:end]), bytes(self._head_buf[end:])
+        self._head_buf = bytearray()
+        try:
+            self.request = parse_request_head(head)
+        except MessageError as exc:
+            if not self._head_ready.done():
+                self._head_ready.set_exception(exc)
+            return
+        # Until the upstream is ready, hold whatever follows and stop the stream's flow.
+        self._pause_stream("setup")
+        if rest:
+            self._buffer_early(rest)
+        if not self._head_ready.done():
+            self._head_ready.set_result(None)
+
+    def _buffer_early(self, data: bytes) -> None:
+        self._early.append(data)
+        self._early_size += len(data)
+        # The stream window bounds this too; MAX_EARLY_BYTES is a second, local bound.
+        if self._early_size > MAX_EARLY_BYTES:
+            self._fail("too many bytes before the upstream answered", ResetCode.FLOW_CONTROL)
+
+    async def _setup(self) -> None:
+        try:
+            self.route = await self._route_factory()
+            async with asyncio.timeout(self.head_timeout):
+                await self._head_ready
+            assert self.request is not None
+            head_bytes = rewrite_request_head(self.request, self.route)
+            conn = await self.pool.acquire(
+                self.route.key, self.route.ssl_context(), self
+            )
+        except OpenRefused as exc:
+            self._refuse(exc.code, exc.message)
+            return
+        except MessageError as exc:
+            self._refuse(OpenErrorCode.PROTOCOL, f"bad request head: {exc}")
+            return
+        except TimeoutError:
+            self._refuse(OpenErrorCode.TIMEOUT, "no complete request head in time")
+            return
+        except PoolExhausted as exc:
+            self._refuse(OpenErrorCode.OVERLOAD, str(exc))
+            return
+        except UpstreamTimeout as exc:
+            self._refuse(OpenErrorCode.TIMEOUT, f"{self.route.label if self.route else ''}: {exc}")
+            return
+        except UpstreamUnreachable as exc:
+            self._refuse(OpenErrorCode.UNREACHABLE,
+                         f"{self.route.label if self.route else 'upstream'} unreachable: {exc}")
+            return
+        if self._closed:
+            self.pool.discard(conn)
+            return
+        self.conn = conn
+        self._conn_reused = conn.requests > 0
+        self.stream.accept()
+        self._start_request(head_bytes)
+
+    def _refuse(self, code: OpenErrorCode, message: str) -> None:
+        self.outcome = f"refused {code.name}"
+        if not self._closed:
+            log.info("stream %s refused %s: %s", self._sid(), code.name, message)
+            self.stream.refuse(code, message)
+        self.state = self.DONE
+
+    def _start_request(self, head_bytes: bytes, *, retry: bool = False) -> None:
+        assert self.conn is not None and self.request is not None
+        self.state = self.OPEN
+        self._req_tracker = BodyTracker(self.request.framing)
+        self._req_done = self._req_tracker.complete
+        if self._req_done and not self.request.upgrade:
+            self._request_bytes = head_bytes  # body-less: can be retried on a fresh connection
+        self.conn.write(head_bytes)
+        early, self._early, self._early_size = self._early, [], 0
+        for chunk in early:
+            if self.state != self.OPEN:
+                break
+            self._request_body(chunk)
+        if self.state == self.OPEN and self._stream_eof and not self._req_done:
+            self._fail("request body truncated by the gateway", ResetCode.PROTOCOL)
+            return
+        if not retry:
+            self._resume_stream("setup")
+
+    def _request_body(self, data: bytes | memoryview) -> None:
+        assert self._req_tracker is not None
+        if self._req_done:
+            if self.request is not None and self.request.upgrade and not self._resp_done:
+                self._buffer_early(bytes(data))  # client spoke before the 101: hold it
+                return
+            self._fail("bytes after the end of the request body", ResetCode.PROTOCOL)
+            return
+        try:
+            n = self._req_tracker.feed(data)
+        except MessageError as exc:
+            self._fail(f"bad request body framing: {exc}", ResetCode.PROTOCOL)
+            return
+        self._to_upstream(data if n == len(data) else data[:n])
+        if self._req_tracker.complete:
+            self._req_done = True
+            if n < len(data):
+                self._fail("bytes after the end of the request body", ResetCode.PROTOCOL)
+
+    def _to_upstream(self, data: bytes | memoryview) -> None:
+        if self.conn is not None and data:
+            self.bytes_up += len(data)
+            self.conn.write(data)
+
+    # ------------------------------------------------------------------ UpstreamUser ------
+    def upstream_data(self, data: bytes) -> None:
+        if self.state == self.UPGRADED:
+            self._to_stream(data)
+            return
+        if self.state != self.OPEN:
+            return
+        if self.response is None or self._resp_tracker is None:
+            self._response_head(data)
+            return
+        self._response_body(data)
+
+    def _response_head(self, data: bytes) -> None:
+        assert self.request is not None
+        self._resp_buf += data
+        while True:
+            end = find_head_end(self._resp_buf)
+            if end < 0:
+                if len(self._resp_buf) > MAX_RESPONSE_HEAD:
+                    self._upstream_failed("response head too large")
+                return
+            try:
+                response = parse_response_head(bytes(self._resp_buf[:end]), self.request.method)
+            except MessageError as exc:
+                self._upstream_failed(f"bad response: {exc}")
+                return
+            if 100 <= response.status < 200 and response.status != 101:
+                # Interim response (100 Continue, 103): relay it and read the next head.
+                self._to_stream(bytes(self._resp_buf[:end]))
+                del self._resp_buf[:end]
+                continue
+            break
+        buffered, self._resp_buf = bytes(self._resp_buf), bytearray()
+        self.response = response
+        self.status = response.status
+        if response.status == 101:
+            if not self.request.upgrade:
+                self._upstream_failed("101 to a request that did not ask to upgrade")
+                return
+            self._upgrade(buffered)
+            return
+        self._resp_tracker = BodyTracker(response.framing)
+        if not response.keep_alive:
+            self._conn_reusable = False
+        self._to_stream(buffered[:end])
+        if len(buffered) > end:
+            self._response_body(memoryview(buffered)[end:])
+        elif self._resp_tracker.complete:
+            self._response_complete()
+
+    def _response_body(self, data: bytes | memoryview) -> None:
+        assert self._resp_tracker is not None
+        try:
+            n = self._resp_tracker.feed(data)
+        except MessageError as exc:
+            self._upstream_failed(f"bad response body framing: {exc}")
+            return
+        self._to_stream(data if n == len(data) else data[:n])
+        if self._resp_tracker.complete:
+            if n < len(data):
+                self._conn_reusable = False  # the server said more than one response
+            self._response_complete()
+
+    def _response_complete(self) -> None:
+        self._resp_done = True
+        self.outcome = self.outcome or "complete"
+        # Settle the connection first: write_eof may end the stream (connection_lost) at once.
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            if self._req_done and self._conn_reusable and self.request is not None \
+                    and not self.request.upgrade:
+                self.pool.release(conn)
+            else:
+                self.pool.discard(conn)
+        if not self._req_done:
+            # The server answered before the body ended (e.g. 413): drop the rest of it.
+            self._discard_input = True
+        self.state = self.DONE
+        self._early.clear()
+        self._resume_stream("upstream-writing")
+        self.stream.write_eof()
+
+    def _upgrade(self, buffered: bytes) -> None:
+        self.state = self.UPGRADED
+        self._conn_reusable = False
+        self.outcome = "upgraded"
+        self._to_stream(buffered)
+        early, self._early, self._early_size = self._early, [], 0
+        for chunk in early:
+            self._to_upstream(chunk)
+        if self._stream_eof and self.conn is not None:
+            self.conn.write_eof()
+
+    def upstream_eof(self) -> None:
+        if self.state == self.UPGRADED:
+            self.stream.write_eof()
+            return
+        if self.state == self.OPEN and self._resp_tracker is not None \
+                and self.response is not None and self.response.framing.until_close:
+            self._response_complete()
+
+    def upstream_lost(self, exc: Exception | None) -> None:
+        self.conn = None
+        if self.state == self.UPGRADED:
+            if not self._closed:
+                with contextlib.suppress(Exception):
+                    self.stream.write_eof()
+                # The peer normally closes its side promptly; don't hold the stream forever.
+                self._linger = asyncio.get_running_loop().call_later(
+                    UPGRADE_LINGER, self._reset_stream, ResetCode.CANCEL
+                )
+            return
+        if self.state == self.OPEN:
+            self._upstream_failed("upstream closed the connection before the response ended")
+
+    def upstream_pause_writing(self) -> None:
+        self._pause_stream("upstream-writing")
+
+    def upstream_resume_writing(self) -> None:
+        self._resume_stream("upstream-writing")
+
+    # ------------------------------------------------------------------ failures ----------
+    def _upstream_failed(self, reason: str) -> None:
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            self.pool.discard(conn)
+        if self._closed or self.state == self.DONE:
+            return
+        if not self._resp_started:
+            if self._conn_reused and self._request_bytes is not None and not self._resp_buf:
+                # A pooled connection the server had just closed: retry once, fresh.
+                self._retry()
+                return
+            log.warning("stream %s: %s (%s)", self._sid(), reason, self.route.label
+                        if self.route else "upstream")
+            self.outcome = "upstream failed"
+            self._to_stream(status_response(502, "Bad Gateway",
+                                            "the agent lost the connection to its upstream"))
+            self.stream.write_eof()
+            self.state = self.DONE
+            self._discard_input = True
+            self._resume_stream("setup")
+            self._resume_stream("upstream-writing")
+            return
+        self._fail(reason, ResetCode.INTERNAL)
+
+    def _retry(self) -> None:
+        assert self.route is not None and self._request_bytes is not None
+        request_bytes, self._request_bytes = self._request_bytes, None  # only once
+        self._resp_buf.clear()
+        self.state = self.SETUP
+
+        async def again() -> None:
+            assert self.route is not None
+            try:
+                conn = await self.pool.acquire(
+                    self.route.key, self.route.ssl_context(), self, fresh=True
+                )
+            except Exception as exc:  # any dial failure ends as a 502
+                self.state = self.OPEN
+                self._request_bytes = None
+                self._upstream_failed(f"retry failed: {type(exc).__name__}")
+                return
+            if self._closed:
+                self.pool.discard(conn)
+                return
+            self.conn = conn
+            self._conn_reused = False
+            self._start_request(request_bytes, retry=True)
+
+        self._task = asyncio.get_running_loop().create_task(again())
+
+    def _fail(self, reason: str, code: ResetCode) -> None:
+        log.warning("stream %s reset: %s", self._sid(), reason)
+        self.outcome = f"reset: {reason}"
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            self.pool.discard(conn)
+        if self.state == self.SETUP and self.request is not None and self._task is not None \
+                and not self._task.done():
+            self._task.cancel()
+        self.state = self.DONE
+        self._reset_stream(code)
+
+    def _reset_stream(self, code: ResetCode) -> None:
+        if not self._closed and self.stream is not None:
+            self.stream.reset(code)
+
+    # ------------------------------------------------------------------ helpers -----------
+    def _to_stream(self, data: bytes | memoryview) -> None:
+        if data and not self._closed:
+            self._resp_started = True
+            self.bytes_down += len(data)
+            self.stream.write(data)
+
+    def _pause_stream(self, reason: str) -> None:
+        if not self._stream_pauses and self.stream is not None and not self._closed:
+            self.stream.pause_reading()
+        self._stream_pauses.add(reason)
+
+    def _resume_stream(self, reason: str) -> None:
+        if reason in self._stream_pauses:
+            self._stream_pauses.discard(reason)
+            if not self._stream_pauses and self.stream is not None and not self._closed:
+                self.stream.resume_reading()
+
+    def _sid(self) -> str:
+        sid = getattr(self.stream, "stream_id", "?")
+        return f"{sid}" + (f" req={self.request_id}" if self.request_id else "")
+
+    def _finish(self) -> None:
+        if self.state != self.DONE:
+            self.state = self.DONE
+        if self.on_done is not None:
+            callback, self.on_done = self.on_done, None
+            callback(self)
+

@@ -1,0 +1,302 @@
+"""The agent's per-stream exchange against a real TLS HTTP server, driven by a fake stream."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from tunnel.errors import OpenErrorCode, OpenRefused, ResetCode
+from tunnel.targets import KubeAPITarget, ServiceTarget, TCPTarget
+
+from gateway.agent.agent import Agent
+from gateway.agent.kubeapi import from_kubeconfig
+from gateway.agent.pool import UpstreamPool
+from tests.agent.conftest import FakeStream, Upstream
+from tests.support import free_port
+
+AGENT_TOKEN = "agent-token-abc"
+HUB_TOKEN = "hub-token-must-not-cross"
+
+
+@dataclass
+class Resolved:
+    host_ip: str
+    port: int
+    server_hostname: str | None
+    tls: bool
+
+
+class FakePolicy:
+    """Allows the kube API and the services given; the real TargetPolicy is tested by tunnel."""
+
+    def __init__(self, kube: tuple[str, int], services: dict[tuple[str, str, int], int]) -> None:
+        self.kube = kube
+        self.services = services
+
+    async def resolve(self, target: Any) -> Resolved:
+        if isinstance(target, KubeAPITarget):
+            return Resolved(self.kube[0], self.kube[1], None, True)
+        if isinstance(target, ServiceTarget):
+            key = (target.namespace, target.name, target.port)
+            if key not in self.services:
+                raise OpenRefused(OpenErrorCode.DENIED, "service not allow-listed")
+            return Resolved("127.0.0.1", self.services[key], "localhost", target.scheme == "https")
+        raise OpenRefused(OpenErrorCode.DENIED, "not allowed")
+
+
+def write_kubeconfig(path: Path, up: Upstream, token_file: Path) -> Path:
+    doc = {
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "k", "cluster": {"server": f"https://{up.host}:{up.port}",
+                                               "certificate-authority": up.ca_file}}],
+        "users": [{"name": "u", "user": {"tokenFile": str(token_file)}}],
+        "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
+    }
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+@pytest.fixture
+def agent(upstream: Upstream, tmp_path: Path) -> Agent:
+    token_file = tmp_path / "token"
+    token_file.write_text(AGENT_TOKEN + "\n")
+    access = from_kubeconfig(str(write_kubeconfig(tmp_path / "kc", upstream, token_file)))
+    policy = FakePolicy((upstream.host, upstream.port), {("demo", "web", 80): upstream.port})
+    return Agent(cluster="c1", policy=policy, kube=access, pool=UpstreamPool(),
+                 service_ca=upstream.ca_file)
+
+
+def identity_metadata(user: str = "cluster:hub:system:serviceaccount:demo:demo") -> bytes:
+    from gateway.identity import Identity
+
+    return Identity(user=user, groups=("cluster:hub:system:serviceaccounts",), uid="u-1",
+                    extra={}, request_id="req-1").to_metadata()
+
+
+@dataclass
+class Open:
+    stream_id: int
+    target: Any
+    metadata: bytes
+
+
+def open_stream(agent: Agent, target: Any, metadata: bytes, data: bytes = b"") -> FakeStream:
+    protocol = agent.on_open(Open(7, target, metadata))
+    assert protocol is not None
+    stream = FakeStream(protocol, target, metadata)
+    if data:
+        stream.send(data)
+    return stream
+
+
+def get(path: str, *extra: str) -> bytes:
+    lines = [f"GET {path} HTTP/1.1", "Host: gateway.example:9092", *extra, "", ""]
+    return "\r\n".join(lines).encode()
+
+
+def seen_headers(entry: dict[str, Any]) -> list[tuple[str, str]]:
+    return [(k.lower(), v) for k, v in entry["headers"]]
+
+
+async def test_identity_and_credential_are_the_agents_never_the_stream_bytes(
+    agent: Agent, upstream: Upstream
+) -> None:
+    request = get(
+        "/echo/api/v1/pods?labelSelector=a%3Db",
+        f"Authorization: Bearer {HUB_TOKEN}",
+        "Impersonate-User: system:admin",
+        "impersonate-group: system:masters",
+        "X-Remote-User: admin",
+        "Proxy-Authorization: Basic Zm9vOmJhcg==",
+        "Accept: application/json",
+    )
+    stream = open_stream(agent, KubeAPITarget(), identity_metadata(), request)
+    stream.send_eof()
+    await stream.wait_done()
+    assert stream.accepted and stream.eof
+    status, _, body = stream.response()
+    assert status == 200
+    entry = json.loads(body)
+    headers = seen_headers(entry)
+    assert entry["path"] == "/echo/api/v1/pods?labelSelector=a%3Db"
+    assert ("authorization", f"Bearer {AGENT_TOKEN}") in headers
+    assert [v for k, v in headers if k == "authorization"] == [f"Bearer {AGENT_TOKEN}"]
+    assert [v for k, v in headers if k == "impersonate-user"] == [
+        "cluster:hub:system:serviceaccount:demo:demo"
+    ]
+    assert [v for k, v in headers if k == "impersonate-group"] == [
+        "cluster:hub:system:serviceaccounts"
+    ]
+    assert ("impersonate-uid", "u-1") in headers
+    assert not any(k.startswith("x-remote-") or k == "proxy-authorization" for k, _ in headers)
+    assert HUB_TOKEN not in json.dumps(entry)
+    assert ("host", f"{upstream.host}:{upstream.port}") in headers
+    # identity goes last
+    assert headers[-1][0].startswith("impersonate-")
+    assert ("accept", "application/json") in headers
+
+
+@pytest.mark.parametrize("metadata", [b"", b"{}", b"not json", b'{"user": ""}'])
+async def test_rule1_no_identity_refused_at_agent(agent: Agent, upstream: Upstream,
+                                                  metadata: bytes) -> None:
+    stream = open_stream(agent, KubeAPITarget(), metadata, get("/echo/x"))
+    await stream.wait_done()
+    assert stream.refused is not None
+    assert stream.refused[0] == OpenErrorCode.NO_IDENTITY
+    assert not stream.accepted
+    await asyncio.sleep(0.05)
+    assert upstream.seen == []
+
+
+async def test_keep_alive_connection_is_reused(agent: Agent, upstream: Upstream) -> None:
+    for i in range(3):
+        stream = open_stream(agent, KubeAPITarget(), identity_metadata(), get(f"/echo/{i}"))
+        stream.send_eof()
+        await stream.wait_done()
+        assert stream.response()[0] == 200
+    assert agent.pool.dials == 1
+    assert len(upstream.peers) == 1
+    assert agent.stats.by_outcome.get("complete") == 3
+
+
+async def test_chunked_request_body_relayed(agent: Agent, upstream: Upstream) -> None:
+    head = (b"POST /echo/create HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+            b"Content-Type: application/json\r\n\r\n")
+    stream = open_stream(agent, KubeAPITarget(), identity_metadata(), head + b"5\r\nhel")
+    stream.send(b"lo\r\n6\r\n world\r\n0\r\n\r\n")
+    stream.send_eof()
+    await stream.wait_done()
+    status, _, body = stream.response()
+    assert status == 200
+    assert json.loads(body)["body"] == "hello world"
+
+
+async def test_content_length_body_split_across_frames(agent: Agent) -> None:
+    head = b"PUT /echo/x HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n"
+    stream = open_stream(agent, KubeAPITarget(), identity_metadata(), head)
+    for piece in (b"01234", b"567", b"89"):
+        await asyncio.sleep(0.01)
+        stream.send(piece)
+    stream.send_eof()
+    await stream.wait_done()
+    assert json.loads(stream.response()[2])["body"] == "0123456789"
+
+
+async def test_bytes_after_request_body_reset_not_smuggled(agent: Agent,
+                                                         upstream: Upstream) -> None:
+    smuggled = get("/echo/smuggled", "Impersonate-User: system:admin")
+    head = b"POST /echo/a HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nok"
+    stream = open_stream(agent, KubeAPITarget(), identity_metadata(), head + smuggled)
+    await stream.wait_done()
+    assert stream.reset_code == ResetCode.PROTOCOL
+    await asyncio.sleep(0.1)
+    assert all("smuggled" not in e["path"] for e in upstream.seen)
+
+
+async def test_client_reset_cancels_watch_upstream(agent: Agent, upstream: Upstream) -> None:
+    stream = open_stream(agent, KubeAPITarget(), identity_metadata(), get("/watch"))
+    stream.send_eof()
+    await stream.wait(lambda: stream.received.count(b"ADDED") >= 3)
+    assert not stream.eof
+    stream.client_reset()
+    async with asyncio.timeout(5):
+        while not upstream.disconnects:
+            await asyncio.sleep(0.02)
+    assert upstream.disconnects == ["/watch"]
+    assert agent.pool.in_use == 0
+
+
+async def test_upstream_unreachable_is_typed_refusal(tmp_path: Path, upstream: Upstream) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(AGENT_TOKEN)
+    access = from_kubeconfig(str(write_kubeconfig(tmp_path / "kc", upstream, token_file)))
+    dead = free_port()
+    agent = Agent(cluster="c1", policy=FakePolicy(("127.0.0.1", dead), {}), kube=access)
+    stream = open_stream(agent, KubeAPITarget(), identity_metadata(), get("/x"))
+    await stream.wait_done()
+    assert stream.refused is not None and stream.refused[0] == OpenErrorCode.UNREACHABLE
+
+
+async def test_token_file_rotation_is_picked_up(agent: Agent, upstream: Upstream,
+                                                tmp_path: Path) -> None:
+    assert agent.kube is not None and agent.kube.token is not None
+    agent.kube.token.check_interval = 0.0
+    (tmp_path / "token.new").write_text("rotated-token\n")
+    os.replace(tmp_path / "token.new", tmp_path / "token")
+    stream = open_stream(agent, KubeAPITarget(), identity_metadata(), get("/echo/r"))
+    stream.send_eof()
+    await stream.wait_done()
+    headers = seen_headers(json.loads(stream.response()[2]))
+    assert ("authorization", "Bearer rotated-token") in headers
+
+
+async def test_service_gets_no_credential_and_no_identity(agent: Agent,
+                                                          upstream: Upstream) -> None:
+    request = get("/echo/svc", f"Authorization: Bearer {HUB_TOKEN}", "Impersonate-User: x")
+    stream = open_stream(agent, ServiceTarget("demo", "web", 80, "https"), b"", request)
+    stream.send_eof()
+    await stream.wait_done()
+    status, _, body = stream.response()
+    assert status == 200
+    headers = seen_headers(json.loads(body))
+    assert not any(k in ("authorization",) or k.startswith("impersonate") for k, _ in headers)
+    assert ("host", "localhost:80") in headers
+
+
+async def test_service_not_allow_listed_denied(agent: Agent) -> None:
+    stream = open_stream(agent, ServiceTarget("kube-system", "secret", 443), b"", get("/"))
+    await stream.wait_done()
+    assert stream.refused is not None and stream.refused[0] == OpenErrorCode.DENIED
+
+
+async def test_tcp_target_denied_by_policy(agent: Agent) -> None:
+    stream = open_stream(agent, TCPTarget("169.254.169.254", 80), b"", b"GET / HTTP/1.1\r\n\r\n")
+    await stream.wait_done()
+    assert stream.refused is not None and stream.refused[0] == OpenErrorCode.DENIED
+
+
+async def test_large_response_relayed_intact(agent: Agent) -> None:
+    stream = open_stream(agent, KubeAPITarget(), identity_metadata(), get("/big?n=3000000"))
+    stream.send_eof()
+    await stream.wait_done(10)
+    status, headers, body = stream.response()
+    assert status == 200 and len(body) == 3_000_000 == int(headers["content-length"])
+
+
+def ws_frame(payload: bytes, opcode: int = 1) -> bytes:
+    mask = os.urandom(4)
+    masked = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+    assert len(payload) < 126
+    return struct.pack("!BB", 0x80 | opcode, 0x80 | len(payload)) + mask + masked
+
+
+async def test_websocket_upgrade_spliced(agent: Agent, upstream: Upstream) -> None:
+    key = base64.b64encode(os.urandom(16)).decode()
+    bearer = "base64url.bearer.authorization.k8s.io." + base64.urlsafe_b64encode(
+        HUB_TOKEN.encode()).decode().rstrip("=")
+    request = get("/ws", "Connection: Upgrade", "Upgrade: websocket",
+                  f"Sec-WebSocket-Key: {key}", "Sec-WebSocket-Version: 13",
+                  f"Sec-WebSocket-Protocol: {bearer}, v5.channel.k8s.io")
+    stream = open_stream(agent, KubeAPITarget(), identity_metadata(), request)
+    await stream.wait(lambda: b"\r\n\r\n" in stream.received)
+    assert stream.received.startswith(b"HTTP/1.1 101")
+    head_len = stream.received.index(b"\r\n\r\n") + 4
+    stream.send(ws_frame(b"hello"))
+    await stream.wait(lambda: b"echo:hello" in stream.received)
+    assert not stream.eof
+    stream.send(ws_frame(b"\x03\xe8", opcode=8))  # close
+    await stream.wait(lambda: stream.eof, timeout=5)
+    assert len(stream.received) > head_len
+    entry = upstream.seen[-1]
+    protocols = [v for k, v in seen_headers(entry) if k == "sec-websocket-protocol"]
+    assert protocols == ["v5.channel.k8s.io"]
+    assert HUB_TOKEN not in json.dumps(entry)
+    assert agent.pool.idle == 0  # an upgraded connection never returns to the pool
