@@ -41,9 +41,11 @@ log = logging.getLogger(__name__)
 WS_PROTOCOLS = (
     "v5.channel.k8s.io",
     "v4.channel.k8s.io",
+    "v4.base64.channel.k8s.io",
     "v3.channel.k8s.io",
     "v2.channel.k8s.io",
     "channel.k8s.io",
+    "base64.channel.k8s.io",
 )
 SPDY_PROTOCOLS = ("v4.channel.k8s.io", "v3.channel.k8s.io", "v2.channel.k8s.io", "channel.k8s.io")
 STDIN, STDOUT, STDERR, ERROR, RESIZE, CLOSE = 0, 1, 2, 3, 4, 255

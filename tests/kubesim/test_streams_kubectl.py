@@ -10,7 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import pty
 import re
+import select
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -209,3 +212,103 @@ async def test_kubectl_port_forward_echo(target: Target, env: dict[str, str]) ->
         assert used == {("portforward", "POST", "spdy/3.1", "")}
     else:
         assert used == {("portforward", "GET", "websocket", "SPDY/3.1+portforward.k8s.io")}
+
+
+@pytest.mark.parametrize("env", [{}, SPDY_EXEC], ids=["websocket", "spdy"])
+async def test_kubectl_attach_with_stdin(target: Target, env: dict[str, str]) -> None:
+    result = await run(target, "attach", "-i", "web", stdin=b"attached\n", env=env)
+    assert (result.code, result.stdout) == (0, b"attached\n"), result.stderr
+
+
+def _tty_session(kubeconfig: Path, env: dict[str, str], keystrokes: bytes) -> tuple[int, bytes]:
+    """kubectl exec -it under a pseudo-terminal: type `keystrokes` after the first prompt."""
+    pid, fd = pty.fork()
+    if pid == 0:  # child: becomes kubectl with the pty as its terminal
+        os.execve(
+            KUBECTL,
+            [KUBECTL, f"--kubeconfig={kubeconfig}", "exec", "-it", "web", "--", "sh"],
+            {**os.environ, "HOME": str(kubeconfig.parent), **env},
+        )
+    output, typed = b"", False
+    deadline = time.monotonic() + 15
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([fd], [], [], 0.2)
+            if not ready:
+                continue
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:  # EIO: kubectl exited and the pty closed
+                break
+            if not chunk:
+                break
+            output += chunk
+            if not typed and b"# " in output:
+                os.write(fd, keystrokes)
+                typed = True
+    finally:
+        if time.monotonic() >= deadline:
+            os.kill(pid, 9)
+        _, status = os.waitpid(pid, 0)
+        os.close(fd)
+    return os.waitstatus_to_exitcode(status), output
+
+
+@pytest.mark.parametrize("env", [{}, SPDY_EXEC], ids=["websocket", "spdy"])
+async def test_kubectl_exec_with_a_tty(target: Target, env: dict[str, str]) -> None:
+    code, output = await asyncio.to_thread(
+        _tty_session, target.kubeconfig, env, b"hostname\rexit 6\r"
+    )
+    assert code == 6, output
+    assert b"web\r\n" in output
+    assert output.endswith(b"command terminated with exit code 6\r\n")
+
+
+@pytest.mark.parametrize("env", [{}, SPDY_EXEC], ids=["websocket", "spdy"])
+async def test_kubectl_exec_copies_a_megabyte_through_cat(
+    target: Target, env: dict[str, str]
+) -> None:
+    data = os.urandom(1 << 20)
+    result = await run(target, "exec", "-i", "web", "--", "cat", stdin=data, env=env)
+    assert result.code == 0, result.stderr
+    assert result.stdout == data
+
+
+@pytest.mark.parametrize("env", [{}, SPDY_PORT_FORWARD], ids=["websocket-tunnel", "spdy"])
+async def test_kubectl_port_forward_bulk_and_half_close(
+    target: Target, env: dict[str, str]
+) -> None:
+    port = free_port()
+    proc = await asyncio.create_subprocess_exec(
+        KUBECTL,
+        f"--kubeconfig={target.kubeconfig}",
+        "port-forward",
+        "--address=127.0.0.1",
+        "pod/web",
+        f"{port}:5432",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "HOME": str(target.kubeconfig.parent), **env},
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None
+        await asyncio.wait_for(proc.stdout.readline(), 10)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        data = os.urandom(2 << 20)
+
+        async def send() -> None:
+            writer.write(data)
+            await writer.drain()
+            writer.write_eof()  # our FIN must reach the pod and come back as its FIN
+
+        sender = asyncio.ensure_future(send())
+        echoed = await asyncio.wait_for(reader.readexactly(len(data)), 20)
+        await asyncio.wait_for(sender, 5)
+        assert echoed == data
+        assert await asyncio.wait_for(reader.read(), 10) == b""
+        writer.close()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            proc.terminate()
+        await asyncio.wait_for(proc.wait(), 10)

@@ -7,6 +7,7 @@ does not show: channel bytes, Status JSON, close signals, port prefixes, error c
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import struct
 import time
@@ -361,3 +362,35 @@ async def test_spdy_portforward_reports_bad_ports_on_the_error_stream(
         assert client.data_for(data2) == b"ssh?"
     finally:
         writer.close()
+
+
+# -- base64 variants and TTY -------------------------------------------------------------------
+
+
+async def test_base64_channel_protocol_uses_text_frames(http: aiohttp.ClientSession) -> None:
+    params = [("command", "cat"), ("stdin", "true"), ("stdout", "true")]
+    async with http.ws_connect(
+        f"{POD}/web/exec", params=params, protocols=("v4.base64.channel.k8s.io",)
+    ) as ws:
+        assert ws.protocol == "v4.base64.channel.k8s.io"
+        await ws.send_str("0" + base64.b64encode(b"b64 in\n").decode())
+        reply = await ws.receive_str(timeout=5)
+        assert reply[0] == "1" and base64.b64decode(reply[1:]) == b"b64 in\n"
+
+
+async def test_tty_exec_takes_resize_and_writes_crlf(http: aiohttp.ClientSession) -> None:
+    params = [("command", "sh"), ("stdin", "true"), ("stdout", "true"), ("tty", "true")]
+    async with http.ws_connect(
+        f"{POD}/web/exec", params=params, protocols=("v5.channel.k8s.io",)
+    ) as ws:
+        await ws.send_bytes(b"\x04" + json.dumps({"Width": 80, "Height": 24}).encode())
+        await ws.send_bytes(b"\x00echo tty\r")
+        await ws.send_bytes(b"\x00exit 2\r")
+        out, status = b"", b""
+        async for msg in ws:
+            if msg.data[0] == 1:
+                out += msg.data[1:]
+            elif msg.data[0] == 3:
+                status = msg.data[1:]
+    assert out == b"# echo tty\r\ntty\r\n# exit 2\r\n"
+    assert json.loads(status)["details"]["causes"][0]["message"] == "2"
