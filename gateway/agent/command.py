@@ -1,19 +1,271 @@
-"""Run the managed-cluster agent.
+"""Run the managed-cluster agent: dial out to the hub and serve the streams it opens.
 
-Not implemented yet: this placeholder exits 2 and says so rather than pretend to work.
+    hubproxy agent --hub hub.example:8091 --cluster cluster1 --tls-dir /etc/hubproxy/agent-tls \\
+        [--kubeconfig FILE | in-cluster] [--allow-service NS/NAME:PORT]... [--health-listen ADDR]
+
+The agent connects to the hub with its client certificate (``--tls-dir``: ``tls.crt``,
+``tls.key``, and ``ca.crt`` = the tunnel CA, the only CA it trusts for the hub), reconnects with
+backoff, and picks up renewed certificates for the next session. For each stream it checks the
+target against its own allow-list, and sends kube-apiserver requests with its own credential
+impersonating the hub-verified identity from the stream (never without one). SIGTERM drains:
+no new streams, in-flight ones get ``--drain-timeout`` seconds.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import ssl
 import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from certs.identity import validate_cluster_name
+from certs.tls import TLS1_3, ReloadingContext, client_context
+from gateway.agent.agent import Agent
+from gateway.agent.health import start_health_server
+from gateway.agent.kubeapi import KubeAPIAccess, KubeAPIConfigError, load
+from gateway.agent.pool import UpstreamPool
+
+log = logging.getLogger("hubproxy.agent")
+
+READINESS_INTERVAL = 5.0
+READINESS_STALE = 20.0
+
+
+def _host_port(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"{value!r}: expected HOST:PORT")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _service_key(value: str) -> tuple[str, str, int]:
+    ns_name, sep, port = value.rpartition(":")
+    ns, slash, name = ns_name.partition("/")
+    if not sep or not slash or not ns or not name or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"{value!r}: expected NAMESPACE/NAME:PORT")
+    return ns, name, int(port)
+
+
+def _service_address(value: str) -> tuple[tuple[str, str, int], tuple[str, int]]:
+    service, eq, address = value.partition("=")
+    if not eq:
+        raise argparse.ArgumentTypeError(f"{value!r}: expected NS/NAME:PORT=HOST:PORT")
+    return _service_key(service), _host_port(address)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    del parser
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    hub = parser.add_argument_group("hub")
+    hub.add_argument("--hub", required=True, type=_host_port, metavar="HOST:PORT",
+                     help="the hub's tunnel endpoint (gateway --tunnel-listen)")
+    hub.add_argument("--cluster", required=True,
+                     help="this cluster's name; must match the agent certificate")
+    hub.add_argument("--tls-dir", required=True, metavar="DIR",
+                     help="tls.crt/tls.key (agent client cert) and ca.crt (tunnel CA)")
+    hub.add_argument("--hub-ca", metavar="FILE",
+                     help="CA that verifies the hub (default DIR/ca.crt); never system roots")
+    hub.add_argument("--hub-server-name", metavar="NAME",
+                     help="name to verify in the hub certificate (default the --hub host)")
+    hub.add_argument("--drain-timeout", type=float, default=30.0, metavar="SECONDS",
+                     help="on SIGTERM, how long in-flight streams may take to finish")
+
+    kube = parser.add_argument_group("kube-apiserver (default: in-cluster service account)")
+    kube.add_argument("--kubeconfig", metavar="FILE",
+                      help="server, CA and credential (token, tokenFile or client cert)")
+    kube.add_argument("--context", help="kubeconfig context (default current-context)")
+    kube.add_argument("--apiserver", metavar="URL", help="override the apiserver URL")
+    kube.add_argument("--apiserver-ca", metavar="FILE", help="override the apiserver CA")
+    kube.add_argument("--token-file", metavar="FILE",
+                      help="override the agent's token (file re-read when it changes)")
+
+    targets = parser.add_argument_group("targets (default deny)")
+    targets.add_argument("--allow-service", action="append", default=[], type=_service_key,
+                         metavar="NS/NAME:PORT", help="a Service the hub may reach (repeatable)")
+    targets.add_argument("--insecure-service", action="append", default=[], type=_service_key,
+                         metavar="NS/NAME:PORT",
+                         help="an allow-listed https Service whose certificate is NOT verified")
+    targets.add_argument("--service-ca", metavar="FILE",
+                         help="CA for https Services (default: the cluster CA)")
+    targets.add_argument("--allow-tcp", action="append", default=[], type=_host_port,
+                         metavar="HOST:PORT", help="a raw TCP target the hub may reach")
+    targets.add_argument("--allow-loopback-targets", action="store_true",
+                         help="allow loopback/link-local targets (local demos and tests only)")
+    targets.add_argument("--service-address", action="append", default=[],
+                         type=_service_address, metavar="NS/NAME:PORT=HOST:PORT",
+                         help="dial this address for a Service instead of resolving it (tests)")
+
+    parser.add_argument("--health-listen", default="0.0.0.0:8000", metavar="ADDR",
+                        help="/healthz and /readyz ('off' to disable)")
+    parser.add_argument("--log-level", default="info",
+                        choices=["debug", "info", "warning", "error"])
+
+
+class Readiness:
+    """Ready = connected to the hub AND the apiserver completed a TLS handshake recently."""
+
+    def __init__(self, dialer: Any, kube: KubeAPIAccess | None) -> None:
+        self.dialer = dialer
+        self.kube = kube
+        self.apiserver_ok_at = 0.0
+        self.apiserver_error = "not checked yet"
+
+    def __call__(self) -> tuple[bool, str]:
+        if not getattr(self.dialer, "connected", False):
+            return False, "not connected to the hub"
+        if self.kube is not None and time.monotonic() - self.apiserver_ok_at > READINESS_STALE:
+            return False, f"kube-apiserver not reachable: {self.apiserver_error}"
+        return True, "ok"
+
+    async def probe_forever(self) -> None:
+        while True:
+            await self.probe_once()
+            await asyncio.sleep(READINESS_INTERVAL)
+
+    async def probe_once(self) -> None:
+        if self.kube is None:
+            return
+        kube = self.kube
+        try:
+            async with asyncio.timeout(5):
+                _, writer = await asyncio.open_connection(
+                    kube.host, kube.port, ssl=kube.ssl_context(),
+                    server_hostname=kube.server_hostname,
+                )
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+        except (OSError, TimeoutError, ssl.SSLError) as exc:
+            self.apiserver_error = type(exc).__name__
+            return
+        self.apiserver_ok_at = time.monotonic()
+        self.apiserver_error = ""
+
+
+def _check_certificate_cluster(cert_file: Path, cluster: str) -> None:
+    """Fail fast (with a clear message) if the certificate is for another cluster."""
+    from cryptography import x509
+
+    try:
+        from tunnel.identity import cluster_from_certificate
+    except ImportError:  # tunnel-edge not installed: the hub still checks the certificate
+        return
+    cert = x509.load_pem_x509_certificate(cert_file.read_bytes())
+    from cryptography.hazmat.primitives.serialization import Encoding
+
+    named = cluster_from_certificate(cert.public_bytes(Encoding.DER))
+    if named != cluster:
+        raise ValueError(f"{cert_file} is a certificate for cluster {named!r}, not {cluster!r}")
+
+
+def build_policy(args: argparse.Namespace, kube: KubeAPIAccess | None) -> Any:
+    from tunnel.policy import ServiceRule, TargetPolicy
+
+    rules = [ServiceRule.parse(f"{ns}/{name}:{port}") for ns, name, port in args.allow_service]
+    return TargetPolicy(
+        kube_api=(kube.host, kube.port) if kube else None,
+        allow_services=rules,
+        allow_tcp=list(args.allow_tcp),
+        allow_loopback=args.allow_loopback_targets,
+        service_address_overrides=dict(args.service_address),
+    )
+
+
+async def serve(args: argparse.Namespace) -> int:
+    from tunnel.connection import SessionConfig
+    from tunnel.dialer import AgentDialer
+
+    cluster = validate_cluster_name(args.cluster)
+    tls_dir = Path(args.tls_dir)
+    cert, key = tls_dir / "tls.crt", tls_dir / "tls.key"
+    hub_ca = Path(args.hub_ca) if args.hub_ca else tls_dir / "ca.crt"
+    _check_certificate_cluster(cert, cluster)
+    kube = load(kubeconfig=args.kubeconfig, context=args.context, apiserver=args.apiserver,
+                apiserver_ca=args.apiserver_ca, token_file=args.token_file)
+    insecure = set(args.insecure_service)
+    if not insecure <= set(args.allow_service):
+        raise ValueError("--insecure-service names a Service that is not --allow-service'd")
+    policy = build_policy(args, kube)
+    pool = UpstreamPool()
+    agent = Agent(cluster=cluster, policy=policy, kube=kube, pool=pool,
+                  service_ca=args.service_ca, insecure_services=frozenset(insecure))
+
+    hub_tls = ReloadingContext(
+        lambda: client_context(hub_ca, cert, key, min_version=TLS1_3, alpn_protocols=_alpn()),
+        [cert, key, hub_ca],
+    )
+    hub_host, hub_port = args.hub
+    dialer = AgentDialer(hub_host, hub_port, hub_tls.current, agent.on_open, SessionConfig(),
+                         server_hostname=args.hub_server_name or hub_host)
+    readiness = Readiness(dialer, kube)
+    log.info("agent for cluster %s: hub %s:%d, apiserver %s, services allowed: %s",
+             cluster, hub_host, hub_port, kube.describe(),
+             ", ".join(f"{n}/{s}:{p}" for n, s, p in args.allow_service) or "none")
+
+    health = None
+    if args.health_listen and args.health_listen != "off":
+        host, port = _host_port(args.health_listen)
+        health = await start_health_server(host, port, readiness)
+        log.info("health on %s:%d (/healthz, /readyz)", host, port)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    run_task = loop.create_task(dialer.run(), name="dialer")
+    probe_task = loop.create_task(readiness.probe_forever(), name="readiness")
+    stop_task = loop.create_task(stop.wait())
+    print(f"hubproxy agent {cluster} started", flush=True)
+    try:
+        done, _ = await asyncio.wait({run_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+        if run_task in done:
+            run_task.result()  # the dialer never returns on its own: surface its error
+            return 1
+        log.info("draining (up to %.0fs)", args.drain_timeout)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(dialer.drain(args.drain_timeout), args.drain_timeout + 5)
+        return 0
+    finally:
+        for task in (run_task, probe_task, stop_task):
+            task.cancel()
+        for task in (run_task, probe_task, stop_task):
+            with contextlib.suppress(BaseException):
+                await task
+        pool.close()
+        if health is not None:
+            await health.cleanup()
+        log.info("agent stopped")
+
+
+def _alpn() -> list[str] | None:
+    try:
+        from tunnel import connection
+    except ImportError:
+        return None
+    alpn = getattr(connection, "ALPN", None) or getattr(connection, "ALPN_PROTOCOL", None)
+    if alpn is None:
+        return None
+    return [alpn] if isinstance(alpn, str) else list(alpn)
 
 
 def run(args: argparse.Namespace) -> int:
-    del args
-    print("hubproxy: this command is not implemented yet", file=sys.stderr)
-    return 2
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        try:
+            import uvloop
+        except ImportError:
+            return asyncio.run(serve(args))
+        return uvloop.run(serve(args))
+    except (KubeAPIConfigError, ValueError, OSError) as exc:
+        print(f"hubproxy agent: {exc}", file=sys.stderr)
+        return 2

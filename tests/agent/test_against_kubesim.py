@@ -1,0 +1,96 @@
+"""The agent's exchange against kubesim: real impersonation, RBAC, watch, and what kubesim saw."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tunnel.targets import KubeAPITarget
+
+from gateway.agent.agent import Agent
+from gateway.agent.kubeapi import from_kubeconfig
+from kubesim.testing import RunningKubeSim, run_kubesim
+from tests.agent.conftest import FakeStream
+from tests.agent.test_exchange import FakePolicy, Open, get, identity_metadata
+
+AGENT_TOKEN = "agent-static-token-0123"
+HUB_TOKEN = "eyJhbGciOiJIUzI1NiJ9.hub-token.sig"
+USER = "cluster:hub:system:serviceaccount:demo:demo"
+
+
+@pytest.fixture
+async def sim(tmp_path: Path) -> Any:
+    async with run_kubesim(tmp_path, name="cluster1",
+                           users=[(AGENT_TOKEN, "hubproxy-agent", "agent-uid")]) as sim:
+        sim.grant("User:hubproxy-agent", verbs=["impersonate"],
+                  resources=["users", "groups", "uids", "userextras/*"],
+                  api_groups=["", "authentication.k8s.io"])
+        sim.grant(f"User:{USER}", verbs=["get", "list", "watch", "create"],
+                  resources=["configmaps"], namespace="default")
+        yield sim
+
+
+@pytest.fixture
+def agent(sim: RunningKubeSim, tmp_path: Path) -> Agent:
+    kc = sim.write_kubeconfig(tmp_path / "agent-kc", token=AGENT_TOKEN)
+    access = from_kubeconfig(str(kc))
+    return Agent(cluster="cluster1", policy=FakePolicy((sim.host, sim.port), {}), kube=access)
+
+
+def exchange(agent: Agent, request: bytes, metadata: bytes | None = None) -> FakeStream:
+    target = KubeAPITarget()
+    meta = identity_metadata() if metadata is None else metadata
+    stream = FakeStream(agent.on_open(Open(3, target, meta)), target, meta)
+    stream.send(request)
+    return stream
+
+
+async def test_whoami_is_the_impersonated_hub_identity(agent: Agent,
+                                                       sim: RunningKubeSim) -> None:
+    body = json.dumps({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})
+    request = (
+        "POST /apis/authentication.k8s.io/v1/selfsubjectreviews HTTP/1.1\r\nHost: x\r\n"
+        f"Authorization: Bearer {HUB_TOKEN}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n{body}"
+    ).encode()
+    stream = exchange(agent, request)
+    stream.send_eof()
+    await stream.wait_done()
+    status, _, payload = stream.response()
+    assert status == 201, payload
+    info = json.loads(payload)["status"]["userInfo"]
+    assert info["username"] == USER
+    assert "cluster:hub:system:serviceaccounts" in info["groups"]
+    seen = sim.requests_to("/apis/authentication.k8s.io/v1/selfsubjectreviews")
+    assert seen and seen[-1].user == "hubproxy-agent" and seen[-1].acting_as == USER
+    assert all(HUB_TOKEN not in v for r in sim.received for _, v in r.headers)
+
+
+async def test_rbac_of_the_impersonated_identity_applies(agent: Agent) -> None:
+    stream = exchange(agent, get("/api/v1/namespaces/default/secrets"))
+    stream.send_eof()
+    await stream.wait_done()
+    assert stream.response()[0] == 403
+    stream = exchange(agent, get("/api/v1/namespaces/default/configmaps"))
+    stream.send_eof()
+    await stream.wait_done()
+    assert stream.response()[0] == 200
+
+
+async def test_watch_streams_events_then_cancel_closes_upstream(agent: Agent,
+                                                                sim: RunningKubeSim) -> None:
+    stream = exchange(agent, get("/api/v1/namespaces/default/configmaps?watch=1"))
+    stream.send_eof()
+    await stream.wait(lambda: b"\r\n\r\n" in stream.received)
+    assert stream.response()[0] == 200
+    sim.apply({"apiVersion": "v1", "kind": "ConfigMap",
+               "metadata": {"name": "cm1", "namespace": "default"}, "data": {"a": "b"}})
+    await stream.wait(lambda: b'"cm1"' in stream.received)
+    assert not stream.eof
+    assert agent.pool.in_use == 1
+    stream.client_reset()
+    await asyncio.sleep(0.05)
+    assert agent.pool.in_use == 0
