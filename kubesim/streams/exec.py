@@ -47,7 +47,15 @@ WS_PROTOCOLS = (
     "channel.k8s.io",
     "base64.channel.k8s.io",
 )
-SPDY_PROTOCOLS = ("v4.channel.k8s.io", "v3.channel.k8s.io", "v2.channel.k8s.io", "channel.k8s.io")
+# kubectl 1.32 offers v5 first over SPDY too; there it means exactly v4 (SPDY half-closes stdin
+# with a FIN, so the v5 CLOSE signal has no use), which is what kube-apiserver 1.30+ picks.
+SPDY_PROTOCOLS = (
+    "v5.channel.k8s.io",
+    "v4.channel.k8s.io",
+    "v3.channel.k8s.io",
+    "v2.channel.k8s.io",
+    "channel.k8s.io",
+)
 STDIN, STDOUT, STDERR, ERROR, RESIZE, CLOSE = 0, 1, 2, 3, 4, 255
 STREAM_CREATION_TIMEOUT = 30.0
 CLOSE_GRACE = 2.0
@@ -227,7 +235,7 @@ async def serve_exec_spdy(
     protocol = negotiate(request, SPDY_PROTOCOLS)
     if protocol is None:
         return negotiation_failed(request, SPDY_PROTOCOLS)
-    v4 = protocol == "v4.channel.k8s.io"
+    json_status = protocol in ("v5.channel.k8s.io", "v4.channel.k8s.io")
     expected = {"error"}
     if opts.stdin:
         expected.add("stdin")
@@ -235,7 +243,7 @@ async def serve_exec_spdy(
         expected.add("stdout")
     if opts.stderr and not opts.tty:
         expected.add("stderr")
-    if opts.tty and protocol in ("v4.channel.k8s.io", "v3.channel.k8s.io"):
+    if opts.tty and protocol in ("v5.channel.k8s.io", "v4.channel.k8s.io", "v3.channel.k8s.io"):
         expected.add("resize")
 
     streams: dict[str, SpdyStream] = {}
@@ -289,7 +297,7 @@ async def serve_exec_spdy(
                 await command
             return conn.response
         status, failure = command.result()
-        if v4:
+        if json_status:
             streams["error"].write(status)
         elif failure:
             streams["error"].write(failure.encode())

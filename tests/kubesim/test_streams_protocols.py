@@ -394,3 +394,22 @@ async def test_tty_exec_takes_resize_and_writes_crlf(http: aiohttp.ClientSession
                 status = msg.data[1:]
     assert out == b"# echo tty\r\ntty\r\n# exit 2\r\n"
     assert json.loads(status)["details"]["causes"][0]["message"] == "2"
+
+
+async def test_spdy_exec_negotiates_v5_first_like_kubectl_offers(server: StreamsServer) -> None:
+    # kubectl 1.32 sends one X-Stream-Protocol-Version line per protocol, v5 first.
+    reader, writer, head = await _spdy_upgrade(
+        server,
+        f"{POD}/web/exec?command=true&stdout=true",
+        "v5.channel.k8s.io\r\nX-Stream-Protocol-Version: v4.channel.k8s.io",
+    )
+    try:
+        assert b"X-Stream-Protocol-Version: v5.channel.k8s.io\r\n" in head
+        client = SpdyClient()
+        err_id, frame_err = client.syn(streamtype="error")
+        _out_id, frame_out = client.syn(streamtype="stdout")
+        writer.write(frame_err + frame_out)
+        await _pump(reader, client, lambda: client.finished(err_id))
+        assert json.loads(client.data_for(err_id))["status"] == "Success"
+    finally:
+        writer.close()
