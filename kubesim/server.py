@@ -364,7 +364,11 @@ class KubeSim:
         if info.subresource and info.subresource not in rtype.subresources:
             raise status.resource_not_found()
         allowed_verbs = rtype.subresources[info.subresource] if info.subresource else rtype.verbs
-        if info.verb not in allowed_verbs:
+        # POST to a named object, or PUT/PATCH to a collection, has no handler in the real one.
+        misplaced = (info.verb == "create" and info.name and not info.subresource) or (
+            info.verb in ("update", "patch") and not info.name
+        )
+        if info.verb not in allowed_verbs or misplaced:
             raise status.method_not_allowed()
 
         attrs = Attributes(
@@ -716,9 +720,23 @@ class KubeSim:
 
 
 def _json_error(exc: Exception) -> str:
-    if isinstance(exc, json.JSONDecodeError):
-        return f"invalid character looking for beginning of value at offset {exc.pos}: {exc.msg}"
-    return str(exc)
+    """Word a JSON syntax error the way Go's encoding/json does, for kube-apiserver parity."""
+    if not isinstance(exc, json.JSONDecodeError):
+        return str(exc)
+    if exc.pos >= len(exc.doc.rstrip()):
+        return "unexpected end of JSON input"
+    char = exc.doc[exc.pos]
+    if exc.msg.startswith("Expecting property name"):
+        return f"invalid character '{char}' looking for beginning of object key string"
+    if exc.msg.startswith("Expecting value"):
+        return f"invalid character '{char}' looking for beginning of value"
+    if exc.msg.startswith("Extra data"):
+        return f"invalid character '{char}' after top-level value"
+    if exc.msg.startswith("Expecting ',' delimiter"):
+        return f"invalid character '{char}' after object key:value pair"
+    if exc.msg.startswith("Expecting ':' delimiter"):
+        return f"invalid character '{char}' after object key"
+    return f"invalid character '{char}' {exc.msg.lower()}"
 
 
 async def start(
