@@ -1,19 +1,492 @@
-"""Run a local demo: a hub, two managed clusters, the gateway and agents.
+"""Run a local demo: a hub, two managed clusters, the gateway and one agent per cluster.
 
-Not implemented yet: this placeholder exits 2 and says so rather than pretend to work.
+    hubproxy demo [--dir DIR] [--listen 127.0.0.1:9092]
+
+Everything runs on this machine, bound to 127.0.0.1 by default: three kubesim processes (the
+hub and the managed clusters ``cluster1`` and ``cluster2``; kubesim is a kube-apiserver
+stand-in, not a production component), ``hubproxy gateway`` and two ``hubproxy agent``s. The
+demo creates certificates, a service account ``demo/demo`` on the hub allowed to use the proxy,
+the gateway's own hub credential (TokenReview + SubjectAccessReview), an agent credential on
+each managed cluster that may impersonate, RBAC there for
+``cluster:hub:system:serviceaccount:demo:demo``, and a sample pod ``demo``. It writes
+``DIR/kubeconfig`` (contexts ``cluster1``/``cluster2`` through the gateway), ``DIR/token`` and
+``DIR/ca.crt``, prints commands to paste, then ``hubproxy demo ready``. Ctrl-C or SIGTERM
+stops exactly the processes it started. Their logs are in ``DIR/logs/``.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import csv
+import io
+import json
+import os
+import secrets
+import signal
+import ssl
 import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+CLUSTERS = ("cluster1", "cluster2")
+DEMO_NAMESPACE = "demo"
+DEMO_SA = "demo"
+IDENTITY_PREFIX = "cluster:hub:"
+DEMO_USER = f"{IDENTITY_PREFIX}system:serviceaccount:{DEMO_NAMESPACE}:{DEMO_SA}"
+GATEWAY_USER = "hubproxy-gateway"
+AGENT_USER = "hubproxy-agent"
+ADMIN_USER = "demo-admin"
+LOOPBACK = "127.0.0.1"
+RBAC = "rbac.authorization.k8s.io/v1"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    del parser
+    parser.add_argument("--dir", metavar="DIR",
+                        help="where certificates, kubeconfig, token and logs go "
+                             "(default: a new temporary folder)")
+    parser.add_argument("--listen", default=f"{LOOPBACK}:9092", metavar="HOST:PORT",
+                        help="the gateway's front door")
+    parser.add_argument("--start-timeout", type=float, default=60.0, metavar="SECONDS",
+                        help="give up if the system is not ready within this time")
+
+
+# ----------------------------------------------------------------------- RBAC and files ----
+def _role(kind: str, name: str, rules: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"apiVersion": RBAC, "kind": kind, "metadata": {"name": name}, "rules": rules}
+
+
+def _binding(name: str, role: str, subjects: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "apiVersion": RBAC, "kind": "ClusterRoleBinding", "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+        "subjects": subjects,
+    }
+
+
+def _user(name: str) -> dict[str, Any]:
+    return {"kind": "User", "name": name, "apiGroup": "rbac.authorization.k8s.io"}
+
+
+def hub_rbac(namespace: str = DEMO_NAMESPACE, sa: str = DEMO_SA) -> list[dict[str, Any]]:
+    """The gateway may review tokens and access; the demo SA may use the proxy (any cluster)."""
+    return [
+        _role("ClusterRole", "hubproxy-gateway", [
+            {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"],
+             "verbs": ["create"]},
+            {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"],
+             "verbs": ["create"]},
+        ]),
+        _binding("hubproxy-gateway", "hubproxy-gateway", [_user(GATEWAY_USER)]),
+        _role("ClusterRole", "hubproxy-demo-proxy", [
+            {"apiGroups": ["cluster.open-cluster-management.io"],
+             "resources": ["managedclusters/proxy"], "verbs": ["get"]},
+        ]),
+        _binding("hubproxy-demo-proxy", "hubproxy-demo-proxy",
+                 [{"kind": "ServiceAccount", "name": sa, "namespace": namespace}]),
+    ]
+
+
+def managed_rbac(user: str = DEMO_USER) -> list[dict[str, Any]]:
+    """The agent may impersonate; the hub identity may view, create and exec/log/port-forward."""
+    return [
+        _role("ClusterRole", "hubproxy-agent-impersonate", [
+            {"apiGroups": [""], "resources": ["users", "groups", "serviceaccounts"],
+             "verbs": ["impersonate"]},
+            {"apiGroups": ["authentication.k8s.io"], "resources": ["uids", "userextras/*"],
+             "verbs": ["impersonate"]},
+        ]),
+        _binding("hubproxy-agent-impersonate", "hubproxy-agent-impersonate",
+                 [_user(AGENT_USER)]),
+        _role("ClusterRole", "hubproxy-demo-user", [
+            {"apiGroups": [""],
+             "resources": ["pods", "configmaps", "services", "namespaces", "events",
+                           "serviceaccounts", "pods/log", "pods/status"],
+             "verbs": ["get", "list", "watch"]},
+            {"apiGroups": [""], "resources": ["pods", "configmaps"],
+             "verbs": ["create", "update", "patch", "delete"]},
+            {"apiGroups": [""], "resources": ["pods/exec", "pods/portforward", "pods/attach"],
+             "verbs": ["get", "create"]},
+        ]),
+        _binding("hubproxy-demo-user", "hubproxy-demo-user", [_user(user)]),
+    ]
+
+
+def sample_pod(name: str = "demo", namespace: str = "default") -> dict[str, Any]:
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"app": "demo"},
+                     "annotations": {"kubesim.hubproxy.dev/log-interval-ms": "500"}},
+        "spec": {"containers": [{"name": "main", "image": "busybox"}]},
+    }
+
+
+def token_csv(rows: list[tuple[str, str, str, list[str]]]) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    for token, user, uid, groups in rows:
+        writer.writerow([token, user, uid, ",".join(groups)])
+    return out.getvalue()
+
+
+def write_private(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    return path
+
+
+def agent_kubeconfig(server: str, ca_file: str, token_file: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1", "kind": "Config", "current-context": "agent",
+        "clusters": [{"name": "local", "cluster": {"server": server,
+                                                   "certificate-authority": ca_file}}],
+        "users": [{"name": "agent", "user": {"tokenFile": token_file}}],
+        "contexts": [{"name": "agent", "context": {"cluster": "local", "user": "agent"}}],
+    }
+
+
+def hubproxy_command() -> list[str]:
+    return [sys.executable, "-m", "gateway.cli"]
+
+
+def gateway_args(pki: Path, *, listen: str, tunnel_listen: str, health_listen: str,
+                 hub_kubeconfig: Path) -> list[str]:
+    return [
+        "gateway", "--listen", listen, "--tunnel-listen", tunnel_listen,
+        "--health-listen", health_listen, "--tls-dir", str(pki / "gateway"),
+        "--tunnel-tls-dir", str(pki / "tunnel-server"),
+        "--agent-ca", str(pki / "tunnel-ca" / "ca.crt"),
+        "--hub-kubeconfig", str(hub_kubeconfig),
+    ]
+
+
+def agent_args(pki: Path, cluster: str, *, hub: str, kubeconfig: Path,
+               health_listen: str) -> list[str]:
+    return [
+        "agent", "--hub", hub, "--cluster", cluster,
+        "--tls-dir", str(pki / "agents" / cluster), "--kubeconfig", str(kubeconfig),
+        "--health-listen", health_listen, "--drain-timeout", "5",
+    ]
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+async def wait_for_port(host: str, port: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            _, writer = await asyncio.open_connection(host, port)
+        except OSError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"nothing listens on {host}:{port} after {timeout:g}s") from None
+            await asyncio.sleep(0.05)
+            continue
+        writer.close()
+        return
+
+
+# ----------------------------------------------------------------------- processes ---------
+@dataclass
+class Child:
+    name: str
+    process: asyncio.subprocess.Process
+    log: Path
+
+    def alive(self) -> bool:
+        return self.process.returncode is None
+
+
+@dataclass
+class Demo:
+    """The running demo; ``start()`` brings it up, ``stop()`` stops exactly its children."""
+
+    root: Path
+    listen: str = f"{LOOPBACK}:9092"
+    start_timeout: float = 60.0
+    children: list[Child] = field(default_factory=list)
+    sims: dict[str, tuple[str, str, str]] = field(default_factory=dict)  # name -> url, ca, admin
+    token: str = ""
+
+    @property
+    def pki(self) -> Path:
+        return self.root / "pki"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def front_url(self) -> str:
+        return f"https://{self.listen}"
+
+    async def spawn(self, name: str, args: list[str]) -> Child:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        log = self.logs / f"{name}.log"
+        with open(log, "ab") as fh:
+            process = await asyncio.create_subprocess_exec(
+                *args, stdout=fh, stderr=asyncio.subprocess.STDOUT,
+                stdin=asyncio.subprocess.DEVNULL,
+                start_new_session=True,  # Ctrl-C reaches the demo, which stops them in order
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+        child = Child(name, process, log)
+        self.children.append(child)
+        # Who we started, so an operator (or a test) can see exactly which PIDs are ours.
+        with open(self.root / "pids", "a") as fh:
+            fh.write(f"{name} {process.pid}\n")
+        return child
+
+    def check_children(self) -> None:
+        for child in self.children:
+            if not child.alive():
+                tail = child.log.read_text(errors="replace")[-2000:] if child.log.exists() else ""
+                raise RuntimeError(
+                    f"{child.name} exited with code {child.process.returncode}; "
+                    f"log {child.log}:\n{tail}"
+                )
+
+    async def start(self) -> None:
+        from certs import layout
+
+        self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / "pids").write_text("")
+        layout.init(self.pki, layout.InitOptions(clusters=list(CLUSTERS), force=True))
+        host = self.listen.rpartition(":")[0].strip("[]") or LOOPBACK
+        bind = LOOPBACK if host in ("0.0.0.0", "::") else host
+
+        admin = secrets.token_urlsafe(24)
+        gateway_token = secrets.token_urlsafe(24)
+        agent_tokens = {c: secrets.token_urlsafe(24) for c in CLUSTERS}
+
+        # The hub and the managed clusters.
+        await self._start_sim("hub", admin, [(gateway_token, GATEWAY_USER, "gw-uid", [])],
+                              hub_rbac())
+        for cluster in CLUSTERS:
+            await self._start_sim(cluster, admin,
+                                  [(agent_tokens[cluster], AGENT_USER, "agent-uid", [])],
+                                  managed_rbac())
+        for name in self.sims:
+            url, _, _ = self.sims[name]
+            port = int(url.rsplit(":", 1)[1])
+            await self._wait_port(name, LOOPBACK, port)
+
+        # Hub: the demo service account and its token; managed: a sample pod.
+        hub_url, hub_ca, _ = self.sims["hub"]
+        await api(hub_url, hub_ca, admin, "POST", "/api/v1/namespaces",
+                  {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": DEMO_NAMESPACE}})
+        await api(hub_url, hub_ca, admin, "POST",
+                  f"/api/v1/namespaces/{DEMO_NAMESPACE}/serviceaccounts",
+                  {"apiVersion": "v1", "kind": "ServiceAccount",
+                   "metadata": {"name": DEMO_SA, "namespace": DEMO_NAMESPACE}})
+        review = await api(
+            hub_url, hub_ca, admin, "POST",
+            f"/api/v1/namespaces/{DEMO_NAMESPACE}/serviceaccounts/{DEMO_SA}/token",
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+             "spec": {"expirationSeconds": 86400}},
+        )
+        self.token = review["status"]["token"]
+        for cluster in CLUSTERS:
+            url, ca, _ = self.sims[cluster]
+            await api(url, ca, admin, "POST", "/api/v1/namespaces/default/pods", sample_pod())
+
+        # Gateway and agents.
+        hub_kc = write_private(self.root / "hub-gateway.kubeconfig", yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "hub",
+            "clusters": [{"name": "hub", "cluster": {"server": hub_url,
+                                                     "certificate-authority": hub_ca}}],
+            "users": [{"name": "gateway", "user": {"token": gateway_token}}],
+            "contexts": [{"name": "hub", "context": {"cluster": "hub", "user": "gateway"}}],
+        }))
+        tunnel_port, health_port = free_port(bind), free_port(bind)
+        await self.spawn("gateway", hubproxy_command() + gateway_args(
+            self.pki, listen=self.listen, tunnel_listen=f"{bind}:{tunnel_port}",
+            health_listen=f"{bind}:{health_port}", hub_kubeconfig=hub_kc))
+        await self._wait_port("gateway", bind, int(self.listen.rpartition(":")[2]))
+        await self._wait_port("gateway", bind, tunnel_port)
+        for cluster in CLUSTERS:
+            url, ca, _ = self.sims[cluster]
+            token_file = write_private(self.root / "agents" / cluster / "token",
+                                       agent_tokens[cluster])
+            kc = write_private(self.root / "agents" / cluster / "kubeconfig",
+                               yaml.safe_dump(agent_kubeconfig(url, ca, str(token_file))))
+            await self.spawn(f"agent-{cluster}", hubproxy_command() + agent_args(
+                self.pki, cluster, hub=f"{bind}:{tunnel_port}", kubeconfig=kc,
+                health_listen=f"{bind}:{free_port(bind)}"))
+
+        self.write_client_files()
+        for cluster in CLUSTERS:
+            await self._wait_cluster(cluster)
+
+    async def _start_sim(self, name: str, admin: str, users: list[tuple[str, str, str, list[str]]],
+                         rbac: list[dict[str, Any]]) -> None:
+        directory = self.root / "sims" / name
+        tokens = write_private(directory / "tokens.csv", token_csv(
+            [(admin, ADMIN_USER, "admin-uid", ["system:masters"]), *users]))
+        rbac_file = write_private(directory / "rbac.yaml", yaml.safe_dump_all(rbac))
+        port = free_port()
+        await self.spawn(f"kubesim-{name}", [
+            sys.executable, "-m", "kubesim", "--listen", f"{LOOPBACK}:{port}",
+            "--cert-dir", str(directory / "tls"), "--token-auth-file", str(tokens),
+            "--rbac-file", str(rbac_file), "--name", name,
+        ])
+        self.sims[name] = (f"https://{LOOPBACK}:{port}", str(directory / "tls" / "ca.crt"), admin)
+
+    async def _wait_port(self, name: str, host: str, port: int) -> None:
+        deadline = time.monotonic() + self.start_timeout
+        while True:
+            self.check_children()
+            try:
+                await wait_for_port(host, port, 0.2)
+                return
+            except TimeoutError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{name} is not listening on {host}:{port}") from None
+
+    async def _wait_cluster(self, cluster: str) -> None:
+        """Until a request through the gateway reaches the managed cluster."""
+        deadline = time.monotonic() + self.start_timeout
+        last = ""
+        while time.monotonic() < deadline:
+            self.check_children()
+            try:
+                status, body = await request(self.front_url, str(self.root / "ca.crt"),
+                                             self.token, "GET", f"/{cluster}/version")
+            except (OSError, TimeoutError, ssl.SSLError) as exc:
+                last = type(exc).__name__
+            else:
+                if status == 200:
+                    return
+                last = f"HTTP {status}: {body[:200]!r}"
+            await asyncio.sleep(0.2)
+        raise TimeoutError(f"{cluster} not reachable through the gateway: {last}")
+
+    def write_client_files(self) -> None:
+        from gateway.kubeconfig import build_kubeconfig
+
+        ca_pem = (self.pki / "front-ca" / "ca.crt").read_bytes()
+        (self.root / "ca.crt").write_bytes(ca_pem)
+        write_private(self.root / "token", self.token)
+        config = build_kubeconfig(self.front_url, ca_pem, list(CLUSTERS), token=self.token)
+        write_private(self.root / "kubeconfig", yaml.safe_dump(config, sort_keys=False))
+
+    def instructions(self) -> str:
+        d = self.root
+        kc = d / "kubeconfig"
+        return "\n".join([
+            f"hub, cluster1 and cluster2 (kubesim), gateway {self.front_url}, 2 agents; "
+            f"logs in {d / 'logs'}",
+            "",
+            f"  export KUBECONFIG={kc}",
+            "  kubectl --context cluster1 get pods",
+            "  kubectl --context cluster2 auth whoami",
+            "  kubectl --context cluster1 auth can-i create pods",
+            "  kubectl --context cluster1 logs -f demo",
+            "  kubectl --context cluster1 exec demo -- echo hello from cluster1",
+            "  kubectl --context cluster2 get configmaps -w",
+            "",
+            f"  curl --cacert {d / 'ca.crt'} -H \"Authorization: Bearer $(cat {d / 'token'})\" \\",
+            f"    {self.front_url}/cluster1/api/v1/namespaces/default/pods",
+            "",
+        ])
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM each child we started (agents first, kubesim last), SIGKILL stragglers."""
+        for child in reversed(self.children):
+            if child.alive():
+                with contextlib.suppress(ProcessLookupError):
+                    child.process.send_signal(signal.SIGTERM)
+        for child in reversed(self.children):
+            try:
+                await asyncio.wait_for(child.process.wait(), timeout)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    child.process.kill()
+                await child.process.wait()
+
+
+# ----------------------------------------------------------------------- tiny HTTP client --
+def _ssl(ca_file: str) -> ssl.SSLContext:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.load_verify_locations(cafile=ca_file)
+    return ctx
+
+
+async def request(base: str, ca_file: str, token: str, method: str, path: str,
+                  body: Any = None) -> tuple[int, bytes]:
+    import aiohttp
+
+    headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
+    timeout = aiohttp.ClientTimeout(total=10)
+    async with aiohttp.ClientSession(timeout=timeout) as session, session.request(
+        method, base + path, json=body, headers=headers, ssl=_ssl(ca_file)
+    ) as resp:
+        return resp.status, await resp.read()
+
+
+async def api(base: str, ca_file: str, token: str, method: str, path: str,
+              body: Any = None) -> dict[str, Any]:
+    status, payload = await request(base, ca_file, token, method, path, body)
+    if status >= 300 and status != 409:  # 409: already exists (rerun with the same --dir)
+        raise RuntimeError(f"{method} {path}: HTTP {status}: {payload[:300]!r}")
+    return json.loads(payload) if payload else {}
+
+
+# ----------------------------------------------------------------------- command ----------
+async def serve(args: argparse.Namespace) -> int:
+    root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="hubproxy-demo-"))
+    demo = Demo(root.resolve(), listen=args.listen, start_timeout=args.start_timeout)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    print(f"hubproxy demo: starting in {demo.root}", flush=True)
+    start = loop.create_task(demo.start())
+    stopper = loop.create_task(stop.wait())
+    try:
+        await asyncio.wait({start, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        if not start.done():
+            start.cancel()
+            with contextlib.suppress(BaseException):
+                await start
+            print("hubproxy demo: interrupted while starting", flush=True)
+            return 130
+        try:
+            start.result()
+        except Exception as exc:
+            print(f"hubproxy demo: failed to start: {exc}", file=sys.stderr, flush=True)
+            return 1
+        print(demo.instructions(), flush=True)
+        print("hubproxy demo ready", flush=True)
+        while not stop.is_set():
+            try:
+                demo.check_children()
+            except RuntimeError as exc:
+                print(f"hubproxy demo: {exc}", file=sys.stderr, flush=True)
+                return 1
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 1.0)
+        return 0
+    finally:
+        stopper.cancel()
+        print("hubproxy demo: stopping", flush=True)
+        await demo.stop()
+        print("hubproxy demo: stopped", flush=True)
 
 
 def run(args: argparse.Namespace) -> int:
-    del args
-    print("hubproxy: this command is not implemented yet", file=sys.stderr)
-    return 2
+    return asyncio.run(serve(args))

@@ -26,10 +26,7 @@ from typing import Any
 
 from certs.identity import validate_cluster_name
 from certs.tls import TLS1_3, ReloadingContext, client_context
-from gateway.agent.agent import Agent
-from gateway.agent.health import start_health_server
 from gateway.agent.kubeapi import KubeAPIAccess, KubeAPIConfigError, load
-from gateway.agent.pool import UpstreamPool
 
 log = logging.getLogger("hubproxy.agent")
 
@@ -177,8 +174,13 @@ def build_policy(args: argparse.Namespace, kube: KubeAPIAccess | None) -> Any:
 
 
 async def serve(args: argparse.Namespace) -> int:
+    # Imported here so that `hubproxy --help` works without loading the data path.
     from tunnel.connection import SessionConfig
     from tunnel.dialer import AgentDialer
+
+    from gateway.agent.agent import Agent
+    from gateway.agent.health import start_health_server
+    from gateway.agent.pool import UpstreamPool
 
     cluster = validate_cluster_name(args.cluster)
     tls_dir = Path(args.tls_dir)

@@ -1,0 +1,79 @@
+"""`hubproxy demo`: starts everything, prints `hubproxy demo ready`, its kubectl command works
+through the gateway, and SIGTERM stops exactly the processes it started."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support import BackgroundProcess, ProcessGroup, free_port
+
+KUBECTL = shutil.which("kubectl") or "kubectl"
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie (not yet reaped by its parent) counts as gone
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+def test_demo_starts_serves_kubectl_and_stops_on_sigterm(
+    processes: ProcessGroup, tmp_path: Path
+) -> None:
+    port = free_port()
+    demo = processes.hubproxy("demo", "--dir", str(tmp_path), "--listen", f"127.0.0.1:{port}")
+    try:
+        check_demo(demo, tmp_path)
+    finally:
+        # If the test failed before the demo could stop its children, stop them (ours only).
+        pid_file = tmp_path / "pids"
+        for line in pid_file.read_text().splitlines() if pid_file.exists() else []:
+            pid = int(line.split()[1])
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def check_demo(demo: BackgroundProcess, tmp_path: Path) -> None:
+    demo.wait_for_line("hubproxy demo ready", timeout=90)
+    output = demo.output
+    assert f"export KUBECONFIG={tmp_path / 'kubeconfig'}" in output
+    assert "kubectl --context cluster1 get pods" in output
+    assert "curl --cacert" in output
+    for name in ("kubeconfig", "token", "ca.crt"):
+        assert (tmp_path / name).is_file()
+
+    env = {**os.environ, "KUBECONFIG": str(tmp_path / "kubeconfig"), "HOME": str(tmp_path)}
+    got = subprocess.run([KUBECTL, "--context", "cluster1", "get", "pods"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert got.returncode == 0, got.stderr
+    assert "demo" in got.stdout
+    whoami = subprocess.run([KUBECTL, "--context", "cluster2", "auth", "whoami"], env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert whoami.returncode == 0, whoami.stderr
+    assert "cluster:hub:system:serviceaccount:demo:demo" in whoami.stdout
+
+    pids = [int(line.split()[1]) for line in (tmp_path / "pids").read_text().splitlines()]
+    assert len(pids) == 6  # 3 kubesim, gateway, 2 agents
+    assert all(alive(pid) for pid in pids)
+
+    demo.popen.send_signal(signal.SIGTERM)
+    assert demo.popen.wait(30) == 0
+    deadline = time.monotonic() + 10
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in pids if alive(p)]
+    assert "hubproxy demo: stopped" in demo.output
