@@ -314,7 +314,8 @@ class RunningKubeSim:
         cfg = client.Configuration()
         cfg.host = self.url
         cfg.ssl_ca_cert = self.ca_file
-        cfg.api_key = {"authorization": f"Bearer {token or self.admin_token}"}
+        cfg.api_key = {"BearerToken": token or self.admin_token}
+        cfg.api_key_prefix = {"BearerToken": "Bearer"}
         return client.ApiClient(cfg)
 
 
