@@ -152,8 +152,8 @@ async def test_malformed_json_unknown_resource_and_method(api: Client) -> None:
         status(
             400,
             "BadRequest",
-            "couldn't get version/kind; json parse error: invalid character 'b' looking for beginning "
-            "of object key string",
+            "couldn't get version/kind; json parse error: invalid character 'b' looking for "
+            "beginning of object key string",
         ),
     )
     not_found = status(404, "NotFound", "the server could not find the requested resource", {})
