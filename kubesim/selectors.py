@@ -14,7 +14,7 @@ from typing import Any
 Predicate = Callable[[Mapping[str, str]], bool]
 
 _SET_RE = re.compile(r"^\s*(!?)\s*([A-Za-z0-9._/-]+)\s*(?:(notin|in)\s*\(([^)]*)\))?\s*$")
-_CMP_RE = re.compile(r"^\s*([A-Za-z0-9._/-]+)\s*(==|=|!=)\s*([A-Za-z0-9._-]*)\s*$")
+_CMP_RE = re.compile(r"^\s*([A-Za-z0-9._/-]+)\s*(==|=|!=)\s*([^,=!()]*?)\s*$")
 
 
 def _split_terms(selector: str) -> list[str]:
@@ -65,9 +65,48 @@ def parse_label_selector(selector: str | None) -> Predicate:
 
 
 _FIELDS = {"metadata.name", "metadata.namespace"}
+# Extra field labels kube-apiserver supports per resource (group, plural).
+EXTRA_FIELDS: dict[tuple[str, str], set[str]] = {
+    ("", "events"): {
+        "involvedObject.kind",
+        "involvedObject.namespace",
+        "involvedObject.name",
+        "involvedObject.uid",
+        "involvedObject.apiVersion",
+        "involvedObject.resourceVersion",
+        "involvedObject.fieldPath",
+        "reason",
+        "reportingComponent",
+        "source",
+        "type",
+    },
+    ("", "pods"): {
+        "spec.nodeName",
+        "spec.restartPolicy",
+        "spec.schedulerName",
+        "spec.serviceAccountName",
+        "spec.hostNetwork",
+        "status.phase",
+        "status.podIP",
+        "status.nominatedNodeName",
+    },
+    ("", "secrets"): {"type"},
+    ("", "namespaces"): {"status.phase"},
+}
 
 
-def parse_field_selector(selector: str | None) -> Callable[[dict[str, Any]], bool]:
+def _field_value(obj: dict[str, Any], path: str) -> str:
+    value: Any = obj
+    for part in path.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "" if value is None else str(value)
+
+
+def parse_field_selector(
+    selector: str | None, extra: set[str] | frozenset[str] = frozenset()
+) -> Callable[[dict[str, Any]], bool]:
     if not selector:
         return lambda obj: True
     preds = []
@@ -76,12 +115,11 @@ def parse_field_selector(selector: str | None) -> Callable[[dict[str, Any]], boo
         if not m:
             raise ValueError(f"invalid selector: '{selector}'; can't understand '{term.strip()}'")
         path, op, value = m.groups()
-        if path not in _FIELDS:
+        if path not in _FIELDS and path not in extra:
             raise ValueError(f"field label not supported: {path}")
-        attr = path.split(".", 1)[1]
 
-        def pred(obj: dict[str, Any], attr: str = attr, op: str = op, value: str = value) -> bool:
-            actual = (obj.get("metadata") or {}).get(attr, "")
+        def pred(obj: dict[str, Any], path: str = path, op: str = op, value: str = value) -> bool:
+            actual = _field_value(obj, path)
             return actual != value if op == "!=" else actual == value
 
         preds.append(pred)

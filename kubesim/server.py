@@ -42,7 +42,7 @@ from kubesim.auth import (
 from kubesim.objects import CRD_KEY, NAMESPACES, SERVICEACCOUNTS, Objects
 from kubesim.rbac import Attributes, Authorizer, bootstrap_policy, forbidden_error
 from kubesim.resources import Registry, ResourceType
-from kubesim.selectors import parse_field_selector, parse_label_selector
+from kubesim.selectors import EXTRA_FIELDS, parse_field_selector, parse_label_selector
 from kubesim.status import StatusError
 from kubesim.store import Store, TooOld
 from kubesim.table import to_table, wants_table
@@ -537,7 +537,9 @@ class KubeSim:
     ) -> list[dict[str, Any]]:
         try:
             labels = parse_label_selector(query.get("labelSelector"))
-            fields = parse_field_selector(query.get("fieldSelector"))
+            fields = parse_field_selector(
+                query.get("fieldSelector"), EXTRA_FIELDS.get(rtype.key, set())
+            )
         except ValueError as exc:
             raise status.bad_request(str(exc)) from exc
         return [
@@ -626,7 +628,9 @@ class KubeSim:
             }
         try:
             labels = parse_label_selector(query.get("labelSelector"))
-            fields = parse_field_selector(query.get("fieldSelector"))
+            fields = parse_field_selector(
+                query.get("fieldSelector"), EXTRA_FIELDS.get(rtype.key, set())
+            )
         except ValueError as exc:
             raise status.bad_request(str(exc)) from exc
 
