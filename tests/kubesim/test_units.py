@@ -42,7 +42,7 @@ def test_label_selector(selector: str, labels: dict[str, str], expected: bool) -
 def test_selector_errors() -> None:
     with pytest.raises(ValueError):
         parse_label_selector("a in x")
-    with pytest.raises(ValueError, match="field label not supported: spec.foo"):
+    with pytest.raises(ValueError, match=r"field label not supported: spec\.foo"):
         parse_field_selector("spec.foo=1")
     pred = parse_field_selector("metadata.namespace!=kube-system")
     assert pred({"metadata": {"namespace": "default"}})
@@ -86,7 +86,8 @@ def test_clusterprofile_schema_rejects_null_conditions() -> None:
     assert schema.validate(good, cp_schema) == []
     errors = schema.validate({**good, "status": {"conditions": None}}, cp_schema)
     assert [str(e) for e in errors] == [
-        'status.conditions: Invalid value: "null": status.conditions in body must be of type array: "null"'
+        'status.conditions: Invalid value: "null": '
+        'status.conditions in body must be of type array: "null"'
     ]
     errors = schema.validate(
         {
