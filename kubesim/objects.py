@@ -291,6 +291,9 @@ class Objects:
         if dry_run:
             return self._as_version(rtype, current)
         if rtype.key == NAMESPACES:
+            if name in ("default", "kube-system", "kube-public"):
+                # The apiserver's NamespaceLifecycle admission plugin refuses this.
+                raise status.forbidden("", "namespaces", name, "this namespace may not be deleted")
             for t in self.registry.all():
                 if t.namespaced and not t.virtual:
                     for obj in self.store.list(t.key, name):

@@ -116,12 +116,12 @@ class Authorizer:
         """(allowed, reason). The reason is kube-apiserver's RBAC allow reason, or "" on denial."""
         if SUPERUSER_GROUP in attrs.user.groups:
             return True, ""
-        for binding in self.store.list((RBAC_GROUP, "clusterrolebindings")):
+        for binding in self.store.iter_raw((RBAC_GROUP, "clusterrolebindings")):
             reason = self._binding_allows(binding, attrs, "")
             if reason:
                 return True, reason
         if attrs.resource_request and attrs.namespace:
-            for binding in self.store.list((RBAC_GROUP, "rolebindings"), attrs.namespace):
+            for binding in self.store.iter_raw((RBAC_GROUP, "rolebindings"), attrs.namespace):
                 reason = self._binding_allows(binding, attrs, attrs.namespace)
                 if reason:
                     return True, reason
@@ -134,9 +134,9 @@ class Authorizer:
             return ""
         ref = binding.get("roleRef") or {}
         if ref.get("kind") == "ClusterRole":
-            role = self.store.get((RBAC_GROUP, "clusterroles"), "", ref.get("name", ""))
+            role = self.store.get_raw((RBAC_GROUP, "clusterroles"), "", ref.get("name", ""))
         elif ref.get("kind") == "Role" and namespace:
-            role = self.store.get((RBAC_GROUP, "roles"), namespace, ref.get("name", ""))
+            role = self.store.get_raw((RBAC_GROUP, "roles"), namespace, ref.get("name", ""))
         else:
             role = None
         if role is None:
@@ -151,6 +151,31 @@ class Authorizer:
         )
         role = f'{ref["kind"]} "{ref["name"]}"'
         return f"RBAC: allowed by {kind} {where} of {role} to {_describe(matched)}"
+
+
+def rules_for(store: Store, user: UserInfo, namespace: str) -> list[dict[str, Any]]:
+    """Every rule granted to `user` cluster-wide or in `namespace` (SelfSubjectRulesReview)."""
+    if SUPERUSER_GROUP in user.groups:
+        return [
+            {"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"]},
+            {"verbs": ["*"], "nonResourceURLs": ["*"]},
+        ]
+    rules: list[dict[str, Any]] = []
+    bindings = [(b, "") for b in store.iter_raw((RBAC_GROUP, "clusterrolebindings"))]
+    if namespace:
+        bindings += [
+            (b, namespace) for b in store.iter_raw((RBAC_GROUP, "rolebindings"), namespace)
+        ]
+    for binding, ns in bindings:
+        if not any(subject_matches(s, user, ns) for s in binding.get("subjects") or []):
+            continue
+        ref = binding.get("roleRef") or {}
+        if ref.get("kind") == "ClusterRole":
+            role = store.get_raw((RBAC_GROUP, "clusterroles"), "", ref.get("name", ""))
+        else:
+            role = store.get_raw((RBAC_GROUP, "roles"), ns, ref.get("name", "")) if ns else None
+        rules.extend((role or {}).get("rules") or [])
+    return rules
 
 
 def bootstrap_policy() -> list[dict[str, Any]]:

@@ -180,6 +180,16 @@ def builtin_types() -> list[ResourceType]:
         ResourceType(
             "authorization.k8s.io",
             "v1",
+            "selfsubjectrulesreviews",
+            "selfsubjectrulesreview",
+            "SelfSubjectRulesReview",
+            False,
+            verbs=create_only,
+            virtual=True,
+        ),
+        ResourceType(
+            "authorization.k8s.io",
+            "v1",
             "localsubjectaccessreviews",
             "localsubjectaccessreview",
             "LocalSubjectAccessReview",

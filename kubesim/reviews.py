@@ -14,8 +14,9 @@ from typing import Any
 from kubesim import status
 from kubesim.auth import AuthenticationFailed, Authenticator, UserInfo
 from kubesim.objects import now
-from kubesim.rbac import Attributes, Authorizer
+from kubesim.rbac import Attributes, Authorizer, rules_for
 from kubesim.status import FieldError
+from kubesim.store import Store
 
 
 def _envelope(kind: str, api_version: str, body: dict[str, Any], name: str = "") -> dict[str, Any]:
@@ -124,6 +125,31 @@ def self_subject_access_review(
     spec = body.get("spec") or {}
     out = _envelope("SelfSubjectAccessReview", "authorization.k8s.io/v1", body)
     out["status"] = _decide(authz, _review_attributes(user, spec, "SelfSubjectAccessReview"))
+    return out
+
+
+def self_subject_rules_review(store: Store, user: UserInfo, body: dict[str, Any]) -> dict[str, Any]:
+    spec = body.get("spec") or {}
+    namespace = spec.get("namespace", "")
+    out = _envelope("SelfSubjectRulesReview", "authorization.k8s.io/v1", body)
+    resource_rules, non_resource_rules = [], []
+    for rule in rules_for(store, user, namespace):
+        if rule.get("nonResourceURLs"):
+            non_resource_rules.append(
+                {"verbs": rule.get("verbs") or [], "nonResourceURLs": rule["nonResourceURLs"]}
+            )
+        else:
+            entry = {
+                k: rule[k]
+                for k in ("verbs", "apiGroups", "resources", "resourceNames")
+                if rule.get(k)
+            }
+            resource_rules.append(entry)
+    out["status"] = {
+        "resourceRules": resource_rules,
+        "nonResourceRules": non_resource_rules,
+        "incomplete": False,
+    }
     return out
 
 

@@ -513,6 +513,8 @@ class KubeSim:
             return _json(reviews.self_subject_review(user, rtype.group_version), 201)
         if kind == "SubjectAccessReview":
             return _json(reviews.subject_access_review(self.authz, body), 201)
+        if kind == "SelfSubjectRulesReview":
+            return _json(reviews.self_subject_rules_review(self.store, user, body), 201)
         if kind == "LocalSubjectAccessReview":
             return _json(reviews.subject_access_review(self.authz, body, info.namespace), 201)
         return _json(reviews.self_subject_access_review(self.authz, user, body), 201)
@@ -690,7 +692,10 @@ class KubeSim:
                 now_ = time.monotonic()
                 if now_ >= deadline:
                     break
+                if request.transport is None or request.transport.is_closing():
+                    break  # the client went away; aiohttp does not cancel us, so look
                 wait = min(deadline, next_bookmark) - now_ if bookmarks else deadline - now_
+                wait = min(wait, 1.0)
                 try:
                     event = await asyncio.wait_for(watcher.queue.get(), max(wait, 0.001))
                 except TimeoutError:

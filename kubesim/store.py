@@ -89,6 +89,19 @@ class Store:
             copy.deepcopy(items[k]) for k in sorted(items) if namespace is None or k[0] == namespace
         ]
 
+    def iter_raw(self, key: Key, namespace: str | None = None) -> list[dict[str, Any]]:
+        """Stored objects themselves (no copies): read-only, for hot paths such as RBAC."""
+        items = self._objects[key]
+        return [v for k, v in items.items() if namespace is None or k[0] == namespace]
+
+    def get_raw(self, key: Key, namespace: str, name: str) -> dict[str, Any] | None:
+        """The stored object itself (no copy): read-only."""
+        return self._objects[key].get((namespace, name))
+
+    @property
+    def watcher_count(self) -> int:
+        return len(self._watchers)
+
     def keys(self) -> list[Key]:
         return [k for k, v in self._objects.items() if v]
 
