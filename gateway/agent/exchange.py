@@ -68,6 +68,7 @@ WS_BEARER_PREFIX = b"base64url.bearer.authorization.k8s.io."
 # Headers a request can never bring across: the agent decides identity and credentials.
 _DROPPED_PREFIXES = (b"impersonate-", b"x-remote-")
 _DROPPED = {b"host", b"authorization", b"proxy-authorization"}
+_CONNECTION_TOKENS = {b"upgrade", b"keep-alive", b"close"}
 
 
 @dataclass
@@ -93,6 +94,14 @@ def rewrite_request_head(head: RequestHead, route: Route) -> bytes:
             caller_authorization.append((name, value))
             continue
         if lowered in _DROPPED or lowered.startswith(_DROPPED_PREFIXES):
+            continue
+        if lowered == b"connection":
+            # Only the tokens HTTP/1.1 needs; a Connection header can never nominate (and so
+            # ask a proxy to drop) the identity headers the agent adds.
+            tokens = [t.strip() for t in value.split(b",")]
+            allowed = [t for t in tokens if t.lower() in _CONNECTION_TOKENS]
+            if allowed:
+                kept.append((name, b", ".join(allowed)))
             continue
         if lowered == b"sec-websocket-protocol":
             protocols = [p.strip() for p in value.split(b",")]

@@ -116,6 +116,7 @@ async def test_identity_and_credential_are_the_agents_never_the_stream_bytes(
         "impersonate-group: system:masters",
         "X-Remote-User: admin",
         "Proxy-Authorization: Basic Zm9vOmJhcg==",
+        "Connection: keep-alive, Impersonate-User, Authorization",
         "Accept: application/json",
     )
     stream = open_stream(agent, KubeAPITarget(), identity_metadata(), request)
@@ -142,6 +143,7 @@ async def test_identity_and_credential_are_the_agents_never_the_stream_bytes(
     # identity goes last
     assert headers[-1][0].startswith("impersonate-")
     assert ("accept", "application/json") in headers
+    assert [v for k, v in headers if k == "connection"] == ["keep-alive"]
 
 
 @pytest.mark.parametrize("metadata", [b"", b"{}", b"not json", b'{"user": ""}'])
