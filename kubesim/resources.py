@@ -78,6 +78,41 @@ class ResourceType:
         return entries
 
 
+_SUB_KINDS = {
+    "token": ("authentication.k8s.io", "v1", "TokenRequest"),
+    "exec": ("", "v1", "PodExecOptions"),
+    "attach": ("", "v1", "PodAttachOptions"),
+    "portforward": ("", "v1", "PodPortForwardOptions"),
+}
+
+
+def _aggregated_resource(t: ResourceType) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "resource": t.plural,
+        "responseKind": {"group": t.group, "version": t.version, "kind": t.kind},
+        "scope": "Namespaced" if t.namespaced else "Cluster",
+        "singularResource": t.singular,
+        "verbs": t.verbs,
+    }
+    if t.short_names:
+        entry["shortNames"] = t.short_names
+    if t.categories:
+        entry["categories"] = t.categories
+    subs = []
+    for sub, verbs in sorted(t.subresources.items()):
+        group, version, kind = _SUB_KINDS.get(sub, (t.group, t.version, t.kind))
+        subs.append(
+            {
+                "subresource": sub,
+                "responseKind": {"group": group, "version": version, "kind": kind},
+                "verbs": verbs,
+            }
+        )
+    if subs:
+        entry["subresources"] = subs
+    return entry
+
+
 def _core(plural: str, kind: str, namespaced: bool = True, **kw: Any) -> ResourceType:
     return ResourceType("", "v1", plural, kind.lower(), kind, namespaced, **kw)
 
@@ -301,6 +336,31 @@ class Registry:
     def api_group_list(self) -> dict[str, Any]:
         groups = [self.api_group(g) for g in self.group_versions()]
         return {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
+
+    def aggregated(self, core: bool) -> dict[str, Any]:
+        """apidiscovery.k8s.io/v2 APIGroupDiscoveryList: `/api` (core) or `/apis` (the rest)."""
+        groups = {"": ["v1"]} if core else self.group_versions()
+        items = []
+        for group, versions in groups.items():
+            entries = []
+            for version in versions:
+                types = [t for t in self.all() if t.group == group and t.version == version]
+                entries.append(
+                    {
+                        "version": version,
+                        "freshness": "Current",
+                        "resources": [_aggregated_resource(t) for t in types],
+                    }
+                )
+            items.append(
+                {"metadata": {"name": group, "creationTimestamp": None}, "versions": entries}
+            )
+        return {
+            "kind": "APIGroupDiscoveryList",
+            "apiVersion": "apidiscovery.k8s.io/v2",
+            "metadata": {},
+            "items": items,
+        }
 
     def resource_list(self, group: str, version: str) -> dict[str, Any] | None:
         types = [t for t in self.all() if t.group == group and t.version == version]

@@ -22,6 +22,7 @@ import json
 import re
 import ssl
 import time
+import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -216,6 +217,9 @@ class KubeSim:
                 status=500, text=f'Internal Server Error: "{request.raw_path}": {err}\n'
             )
         record.status = response.status
+        if not response.prepared:
+            response.headers.setdefault("Audit-Id", str(uuid.uuid4()))
+            response.headers.setdefault("Cache-Control", "no-cache, private")
         return response
 
     # --- filters -----------------------------------------------------------------------
@@ -314,6 +318,9 @@ class KubeSim:
                     "platform": "linux/amd64",
                 }
             )
+        if trimmed in ("/api", "/apis") and _wants_aggregated(request.headers.get("Accept", "")):
+            body = json.dumps(self.registry.aggregated(core=trimmed == "/api")).encode()
+            return web.Response(body=body, headers={"Content-Type": AGGREGATED_DISCOVERY})
         if trimmed == "/api":
             return _json(self.registry.api_versions(self.server_address))
         if trimmed == "/apis":
@@ -707,8 +714,20 @@ class KubeSim:
                     break
                 last_rv = event.rv
                 obj = Objects._as_version(rtype, json.loads(json.dumps(event.obj)))
-                if matches(obj):
-                    await self._send(response, event.type, render(obj))
+                kind = event.type
+                if kind == "MODIFIED":
+                    # Like the watch cache: entering the selection is ADDED, leaving it DELETED.
+                    was = event.prev is not None and matches(event.prev)
+                    now_in = matches(obj)
+                    kind = {
+                        (True, True): "MODIFIED",
+                        (False, True): "ADDED",
+                        (True, False): "DELETED",
+                    }.get((was, now_in), "")
+                    if kind:
+                        await self._send(response, kind, render(obj))
+                elif matches(obj):
+                    await self._send(response, kind, render(obj))
             await response.write_eof()
         except (ConnectionResetError, asyncio.CancelledError):
             pass
@@ -726,6 +745,18 @@ class KubeSim:
     @staticmethod
     async def _send(response: web.StreamResponse, kind: str, obj: dict[str, Any]) -> None:
         await response.write(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
+
+
+AGGREGATED_DISCOVERY = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
+
+
+def _wants_aggregated(accept: str) -> bool:
+    """True when the client accepts v2 aggregated discovery (kubectl does, then the legacy form)."""
+    for media in accept.split(","):
+        params = {p.strip() for p in media.split(";")[1:]}
+        if {"g=apidiscovery.k8s.io", "v=v2", "as=APIGroupDiscoveryList"} <= params:
+            return True
+    return False
 
 
 def _json_error(exc: Exception) -> str:

@@ -24,6 +24,7 @@ class Event:
     key: Key
     namespace: str
     obj: dict[str, Any]
+    prev: dict[str, Any] | None = None  # the object before a MODIFIED, for selector transitions
 
 
 class TooOld(Exception):
@@ -112,8 +113,10 @@ class Store:
         meta = obj.setdefault("metadata", {})
         meta["resourceVersion"] = str(rv)
         stored = copy.deepcopy(obj)
-        self._objects[key][(meta.get("namespace", ""), meta["name"])] = stored
-        self._record(Event(rv, event_type, key, meta.get("namespace", ""), stored))
+        slot = (meta.get("namespace", ""), meta["name"])
+        prev = self._objects[key].get(slot)
+        self._objects[key][slot] = stored
+        self._record(Event(rv, event_type, key, slot[0], stored, prev))
         return copy.deepcopy(stored)
 
     def delete(self, key: Key, namespace: str, name: str) -> dict[str, Any] | None:

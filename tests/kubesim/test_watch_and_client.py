@@ -214,3 +214,55 @@ async def test_kubernetes_asyncio_forbidden_for_plain_user(sim: RunningKubeSim) 
         'secrets is forbidden: User "system:serviceaccount:default:nobody" cannot list resource '
         '"secrets" in API group "" in the namespace "default"'
     )
+
+
+async def test_watch_label_selector_transitions(
+    sim: RunningKubeSim, session: aiohttp.ClientSession
+) -> None:
+    sim.apply(cm("mover", app="web"))
+    rv = str(sim.store.resource_version)
+    url = (
+        f"{sim.url}{CM_PATH}?watch=1&resourceVersion={rv}&labelSelector=app%3Dweb&timeoutSeconds=5"
+    )
+    async with session.get(url) as resp:
+        sim.apply(cm("mover", app="db"))  # leaves the selection
+        sim.apply(cm("mover", app="web"))  # enters it again
+        sim.apply({**cm("mover", app="web"), "data": {"k": "v"}})
+        events = await read_events(resp, 3)
+    assert [e["type"] for e in events] == ["DELETED", "ADDED", "MODIFIED"]
+
+
+async def test_watch_ends_when_the_client_goes_away(
+    sim: RunningKubeSim, session: aiohttp.ClientSession
+) -> None:
+    async with session.get(f"{sim.url}{CM_PATH}?watch=1&timeoutSeconds=60") as resp:
+        assert resp.status == 200
+        assert sim.store.watcher_count == 1
+    async with asyncio.timeout(5):
+        while sim.store.watcher_count:
+            await asyncio.sleep(0.05)
+
+
+async def test_aggregated_discovery(sim: RunningKubeSim, session: aiohttp.ClientSession) -> None:
+    accept = (
+        "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,"
+        "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList,application/json"
+    )
+    async with session.get(f"{sim.url}/api", headers={"Accept": accept}) as resp:
+        assert resp.headers["Content-Type"] == (
+            "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
+        )
+        core = await resp.json(content_type=None)
+    assert core["kind"] == "APIGroupDiscoveryList" and core["items"][0]["metadata"]["name"] == ""
+    pods = next(r for r in core["items"][0]["versions"][0]["resources"] if r["resource"] == "pods")
+    assert pods["scope"] == "Namespaced" and pods["responseKind"]["kind"] == "Pod"
+    assert {s["subresource"] for s in pods["subresources"]} >= {
+        "log",
+        "exec",
+        "portforward",
+        "status",
+    }
+    async with session.get(f"{sim.url}/apis", headers={"Accept": "application/json"}) as resp:
+        legacy = await resp.json()
+    assert legacy["kind"] == "APIGroupList"
+    assert "rbac.authorization.k8s.io" in {g["name"] for g in legacy["groups"]}
