@@ -27,7 +27,7 @@ from aiohttp import web
 from kubesim.streams import container as builtin
 from kubesim.streams.channels import ChannelCodec
 from kubesim.streams.logs import choose_container
-from kubesim.streams.spdy_session import SpdySession, SpdyStream
+from kubesim.streams.spdy_session import SpdySession, SpdyStream, stop_task
 from kubesim.streams.status import (
     error_response,
     exec_exit_code,
@@ -204,8 +204,8 @@ async def serve_exec_websocket(
         # The command ends, or the client disconnects (attach otherwise runs forever).
         await asyncio.wait({reader, command}, return_when=asyncio.FIRST_COMPLETED)
         if not command.done() and (opts.attach or ws.closed):
-            command.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
+            await stop_task(command)
+        if not command.cancelled():
             status, failure = await command
             if not ws.closed:
                 if codec.status_is_json:
@@ -215,12 +215,8 @@ async def serve_exec_websocket(
     except ConnectionError as exc:
         log.debug("exec client went away: %s", exc)
     finally:
-        reader.cancel()
-        with contextlib.suppress(asyncio.CancelledError, ConnectionError):
-            await reader
-        command.cancel()
-        with contextlib.suppress(asyncio.CancelledError, ConnectionError):
-            await command
+        await stop_task(reader)
+        await stop_task(command)
         with contextlib.suppress(ConnectionError):
             await ws.close()
     return ws
@@ -292,9 +288,7 @@ async def serve_exec_spdy(
         )
         await asyncio.wait({command, closed}, return_when=asyncio.FIRST_COMPLETED)
         if not command.done():
-            command.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await command
+            await stop_task(command)
             return conn.response
         status, failure = command.result()
         if json_status:

@@ -25,7 +25,7 @@ from aiohttp import WSMsgType, web
 
 from kubesim.streams import container as builtin
 from kubesim.streams.channels import ChannelCodec
-from kubesim.streams.spdy_session import OutboundQueue, SpdySession, SpdyStream
+from kubesim.streams.spdy_session import OutboundQueue, SpdySession, SpdyStream, stop_task
 from kubesim.streams.status import error_response
 from kubesim.streams.upgrade import negotiate, negotiation_failed, switch_protocols
 
@@ -82,10 +82,7 @@ class StreamPairer:
 
     async def stop(self) -> None:
         for task in list(self.tasks):
-            task.cancel()
-        for task in list(self.tasks):
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await stop_task(task)
 
 
 async def serve_portforward_spdy(request: web.Request, pod: dict[str, Any]) -> web.StreamResponse:

@@ -10,7 +10,6 @@ same session runs over a raw upgraded TLS connection and over WebSocket binary m
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -171,6 +170,15 @@ class SpdySession:
                 pass  # SETTINGS, WINDOW_UPDATE, HEADERS, SYN_REPLY: nothing to do for us
 
 
+async def stop_task(task: asyncio.Future[object]) -> None:
+    """Cancel `task` and wait for it to finish, without swallowing a cancellation of our own
+    (awaiting a cancelled task directly would raise CancelledError, indistinguishable from ours)."""
+    task.cancel()
+    await asyncio.wait({task})
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("task ended with %r", task.exception())
+
+
 class OutboundQueue:
     """Serialises sends for pipes whose write is a coroutine (WebSocket): sync `put`, one task.
 
@@ -217,6 +225,4 @@ class OutboundQueue:
         try:
             await asyncio.wait_for(asyncio.shield(self._task), timeout)
         except TimeoutError:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_task(self._task)

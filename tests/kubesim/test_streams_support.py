@@ -216,7 +216,9 @@ async def streams_server(tmp_path: Path) -> AsyncIterator[StreamsServer]:
     ca.cert_pem.write_to_path(str(ca_file))
 
     seen: list[SeenRequest] = []
-    runner = web.AppRunner(_discovery_app(seen), handle_signals=False, access_log=None)
+    runner = web.AppRunner(
+        _discovery_app(seen), handle_signals=False, access_log=None, shutdown_timeout=0.5
+    )
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server_ssl)
     await site.start()
