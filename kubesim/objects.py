@@ -97,7 +97,12 @@ class Objects:
 
     # --- create -----------------------------------------------------------------------
     def create(
-        self, rtype: ResourceType, namespace: str, obj: Any, dry_run: bool = False
+        self,
+        rtype: ResourceType,
+        namespace: str,
+        obj: Any,
+        dry_run: bool = False,
+        strict: bool = False,
     ) -> dict[str, Any]:
         if not isinstance(obj, dict):
             raise status.bad_request("Object 'Kind' is missing in the body")
@@ -114,7 +119,7 @@ class Objects:
         if not meta.get("name") and meta.get("generateName"):
             meta["name"] = meta["generateName"] + _random_suffix()
         name = meta.get("name", "")
-        self._validate(rtype, obj, name, creating=True)
+        self._validate(rtype, obj, name, creating=True, strict=strict)
         if rtype.namespaced and self.store.get(NAMESPACES, "", meta["namespace"]) is None:
             raise status.not_found("", "namespaces", meta["namespace"])
         if self.store.get(rtype.key, meta.get("namespace", ""), name) is not None:
@@ -144,6 +149,7 @@ class Objects:
         obj: Any,
         subresource: str = "",
         dry_run: bool = False,
+        strict: bool = False,
     ) -> dict[str, Any]:
         if not isinstance(obj, dict):
             raise status.bad_request("Object 'Kind' is missing in the body")
@@ -192,7 +198,7 @@ class Objects:
         if self._has_generation(rtype) and _strip_meta(new) != _strip_meta(current):
             new_meta["generation"] = current["metadata"].get("generation", 1) + 1
         new["apiVersion"], new["kind"] = rtype.group_version, rtype.kind
-        self._validate(rtype, new, name, creating=False)
+        self._validate(rtype, new, name, creating=False, strict=strict)
         self._defaults(rtype, new, current)
         if new == {**current, "apiVersion": new["apiVersion"], "kind": new["kind"]}:
             return self._as_version(rtype, current)  # no-op writes keep their resourceVersion
@@ -211,13 +217,16 @@ class Objects:
         body: bytes,
         subresource: str = "",
         dry_run: bool = False,
+        strict: bool = False,
     ) -> dict[str, Any]:
         import json
 
         ns = namespace if rtype.namespaced else ""
         kind = content_type.split(";")[0].strip().lower()
-        if kind not in PATCH_TYPES:
-            raise status.unsupported_media_type(kind, PATCH_TYPES)
+        accepted = [t for t in PATCH_TYPES if not (rtype.crd_name and "strategic" in t)]
+        if kind not in accepted:
+            # Custom resources have no patch strategy, so strategic merge is refused (415).
+            raise status.unsupported_media_type(kind, accepted)
         try:
             doc = (
                 yaml.safe_load(body) if kind == "application/apply-patch+yaml" else json.loads(body)
@@ -227,7 +236,7 @@ class Objects:
         current = self.store.get(rtype.key, ns, name)
         if current is None:
             if kind == "application/apply-patch+yaml" and not subresource:
-                return self.create(rtype, namespace, doc, dry_run)
+                return self.create(rtype, namespace, doc, dry_run, strict)
             raise status.not_found(rtype.group, rtype.plural, name)
         try:
             if kind == "application/json-patch+json":
@@ -252,7 +261,7 @@ class Objects:
             meta.pop("resourceVersion", None)
         elif meta.get("resourceVersion") in (None, ""):
             meta["resourceVersion"] = current["metadata"]["resourceVersion"]
-        return self.update(rtype, namespace, name, new, subresource, dry_run)
+        return self.update(rtype, namespace, name, new, subresource, dry_run, strict)
 
     # --- delete -----------------------------------------------------------------------
     def delete(
@@ -311,7 +320,12 @@ class Objects:
         return bool(rtype.crd_name) or rtype.key == CRD_KEY
 
     def _validate(
-        self, rtype: ResourceType, obj: dict[str, Any], name: str, creating: bool
+        self,
+        rtype: ResourceType,
+        obj: dict[str, Any],
+        name: str,
+        creating: bool,
+        strict: bool = False,
     ) -> None:
         errors: list[FieldError] = []
         meta = obj.get("metadata") or {}
@@ -389,7 +403,15 @@ class Objects:
         if errors:
             raise status.invalid(rtype.group, rtype.kind, name, errors)
         if rtype.schema is not None:
-            schema.prune(obj, rtype.schema)
+            removed: list[str] = []
+            schema.prune(obj, rtype.schema, removed=removed)
+            if strict and removed:
+                # fieldValidation=Strict (kubectl's default): unknown fields are an error.
+                unknown = ", ".join(f'unknown field "{p}"' for p in removed)
+                raise status.bad_request(
+                    f'{rtype.kind} in version "{rtype.version}" cannot be handled as a '
+                    f"{rtype.kind}: strict decoding error: {unknown}"
+                )
 
     @staticmethod
     def _crd_errors(crd: dict[str, Any], name: str) -> list[FieldError]:

@@ -165,10 +165,20 @@ def _object_checks(value: dict[str, Any], schema: dict[str, Any], path: str) -> 
     return errors
 
 
-def prune(value: Any, schema: dict[str, Any] | None, root: bool = True) -> Any:
-    """Drop fields the schema does not know (in place), as structural pruning does."""
+def prune(
+    value: Any,
+    schema: dict[str, Any] | None,
+    root: bool = True,
+    removed: list[str] | None = None,
+    path: str = "",
+) -> Any:
+    """Drop fields the schema does not know (in place), as structural pruning does.
+
+    The paths of dropped fields are appended to `removed` (for `fieldValidation=Strict`).
+    """
     if not schema or schema.get("x-kubernetes-preserve-unknown-fields"):
         return value
+    prefix = f"{path}." if path else ""
     if isinstance(value, dict):
         props = schema.get("properties")
         extra = schema.get("additionalProperties")
@@ -176,12 +186,14 @@ def prune(value: Any, schema: dict[str, Any] | None, root: bool = True) -> Any:
             if root and key in _ROOT_KEEP:
                 continue
             if props is not None and key in props:
-                prune(value[key], props[key], False)
+                prune(value[key], props[key], False, removed, f"{prefix}{key}")
             elif isinstance(extra, dict):
-                prune(value[key], extra, False)
+                prune(value[key], extra, False, removed, f"{prefix}{key}")
             elif props is not None or extra is False:
                 del value[key]
+                if removed is not None:
+                    removed.append(f"{prefix}{key}")
     elif isinstance(value, list):
-        for item in value:
-            prune(item, schema.get("items"), False)
+        for i, item in enumerate(value):
+            prune(item, schema.get("items"), False, removed, f"{path}[{i}]")
     return value

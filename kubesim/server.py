@@ -412,6 +412,7 @@ class KubeSim:
         verb = info.verb
         table = wants_table(request.headers.get("Accept", ""))
         dry_run = "All" in request.query.getall("dryRun", [])
+        strict = query.get("fieldValidation") == "Strict"
         if verb == "get":
             obj = self.objects.get(rtype, info.namespace, info.name)
             if table:
@@ -430,12 +431,12 @@ class KubeSim:
             return await self._watch(request, rtype, info, query, table)
         if verb == "create":
             body = await self._body(request)
-            return _json(self.objects.create(rtype, info.namespace, body, dry_run), 201)
+            return _json(self.objects.create(rtype, info.namespace, body, dry_run, strict), 201)
         if verb == "update":
             body = await self._body(request)
             return _json(
                 self.objects.update(
-                    rtype, info.namespace, info.name, body, info.subresource, dry_run
+                    rtype, info.namespace, info.name, body, info.subresource, dry_run, strict
                 )
             )
         if verb == "patch":
@@ -449,6 +450,7 @@ class KubeSim:
                     raw,
                     info.subresource,
                     dry_run,
+                    strict,
                 )
             )
         if verb == "delete":
