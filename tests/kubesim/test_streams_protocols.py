@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import struct
 import time
@@ -413,3 +414,33 @@ async def test_spdy_exec_negotiates_v5_first_like_kubectl_offers(server: Streams
         assert json.loads(client.data_for(err_id))["status"] == "Success"
     finally:
         writer.close()
+
+
+async def test_server_shutdown_ends_streams_that_never_end_by_themselves(tmp_path: Path) -> None:
+    """Followed logs, a sleeping exec, an idle port-forward: cleanup must not wait for them."""
+    async with contextlib.AsyncExitStack() as stack:
+        server_cm = streams_server(tmp_path)
+        server = await server_cm.__aenter__()
+        http = await stack.enter_async_context(
+            aiohttp.ClientSession(server.url, connector=aiohttp.TCPConnector(ssl=server.client_ssl))
+        )
+        logs = await http.get(f"{POD}/fast/log", params={"follow": "true"})
+        await logs.content.readline()
+        ws_exec = await http.ws_connect(
+            f"{POD}/web/exec",
+            params={"command": ["sleep", "600"], "stdout": "true"},
+            protocols=("v5.channel.k8s.io",),
+        )
+        tunnel = await http.ws_connect(
+            f"{POD}/web/portforward", protocols=("SPDY/3.1+portforward.k8s.io",)
+        )
+        _, spdy_writer, _ = await _spdy_upgrade(
+            server, f"{POD}/web/exec?command=sleep&command=600&stdout=true", "v4.channel.k8s.io"
+        )
+        started = time.monotonic()
+        await asyncio.wait_for(server_cm.__aexit__(None, None, None), 10)
+        assert time.monotonic() - started < 5
+        spdy_writer.close()
+        logs.close()
+        await ws_exec.close()
+        await tunnel.close()
