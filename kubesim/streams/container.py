@@ -5,6 +5,8 @@ predictable to talk to. Pod annotations tune it:
   kubesim.hubproxy.dev/log-lines         backlog size (default 10)
   kubesim.hubproxy.dev/log-interval-ms   period of new lines while following (default 100)
   kubesim.hubproxy.dev/log-follow-limit  stop following after N new lines (0 = never)
+  kubesim.hubproxy.dev/port-<N>          "127.0.0.1:P": port-forward to port N reaches that local
+                                         TCP server instead of the echo (SPDY forms only)
 Log line n of container c in pod p reads `line <n> <p>/<c>`.
 
 Executables: echo, cat, sh/bash -c SCRIPT (or a script on stdin), printf, whoami (root),

@@ -37,8 +37,45 @@ CHANNEL_PROTOCOLS = ("v4.channel.k8s.io", "portforward.k8s.io", "v4.base64.chann
 STREAM_PAIR_TIMEOUT = 30.0
 
 
+def relay_address(pod: dict[str, Any], port: int) -> tuple[str, int] | None:
+    """`kubesim.hubproxy.dev/port-<N>: host:port` sends port N to a real TCP server instead
+    of the echo (for benchmarks and demos). Loopback only: kubesim is a test stand-in."""
+    raw = (pod.get("metadata", {}).get("annotations") or {}).get(
+        f"{builtin.ANNOTATION_PREFIX}port-{port}"
+    )
+    if not raw:
+        return None
+    host, _, target_port = raw.rpartition(":")
+    if host not in ("127.0.0.1", "localhost", "[::1]") or not target_port.isdigit():
+        return None
+    return host.strip("[]"), int(target_port)
+
+
+async def _relay(data: SpdyStream, address: tuple[str, int]) -> None:
+    reader, writer = await asyncio.open_connection(*address)
+
+    async def upstream() -> None:
+        while chunk := await data.read():
+            writer.write(chunk)
+            await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
+
+    sender = asyncio.ensure_future(upstream())
+    try:
+        while chunk := await reader.read(65536):
+            data.write(chunk)
+            await data.drain()
+        await sender
+    finally:
+        await stop_task(sender)
+        writer.close()
+
+
 async def echo_streams(pod: dict[str, Any], data: SpdyStream, error: SpdyStream) -> None:
-    """One forwarded connection to the pod's echo port."""
+    """One forwarded connection: to the pod's echo, or relayed to a configured local server.
+
+    Like the kubelet, a failure is written as text on the error stream; both streams then end."""
     raw_port = data.header("port") or ""
     try:
         port = int(raw_port)
@@ -47,9 +84,18 @@ async def echo_streams(pod: dict[str, Any], data: SpdyStream, error: SpdyStream)
     except ValueError:
         error.write(f'invalid port value "{raw_port}" for pod {builtin.pod_name(pod)}'.encode())
     else:
-        while chunk := await data.read():
-            data.write(chunk)
-            await data.drain()
+        address = relay_address(pod, port)
+        if address is None:
+            while chunk := await data.read():
+                data.write(chunk)
+                await data.drain()
+        else:
+            try:
+                await _relay(data, address)
+            except OSError as exc:
+                error.write(
+                    f"error forwarding port {port} to pod {builtin.pod_name(pod)}: {exc}".encode()
+                )
     data.close()
     error.close()
 

@@ -19,7 +19,8 @@ import aiohttp
 import pytest
 
 from kubesim.streams import spdy
-from tests.kubesim.test_streams_support import StreamsServer, streams_server
+from tests.kubesim.test_streams_support import PODS, StreamsServer, make_pod, streams_server
+from tests.support import free_port
 
 POD = "/api/v1/namespaces/default/pods"
 
@@ -444,3 +445,44 @@ async def test_server_shutdown_ends_streams_that_never_end_by_themselves(tmp_pat
         logs.close()
         await ws_exec.close()
         await tunnel.close()
+
+
+async def test_port_annotation_relays_to_a_local_tcp_server(server: StreamsServer) -> None:
+    async def upper(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HELLO\n")
+        writer.write((await reader.read()).upper())  # until the forwarded FIN
+        writer.close()
+
+    backend = await asyncio.start_server(upper, "127.0.0.1", 0)
+    backend_port = backend.sockets[0].getsockname()[1]
+    closed_port = free_port()
+    PODS["relay"] = make_pod(
+        "relay",
+        annotations={
+            "kubesim.hubproxy.dev/port-80": f"127.0.0.1:{backend_port}",
+            "kubesim.hubproxy.dev/port-81": f"127.0.0.1:{closed_port}",
+        },
+    )
+    reader, writer, _ = await _spdy_upgrade(
+        server, f"{POD}/relay/portforward", "portforward.k8s.io"
+    )
+    try:
+        client = SpdyClient()
+        err_id, frame_err = client.syn(streamtype="error", port="80", requestid="0")
+        data_id, frame_data = client.syn(streamtype="data", port="80", requestid="0")
+        writer.write(frame_err + frame_data)
+        writer.write(client.encoder.encode(spdy.Data(data_id, b"quiet", fin=True)))
+        await _pump(reader, client, lambda: client.finished(data_id) and client.finished(err_id))
+        assert client.data_for(data_id) == b"HELLO\nQUIET"
+        assert client.data_for(err_id) == b""
+
+        err2, frame_err = client.syn(streamtype="error", port="81", requestid="1")
+        _, frame_data = client.syn(streamtype="data", port="81", requestid="1")
+        writer.write(frame_err + frame_data)
+        await _pump(reader, client, lambda: client.finished(err2))
+        assert client.data_for(err2).startswith(b"error forwarding port 81 to pod relay: ")
+    finally:
+        writer.close()
+        del PODS["relay"]
+        backend.close()
+        await backend.wait_closed()
