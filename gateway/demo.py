@@ -99,7 +99,9 @@ def managed_rbac(user: str = DEMO_USER) -> list[dict[str, Any]]:
         _role("ClusterRole", "hubproxy-agent-impersonate", [
             {"apiGroups": [""], "resources": ["users", "groups", "serviceaccounts"],
              "verbs": ["impersonate"]},
-            {"apiGroups": ["authentication.k8s.io"], "resources": ["uids", "userextras/*"],
+            # uids and userextras/<any key>: RBAC cannot wildcard the key, and nothing else in
+            # authentication.k8s.io has an impersonate verb (same rule as deploy/agent/rbac.yaml).
+            {"apiGroups": ["authentication.k8s.io"], "resources": ["*"],
              "verbs": ["impersonate"]},
         ]),
         _binding("hubproxy-agent-impersonate", "hubproxy-agent-impersonate",

@@ -12,6 +12,7 @@ from tunnel.targets import KubeAPITarget
 
 from gateway.agent.agent import Agent
 from gateway.agent.kubeapi import from_kubeconfig
+from gateway.demo import managed_rbac
 from kubesim.testing import RunningKubeSim, run_kubesim
 from tests.agent.conftest import FakeStream
 from tests.agent.test_exchange import FakePolicy, Open, get, identity_metadata
@@ -25,11 +26,7 @@ USER = "cluster:hub:system:serviceaccount:demo:demo"
 async def sim(tmp_path: Path) -> Any:
     async with run_kubesim(tmp_path, name="cluster1",
                            users=[(AGENT_TOKEN, "hubproxy-agent", "agent-uid")]) as sim:
-        sim.grant("User:hubproxy-agent", verbs=["impersonate"],
-                  resources=["users", "groups", "uids", "userextras/*"],
-                  api_groups=["", "authentication.k8s.io"])
-        sim.grant(f"User:{USER}", verbs=["get", "list", "watch", "create"],
-                  resources=["configmaps"], namespace="default")
+        sim.apply(managed_rbac(USER))
         yield sim
 
 
@@ -70,6 +67,7 @@ async def test_whoami_is_the_impersonated_hub_identity(agent: Agent,
 
 
 async def test_rbac_of_the_impersonated_identity_applies(agent: Agent) -> None:
+    # managed_rbac (the demo's) grants configmaps but not secrets to the hub identity.
     stream = exchange(agent, get("/api/v1/namespaces/default/secrets"))
     stream.send_eof()
     await stream.wait_done()
