@@ -83,7 +83,9 @@ class ReceivedRequest:
 
 
 def _json(obj: Any, code: int = 200) -> web.Response:
-    return web.Response(body=json.dumps(obj).encode(), status=code, content_type="application/json")
+    # Compact, newline-terminated: what kube-apiserver's JSON serializer writes.
+    body = json.dumps(obj, separators=(",", ":")).encode() + b"\n"
+    return web.Response(body=body, status=code, content_type="application/json")
 
 
 def _error(err: StatusError) -> web.Response:
@@ -746,7 +748,8 @@ class KubeSim:
 
     @staticmethod
     async def _send(response: web.StreamResponse, kind: str, obj: dict[str, Any]) -> None:
-        await response.write(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
+        event = {"type": kind, "object": obj}
+        await response.write(json.dumps(event, separators=(",", ":")).encode() + b"\n")
 
 
 AGGREGATED_DISCOVERY = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"

@@ -56,7 +56,7 @@ class StatusError(Exception):
         return status
 
     def json_bytes(self) -> bytes:
-        return json.dumps(self.body()).encode()
+        return json.dumps(self.body(), separators=(",", ":")).encode() + b"\n"
 
 
 def _details(group: str, kind: str, name: str = "") -> dict[str, Any]:
