@@ -36,17 +36,6 @@ from typing import Any
 
 from tunnel.errors import OpenErrorCode, OpenRefused, ResetCode, StreamError
 
-from gateway.agent.messages import (
-    BodyTracker,
-    Headers,
-    MessageError,
-    RequestHead,
-    ResponseHead,
-    find_head_end,
-    parse_request_head,
-    parse_response_head,
-    serialize_request_head,
-)
 from gateway.agent.pool import (
     PoolExhausted,
     UpstreamConnection,
@@ -55,11 +44,29 @@ from gateway.agent.pool import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
+from gateway.http1 import (
+    BodyTracker,
+    CloseDelimitedBody,
+    Headers,
+    HTTPError,
+    Limits,
+    RequestHead,
+    ResponseHead,
+    find_head_end,
+    framing_for_request,
+    framing_for_response,
+    parse_request_head,
+    parse_response_head,
+    serialize_request_head,
+)
 
 log = logging.getLogger(__name__)
 
 MAX_REQUEST_HEAD = 256 * 1024  # the gateway enforces a tighter limit; this is our own bound
 MAX_RESPONSE_HEAD = 256 * 1024
+# The gateway's rewritten head may carry a few more fields than the client sent.
+HEAD_LIMITS = Limits(max_head_bytes=MAX_REQUEST_HEAD, max_request_line=64 * 1024,
+                     max_field_line=64 * 1024, max_headers=512)
 MAX_EARLY_BYTES = 256 * 1024  # bytes buffered before the upstream is ready / before a 101
 HEAD_TIMEOUT = 30.0
 UPGRADE_LINGER = 30.0  # after the upstream of an upgrade closed, wait this long for the peer
@@ -118,7 +125,7 @@ def rewrite_request_head(head: RequestHead, route: Route) -> bytes:
         if credential is not None:
             headers.append((b"Authorization", credential))
         headers += route.identity_headers  # identity last
-    return serialize_request_head(head.method, head.target, headers)
+    return serialize_request_head(head.method, head.target, headers, head.version)
 
 
 def status_response(code: int, reason: str, message: str) -> bytes:
@@ -210,7 +217,7 @@ class HttpExchange:
         self._stream_eof = True
         if self.state == self.SETUP:
             if self.request is None and not self._head_ready.done():
-                self._head_ready.set_exception(MessageError("stream ended before the request head"))
+                self._head_ready.set_exception(HTTPError("stream ended before the request head"))
             return
         if self.state == self.UPGRADED:
             if self.conn is not None:
@@ -247,16 +254,17 @@ class HttpExchange:
     def _take_head_bytes(self, data: bytes) -> None:
         start = len(self._head_buf)
         self._head_buf += data
-        end = find_head_end(self._head_buf, start)
-        if end < 0:
-            if len(self._head_buf) > MAX_REQUEST_HEAD:
-                self._head_ready.set_exception(MessageError("request head too large", 431))
-            return
-        head, rest = bytes(self._head_buf[:end]), bytes(self._head_buf[end:])
-        self._head_buf = bytearray()
         try:
-            self.request = parse_request_head(head)
-        except MessageError as exc:
+            end = find_head_end(self._head_buf, start, max_head_bytes=MAX_REQUEST_HEAD)
+            if end < 0:
+                return
+            head, rest = bytes(self._head_buf[:end]), bytes(self._head_buf[end:])
+            self._head_buf = bytearray()
+            self.request = parse_request_head(head, HEAD_LIMITS)
+            self._req_tracker = framing_for_request(self.request)
+        except HTTPError as exc:
+            self.request = None
+            self._discard_input = True  # the setup task refuses the stream
             if not self._head_ready.done():
                 self._head_ready.set_exception(exc)
             return
@@ -287,7 +295,7 @@ class HttpExchange:
         except OpenRefused as exc:
             self._refuse(exc.code, exc.message)
             return
-        except MessageError as exc:
+        except HTTPError as exc:
             self._refuse(OpenErrorCode.PROTOCOL, f"bad request head: {exc}")
             return
         except TimeoutError:
@@ -321,7 +329,9 @@ class HttpExchange:
     def _start_request(self, head_bytes: bytes, *, retry: bool = False) -> None:
         assert self.conn is not None and self.request is not None
         self.state = self.OPEN
-        self._req_tracker = BodyTracker(self.request.framing)
+        if retry:
+            self._req_tracker = framing_for_request(self.request)
+        assert self._req_tracker is not None
         self._req_done = self._req_tracker.complete
         if self._req_done and not self.request.upgrade:
             self._request_bytes = head_bytes  # body-less: can be retried on a fresh connection
@@ -347,7 +357,7 @@ class HttpExchange:
             return
         try:
             n = self._req_tracker.feed(data)
-        except MessageError as exc:
+        except HTTPError as exc:
             self._fail(f"bad request body framing: {exc}", ResetCode.PROTOCOL)
             return
         self._to_upstream(data if n == len(data) else data[:n])
@@ -377,17 +387,15 @@ class HttpExchange:
         assert self.request is not None
         self._resp_buf += data
         while True:
-            end = find_head_end(self._resp_buf)
-            if end < 0:
-                if len(self._resp_buf) > MAX_RESPONSE_HEAD:
-                    self._upstream_failed("response head too large")
-                return
             try:
-                response = parse_response_head(bytes(self._resp_buf[:end]), self.request.method)
-            except MessageError as exc:
+                end = find_head_end(self._resp_buf, max_head_bytes=MAX_RESPONSE_HEAD)
+                if end < 0:
+                    return
+                response = parse_response_head(bytes(self._resp_buf[:end]), HEAD_LIMITS)
+            except HTTPError as exc:
                 self._upstream_failed(f"bad response: {exc}")
                 return
-            if 100 <= response.status < 200 and response.status != 101:
+            if response.is_interim:
                 # Interim response (100 Continue, 103): relay it and read the next head.
                 self._to_stream(bytes(self._resp_buf[:end]))
                 del self._resp_buf[:end]
@@ -396,14 +404,18 @@ class HttpExchange:
         buffered, self._resp_buf = bytes(self._resp_buf), bytearray()
         self.response = response
         self.status = response.status
-        if response.status == 101:
+        if response.is_switching:
             if not self.request.upgrade:
                 self._upstream_failed("101 to a request that did not ask to upgrade")
                 return
             self._upgrade(buffered)
             return
-        self._resp_tracker = BodyTracker(response.framing)
-        if not response.keep_alive:
+        try:
+            self._resp_tracker = framing_for_response(response, self.request.method)
+        except HTTPError as exc:
+            self._upstream_failed(f"bad response: {exc}")
+            return
+        if not response.keep_alive or isinstance(self._resp_tracker, CloseDelimitedBody):
             self._conn_reusable = False
         self._to_stream(buffered[:end])
         if len(buffered) > end:
@@ -415,7 +427,7 @@ class HttpExchange:
         assert self._resp_tracker is not None
         try:
             n = self._resp_tracker.feed(data)
-        except MessageError as exc:
+        except HTTPError as exc:
             self._upstream_failed(f"bad response body framing: {exc}")
             return
         self._to_stream(data if n == len(data) else data[:n])
@@ -458,8 +470,8 @@ class HttpExchange:
         if self.state == self.UPGRADED:
             self.stream.write_eof()
             return
-        if self.state == self.OPEN and self._resp_tracker is not None \
-                and self.response is not None and self.response.framing.until_close:
+        if self.state == self.OPEN and isinstance(self._resp_tracker, CloseDelimitedBody):
+            self._resp_tracker.feed_eof()
             self._response_complete()
 
     def upstream_lost(self, exc: Exception | None) -> None:

@@ -302,3 +302,18 @@ async def test_websocket_upgrade_spliced(agent: Agent, upstream: Upstream) -> No
     assert protocols == ["v5.channel.k8s.io"]
     assert HUB_TOKEN not in json.dumps(entry)
     assert agent.pool.idle == 0  # an upgraded connection never returns to the pool
+
+
+@pytest.mark.parametrize("head", [
+    b"GET /x HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n",
+    b"GET /x HTTP/1.1\r\nHost: x\r\nX: a\r\n folded\r\n\r\n",
+    b"CONNECT 10.0.0.1:22 HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"GET /x HTTP/1.1\r\n" + b"X-Big: " + b"a" * 300_000 + b"\r\n\r\n",
+])
+async def test_bad_request_head_refused_before_any_upstream_byte(
+    agent: Agent, upstream: Upstream, head: bytes
+) -> None:
+    stream = open_stream(agent, KubeAPITarget(), identity_metadata(), head)
+    await stream.wait_done()
+    assert stream.refused is not None and stream.refused[0] == OpenErrorCode.PROTOCOL
+    assert agent.pool.dials == 0 and upstream.seen == []
