@@ -46,6 +46,8 @@ class SpdyStream:
             self._chunks.append(data)
         if fin:
             self.remote_done = True
+            if self.local_done:
+                self.session._forget(self)
         self._readable.set()
 
     def _abort(self) -> None:
@@ -76,6 +78,8 @@ class SpdyStream:
         if not self.local_done:
             self.local_done = True
             self.session.send_frame(spdy.Data(self.stream_id, b"", fin=True))
+            if self.remote_done:
+                self.session._forget(self)
 
     async def drain(self) -> None:
         await self.session.drain()
@@ -106,6 +110,15 @@ class SpdySession:
         """Attach the output pipe once it exists (after the 101 went out)."""
         self._send = send
         self._drain = drain
+
+    @property
+    def open_streams(self) -> int:
+        """Streams not yet finished in both directions (closed ones are forgotten)."""
+        return len(self._streams)
+
+    def _forget(self, stream: SpdyStream) -> None:
+        # A long port-forward session opens two streams per connection: drop finished ones.
+        self._streams.pop(stream.stream_id, None)
 
     # -- output ---------------------------------------------------------------------------------
     def send_frame(self, frame: spdy.Frame) -> None:

@@ -241,3 +241,17 @@ async def test_large_writes_are_split_into_bounded_data_frames() -> None:
     client.streams[0].write(b"x" * 100_000)
     sizes = [len(f.data) for f in client.received if isinstance(f, spdy.Data)]
     assert sum(sizes) == 100_000 and max(sizes) <= 32 * 1024
+
+
+async def test_streams_finished_both_ways_are_forgotten() -> None:
+    client = _Client()
+    client.send(spdy.SynStream(1), spdy.SynStream(3, fin=True))
+    first, second = client.streams
+    assert client.session.open_streams == 2
+    second.close()  # remote already FINed in its SYN_STREAM
+    assert client.session.open_streams == 1
+    first.close()
+    assert client.session.open_streams == 1  # still readable
+    client.send(spdy.Data(1, b"late", fin=True))
+    assert client.session.open_streams == 0
+    assert await first.read() == b"late"
