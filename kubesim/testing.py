@@ -27,7 +27,6 @@ import asyncio
 import contextlib
 import os
 import secrets
-import socket
 import threading
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -97,12 +96,6 @@ def _users(users: Iterable[UserSpec] | Mapping[str, str]) -> list[StaticUser]:
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class RunningKubeSim:
     """Handle on a running kubesim; see the module docstring."""
 
@@ -145,10 +138,16 @@ class RunningKubeSim:
 
     @property
     def received(self) -> list[ReceivedRequest]:
-        return list(self.sim.received)
+        """A snapshot of every request received so far (copied on the server's loop)."""
+        return self._call(list, self.sim.received)
 
     def requests_to(self, path_prefix: str) -> list[ReceivedRequest]:
-        return [r for r in self.sim.received if r.path.startswith(path_prefix)]
+        return [r for r in self.received if r.path.startswith(path_prefix)]
+
+    @property
+    def watcher_count(self) -> int:
+        """Open watch requests (to check that a client's cancellation reached the server)."""
+        return self.sim.store.watcher_count
 
     def mint_token(
         self,
@@ -352,18 +351,20 @@ async def run_kubesim(
     api_audiences: Sequence[str] | None = None,
     bookmark_interval: float = 5.0,
     port: int = 0,
+    client_ca_file: str | None = None,
 ) -> AsyncIterator[RunningKubeSim]:
     """Start kubesim on 127.0.0.1 with TLS from a CA generated under `tmp_path/<name>-tls`.
 
     users: `(token, user[, uid[, groups]])` tuples, StaticUser, or {token: user}.
     rbac: RBAC objects (dicts, YAML text or a file path), applied at start.
     crds: CustomResourceDefinitions (dicts or YAML file paths), registered at start.
+    client_ca_file: accept x509 client certificates from this CA (CN = user, O = groups).
     """
     admin_token = f"kubesim-admin-{secrets.token_urlsafe(16)}"
     sim = KubeSim(_config(name, users, rbac, crds, api_audiences, bookmark_interval, admin_token))
     files = ensure_serving_cert(Path(tmp_path) / f"{name}-tls")
-    ctx = server_context(files.cert_file, files.key_file)
-    runner = await start(sim, "127.0.0.1", port or _free_port(), ctx)
+    ctx = server_context(files.cert_file, files.key_file, client_ca_file)
+    runner = await start(sim, "127.0.0.1", port, ctx)
     host, bound_port = sim.server_address.rsplit(":", 1)
     try:
         yield RunningKubeSim(
