@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import ssl
 import time
@@ -59,6 +58,7 @@ from gateway.http1 import (
     parse_response_head,
     serialize_request_head,
 )
+from gateway.status import error_response
 
 log = logging.getLogger(__name__)
 
@@ -126,18 +126,6 @@ def rewrite_request_head(head: RequestHead, route: Route) -> bytes:
             headers.append((b"Authorization", credential))
         headers += route.identity_headers  # identity last
     return serialize_request_head(head.method, head.target, headers, head.version)
-
-
-def status_response(code: int, reason: str, message: str) -> bytes:
-    """A complete Kubernetes ``Status`` response the agent itself answers with."""
-    body = json.dumps(
-        {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-         "message": message, "reason": reason, "code": code}
-    ).encode()
-    return (
-        f"HTTP/1.1 {code} {reason}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-    ).encode() + body
 
 
 RouteFactory = Callable[[], Awaitable[Route]]
@@ -509,8 +497,9 @@ class HttpExchange:
             log.warning("stream %s: %s (%s)", self._sid(), reason, self.route.label
                         if self.route else "upstream")
             self.outcome = "upstream failed"
-            self._to_stream(status_response(502, "Bad Gateway",
-                                            "the agent lost the connection to its upstream"))
+            self._to_stream(error_response(
+                502, "the agent lost the connection to its upstream", close=True,
+                head_only=self.request is not None and self.request.method == b"HEAD"))
             self.stream.write_eof()
             self.state = self.DONE
             self._discard_input = True

@@ -193,11 +193,19 @@ async def upstream(ca: trustme.CA, tmp_path: Any) -> AsyncIterator[Upstream]:
                 await sock.send_bytes(msg.data)
         return sock
 
+    async def die(request: web.Request) -> web.Response:
+        record(request)
+        assert request.transport is not None
+        request.transport.abort()  # the upstream vanishes before answering
+        await asyncio.sleep(0.1)
+        return web.Response(text="never sent")
+
     app = web.Application()
     app.router.add_route("*", "/echo{tail:.*}", echo)
     app.router.add_get("/watch", watch)
     app.router.add_get("/big", big)
     app.router.add_get("/ws", ws)
+    app.router.add_get("/die", die)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, up.host, up.port, ssl_context=server_ctx)

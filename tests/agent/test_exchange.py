@@ -317,3 +317,14 @@ async def test_bad_request_head_refused_before_any_upstream_byte(
     await stream.wait_done()
     assert stream.refused is not None and stream.refused[0] == OpenErrorCode.PROTOCOL
     assert agent.pool.dials == 0 and upstream.seen == []
+
+
+async def test_upstream_dies_before_answering_gives_502_status(agent: Agent) -> None:
+    stream = open_stream(agent, KubeAPITarget(), identity_metadata(), get("/die"))
+    stream.send_eof()
+    await stream.wait_done()
+    assert stream.accepted and stream.eof
+    status, _, body = stream.response()
+    assert status == 502
+    assert json.loads(body)["kind"] == "Status"
+    assert "127.0.0.1" not in body.decode()  # no internal addresses in errors
