@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import copy
 import itertools
+import json
 import re
 import uuid
 from collections.abc import Callable
@@ -219,8 +220,6 @@ class Objects:
         dry_run: bool = False,
         strict: bool = False,
     ) -> dict[str, Any]:
-        import json
-
         ns = namespace if rtype.namespaced else ""
         kind = content_type.split(";")[0].strip().lower()
         accepted = [t for t in PATCH_TYPES if not (rtype.crd_name and "strategic" in t)]

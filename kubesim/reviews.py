@@ -9,6 +9,7 @@ SelfSubjectReview (`kubectl auth whoami`) and serviceaccounts/token (`kubectl cr
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from kubesim import status
@@ -199,8 +200,6 @@ def token_request(authn: Authenticator, sa: dict[str, Any], body: dict[str, Any]
     if ref:
         bound = {ref.get("kind", "").lower(): {"name": ref.get("name"), "uid": ref.get("uid", "")}}
     token, exp = authn.mint(namespace, name, sa["metadata"]["uid"], audiences, seconds, bound)
-    from datetime import UTC, datetime
-
     spec.update({"audiences": audiences, "expirationSeconds": seconds, "boundObjectRef": ref})
     return {
         "kind": "TokenRequest",
