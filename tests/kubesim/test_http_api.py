@@ -448,3 +448,37 @@ async def test_token_request_and_subject_access_review(api: Client, sim: Running
     assert body["status"]["reason"] == (
         'RBAC: allowed by ClusterRoleBinding "proxy" of ClusterRole "proxy" to Group "devs"'
     )
+
+
+async def test_pod_stream_subresources_are_authorized_before_streams(
+    api: Client, sim: RunningKubeSim, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sim.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "web", "namespace": "default"},
+            "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+        }
+    )
+    sim.grant("User:alice", ["get"], ["pods/exec", "pods/log"], namespace="default")
+    # a WebSocket exec is a GET, but since 1.30 it also needs `create` on pods/exec
+    code, body = await api.call(
+        "GET", "/api/v1/namespaces/default/pods/web/exec?command=ls", token="alice-token"
+    )
+    assert (code, body["message"]) == (
+        403,
+        'pods "web" is forbidden: User "alice" cannot create '
+        'resource "pods/exec" in API group "" in the namespace '
+        '"default"',
+    )
+    code, body = await api.call(
+        "GET", "/api/v1/namespaces/default/pods/nope/log", token="alice-token"
+    )
+    assert (code, body["message"]) == (404, 'pods "nope" not found')
+    # without kubesim.streams, authorized stream requests get a 501 Status
+    monkeypatch.setitem(__import__("sys").modules, "kubesim.streams", None)
+    code, body = await api.call(
+        "GET", "/api/v1/namespaces/default/pods/web/log", token="alice-token"
+    )
+    assert code == 501 and body["kind"] == "Status"
