@@ -145,19 +145,30 @@ class Readiness:
 
 
 def _check_certificate_cluster(cert_file: Path, cluster: str) -> None:
-    """Fail fast (with a clear message) if the certificate is for another cluster."""
+    """Fail fast, with a clear message, if the certificate is for another cluster.
+
+    Only a friendly start-up check: the hub takes the cluster from the certificate anyway.
+    """
     from cryptography import x509
 
-    try:
-        from tunnel.identity import cluster_from_certificate
-    except ImportError:  # tunnel-edge not installed: the hub still checks the certificate
-        return
-    cert = x509.load_pem_x509_certificate(cert_file.read_bytes())
-    from cryptography.hazmat.primitives.serialization import Encoding
+    from certs.identity import CLUSTER_URI_PREFIX
 
-    named = cluster_from_certificate(cert.public_bytes(Encoding.DER))
-    if named != cluster:
-        raise ValueError(f"{cert_file} is a certificate for cluster {named!r}, not {cluster!r}")
+    try:
+        cert = x509.load_pem_x509_certificate(cert_file.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot read the agent certificate {cert_file}: {exc}") from None
+    try:
+        uris = cert.extensions.get_extension_for_class(
+            x509.SubjectAlternativeName
+        ).value.get_values_for_type(x509.UniformResourceIdentifier)
+    except x509.ExtensionNotFound:
+        uris = []
+    named = [u[len(CLUSTER_URI_PREFIX):] for u in uris if u.startswith(CLUSTER_URI_PREFIX)]
+    if named != [cluster]:
+        raise ValueError(
+            f"{cert_file} is an agent certificate for {', '.join(named) or 'no cluster'}, "
+            f"not {cluster!r}"
+        )
 
 
 def build_policy(args: argparse.Namespace, kube: KubeAPIAccess | None) -> Any:
@@ -174,13 +185,6 @@ def build_policy(args: argparse.Namespace, kube: KubeAPIAccess | None) -> Any:
 
 
 async def serve(args: argparse.Namespace) -> int:
-    # Imported here so that `hubproxy --help` works without loading the data path.
-    from tunnel.connection import SessionConfig
-    from tunnel.dialer import AgentDialer
-
-    from gateway.agent.agent import Agent
-    from gateway.agent.health import start_health_server
-    from gateway.agent.pool import UpstreamPool
 
     cluster = validate_cluster_name(args.cluster)
     tls_dir = Path(args.tls_dir)
@@ -192,6 +196,14 @@ async def serve(args: argparse.Namespace) -> int:
     insecure = set(args.insecure_service)
     if not insecure <= set(args.allow_service):
         raise ValueError("--insecure-service names a Service that is not --allow-service'd")
+    # Imported only now: `hubproxy --help` and the checks above need none of the data path.
+    from tunnel.connection import SessionConfig
+    from tunnel.dialer import AgentDialer
+
+    from gateway.agent.agent import Agent
+    from gateway.agent.health import start_health_server
+    from gateway.agent.pool import UpstreamPool
+
     policy = build_policy(args, kube)
     pool = UpstreamPool()
     agent = Agent(cluster=cluster, policy=policy, kube=kube, pool=pool,
