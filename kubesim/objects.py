@@ -483,6 +483,10 @@ class Objects:
             for port in spec.get("ports") or []:
                 port.setdefault("protocol", "TCP")
                 port.setdefault("targetPort", port.get("port"))
+                if spec["type"] in ("NodePort", "LoadBalancer") and not port.get("nodePort"):
+                    port["nodePort"] = 30000 + next(self._ips) % 2768
+            if spec["type"] in ("NodePort", "LoadBalancer"):
+                spec.setdefault("externalTrafficPolicy", "Cluster")
             obj["status"] = (old or {}).get("status") or {"loadBalancer": {}}
         elif key == CRD_KEY:
             spec = obj["spec"]

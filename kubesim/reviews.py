@@ -9,6 +9,7 @@ SelfSubjectReview (`kubectl auth whoami`) and serviceaccounts/token (`kubectl cr
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -163,7 +164,13 @@ def self_subject_review(user: UserInfo, api_version: str) -> dict[str, Any]:
     }
 
 
-def token_request(authn: Authenticator, sa: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+def token_request(
+    authn: Authenticator,
+    sa: dict[str, Any],
+    body: dict[str, Any],
+    lookup: Callable[[str, str, str], dict[str, Any] | None],
+) -> dict[str, Any]:
+    """serviceaccounts/token; `lookup(plural, namespace, name)` finds a bound Pod or Secret."""
     spec = dict(body.get("spec") or {})
     name, namespace = sa["metadata"]["name"], sa["metadata"]["namespace"]
     seconds = spec.get("expirationSeconds") or 3600
@@ -198,7 +205,26 @@ def token_request(authn: Authenticator, sa: dict[str, Any], body: dict[str, Any]
     bound = None
     ref = spec.get("boundObjectRef")
     if ref:
-        bound = {ref.get("kind", "").lower(): {"name": ref.get("name"), "uid": ref.get("uid", "")}}
+        # The bound object must exist (and match its uid); its identity goes into the claims.
+        kind = ref.get("kind", "")
+        plural = {"Pod": "pods", "Secret": "secrets"}.get(kind)
+        if plural is None:
+            raise status.bad_request(f"cannot bind token to object of type {kind}")
+        obj = lookup(plural, namespace, ref.get("name", ""))
+        if obj is None:
+            raise status.not_found("", plural, ref.get("name", ""))
+        uid = obj["metadata"]["uid"]
+        if ref.get("uid") and ref["uid"] != uid:
+            raise status.conflict(
+                "",
+                plural,
+                ref.get("name", ""),
+                f"the UID in the bound object reference ({ref['uid']}) does not "
+                f"match the UID in record. The object might have been deleted "
+                f"and then recreated",
+            )
+        ref = {**ref, "uid": uid}
+        bound = {kind.lower(): {"name": ref.get("name"), "uid": uid}}
     token, exp = authn.mint(namespace, name, sa["metadata"]["uid"], audiences, seconds, bound)
     spec.update({"audiences": audiences, "expirationSeconds": seconds, "boundObjectRef": ref})
     return {

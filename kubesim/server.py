@@ -130,6 +130,9 @@ class KubeSim:
         for obj in self.config.rbac:
             self.apply(obj)
 
+    def _lookup_core(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.store.get(("", plural), namespace, name)
+
     def type_for(self, api_version: str, plural: str) -> ResourceType:
         group, _, version = api_version.rpartition("/")
         rtype = self.registry.lookup(group, version, plural)
@@ -409,7 +412,7 @@ class KubeSim:
         if info.subresource == "token":
             sa = self.objects.get(rtype, info.namespace, info.name)
             body = await self._body(request)
-            return _json(reviews.token_request(self.authn, sa, body), 201)
+            return _json(reviews.token_request(self.authn, sa, body, self._lookup_core), 201)
 
         verb = info.verb
         table = wants_table(request.headers.get("Accept", ""))

@@ -482,3 +482,25 @@ async def test_pod_stream_subresources_are_authorized_before_streams(
         "GET", "/api/v1/namespaces/default/pods/web/log", token="alice-token"
     )
     assert code == 501 and body["kind"] == "Status"
+
+
+async def test_token_request_bound_to_a_pod(api: Client, sim: RunningKubeSim) -> None:
+    sim.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "web", "namespace": "default"},
+            "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+        }
+    )
+    path = "/api/v1/namespaces/default/serviceaccounts/default/token"
+    ref = {"kind": "Pod", "apiVersion": "v1", "name": "web"}
+    code, body = await api.call("POST", path, body={"spec": {"boundObjectRef": ref}})
+    assert code == 201
+    claims = token_claims(body["status"]["token"])
+    assert claims["kubernetes.io"]["pod"]["name"] == "web"
+    assert claims["kubernetes.io"]["pod"]["uid"] == body["spec"]["boundObjectRef"]["uid"]
+    code, body = await api.call(
+        "POST", path, body={"spec": {"boundObjectRef": {**ref, "name": "gone"}}}
+    )
+    assert (code, body["message"]) == (404, 'pods "gone" not found')
