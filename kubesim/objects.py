@@ -452,6 +452,15 @@ class Objects:
     def _defaults(
         self, rtype: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None = None
     ) -> None:
+        # Go's `omitempty`: the real apiserver never returns empty metadata maps and lists.
+        meta = obj.get("metadata") or {}
+        for field in ("labels", "annotations", "finalizers", "ownerReferences"):
+            if field in meta and not meta[field]:
+                del meta[field]
+        if not rtype.crd_name:
+            for field in ("data", "binaryData", "stringData"):
+                if field in obj and not obj[field]:
+                    del obj[field]
         key = rtype.key
         if key == NAMESPACES:
             obj.setdefault("metadata", {}).setdefault("labels", {})[
