@@ -23,7 +23,7 @@ import re
 import ssl
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -110,6 +110,9 @@ class KubeSim:
         self.authn.add_static(self.config.static_users)
         self.authz = Authorizer(self.store)
         self.received: collections.deque[ReceivedRequest] = collections.deque(maxlen=100_000)
+        # Test hooks, run in order before authentication: each may delay, or answer instead
+        # of kubesim (return a response), e.g. to make the hub slow or fail for a while.
+        self.interceptors: list[Callable[[web.Request], Awaitable[web.StreamResponse | None]]] = []
         self.started = time.time()
         self.server_address = "127.0.0.1:6443"
         self._bootstrap()
@@ -213,7 +216,13 @@ class KubeSim:
         record = ReceivedRequest(request.method, request.raw_path, list(request.headers.items()))
         self.received.append(record)
         try:
-            response = await self._serve(request, record)
+            response = None
+            for intercept in list(self.interceptors):
+                response = await intercept(request)
+                if response is not None:
+                    break
+            if response is None:
+                response = await self._serve(request, record)
         except StatusError as err:
             response = _error(err)
         except impersonation.ImpersonationHeaderError as err:

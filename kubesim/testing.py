@@ -28,11 +28,20 @@ import contextlib
 import os
 import secrets
 import threading
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
+from aiohttp import web
 
 from kubesim.auth import StaticUser
 from kubesim.server import Config, KubeSim, ReceivedRequest, start
@@ -140,6 +149,21 @@ class RunningKubeSim:
     def received(self) -> list[ReceivedRequest]:
         """A snapshot of every request received so far (copied on the server's loop)."""
         return self._call(list, self.sim.received)
+
+    def intercept(
+        self, hook: Callable[[web.Request], Awaitable[web.StreamResponse | None]]
+    ) -> Callable[[], None]:
+        """Run `hook` before kubesim handles each request; it may sleep or return a response.
+
+        Returns a function that removes the hook. Example: a hub that fails TokenReviews::
+
+            async def fail(request):
+                if request.path.endswith("/tokenreviews"):
+                    return web.Response(status=500, text="boom")
+            undo = sim.intercept(fail)
+        """
+        self._call(self.sim.interceptors.append, hook)
+        return lambda: self._call(self.sim.interceptors.remove, hook)
 
     def requests_to(self, path_prefix: str) -> list[ReceivedRequest]:
         return [r for r in self.received if r.path.startswith(path_prefix)]

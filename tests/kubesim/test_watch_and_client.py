@@ -266,3 +266,22 @@ async def test_aggregated_discovery(sim: RunningKubeSim, session: aiohttp.Client
         legacy = await resp.json()
     assert legacy["kind"] == "APIGroupList"
     assert "rbac.authorization.k8s.io" in {g["name"] for g in legacy["groups"]}
+
+
+async def test_interceptors_can_delay_or_answer(
+    sim: RunningKubeSim, session: aiohttp.ClientSession
+) -> None:
+    from aiohttp import web
+
+    async def unavailable(request: web.Request) -> web.StreamResponse | None:
+        if request.path == "/version":
+            return web.Response(status=503, text="hub down")
+        return None
+
+    undo = sim.intercept(unavailable)
+    async with session.get(f"{sim.url}/version") as resp:
+        assert resp.status == 503 and await resp.text() == "hub down"
+    assert sim.received[-1].status == 503
+    undo()
+    async with session.get(f"{sim.url}/version") as resp:
+        assert resp.status == 200
