@@ -46,7 +46,7 @@ from kubesim.resources import Registry, ResourceType
 from kubesim.selectors import EXTRA_FIELDS, parse_field_selector, parse_label_selector
 from kubesim.status import StatusError
 from kubesim.store import Store, TooOld
-from kubesim.table import to_table, wants_table
+from kubesim.table import partial, partial_list, to_table, wants_partial_metadata, wants_table
 
 ANONYMOUS_PATHS = ("/healthz", "/livez", "/readyz", "/version")
 WS_TOKEN_PREFIX = "base64url.bearer.authorization.k8s.io."
@@ -424,7 +424,9 @@ class KubeSim:
             return _json(reviews.token_request(self.authn, sa, body, self._lookup_core), 201)
 
         verb = info.verb
-        table = wants_table(request.headers.get("Accept", ""))
+        accept = request.headers.get("Accept", "")
+        table = wants_table(accept)
+        metadata_only = not table and wants_partial_metadata(accept)
         dry_run = "All" in request.query.getall("dryRun", [])
         strict = query.get("fieldValidation") == "Strict"
         if verb == "get":
@@ -438,11 +440,11 @@ class KubeSim:
                         query.get("includeObject", "Metadata"),
                     )
                 )
-            return _json(obj)
+            return _json(partial(obj) if metadata_only else obj)
         if verb == "list":
-            return self._list(rtype, info, query, table)
+            return self._list(rtype, info, query, table, metadata_only)
         if verb == "watch":
-            return await self._watch(request, rtype, info, query, table)
+            return await self._watch(request, rtype, info, query, table, metadata_only)
         if verb == "create":
             body = await self._body(request)
             return _json(self.objects.create(rtype, info.namespace, body, dry_run, strict), 201)
@@ -595,7 +597,12 @@ class KubeSim:
         }
 
     def _list(
-        self, rtype: ResourceType, info: requestinfo.RequestInfo, query: dict[str, str], table: bool
+        self,
+        rtype: ResourceType,
+        info: requestinfo.RequestInfo,
+        query: dict[str, str],
+        table: bool,
+        metadata_only: bool = False,
     ) -> web.Response:
         items = self._select(rtype, info.namespace or None, query)
         rv = str(self.store.resource_version)
@@ -634,7 +641,10 @@ class KubeSim:
                     continue_token=continue_token,
                 )
             )
-        return _json(self._list_body(rtype, items, rv, continue_token, remaining))
+        body = self._list_body(rtype, items, rv, continue_token, remaining)
+        if metadata_only:
+            return _json(partial_list(items, body["metadata"]))
+        return _json(body)
 
     async def _watch(
         self,
@@ -643,6 +653,7 @@ class KubeSim:
         info: requestinfo.RequestInfo,
         query: dict[str, str],
         table: bool,
+        metadata_only: bool = False,
     ) -> web.StreamResponse:
         if info.name:  # deprecated /watch/.../name form
             selector = query.get("fieldSelector")
@@ -692,6 +703,8 @@ class KubeSim:
         first = [True]
 
         def render(obj: dict[str, Any]) -> dict[str, Any]:
+            if metadata_only:
+                return partial(obj)
             if not table:
                 return obj
             out = to_table(

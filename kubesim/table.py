@@ -3,7 +3,8 @@
 Columns follow kube-apiserver's printers for the built-in types (pods: NAME READY STATUS
 RESTARTS AGE, services: TYPE CLUSTER-IP ..., ...), `additionalPrinterColumns` for CRDs, and
 NAME/AGE otherwise. Rows carry PartialObjectMetadata, the full object, or nothing, per
-`includeObject`.
+`includeObject`. The same module answers metadata-only requests (`as=PartialObjectMetadata`,
+`as=PartialObjectMetadataList`), the other server-side transformation clients negotiate.
 """
 
 from __future__ import annotations
@@ -20,6 +21,31 @@ def wants_table(accept: str) -> bool:
     """True when the first acceptable media type asks for a Table (kubectl get does)."""
     first = accept.split(",")[0]
     return TABLE_MEDIA in first.replace(" ", "") and "g=meta.k8s.io" in first.replace(" ", "")
+
+
+def wants_partial_metadata(accept: str) -> bool:
+    """True when the client asks for metadata only (client-go's metadata client does)."""
+    first = accept.split(",")[0].replace(" ", "")
+    return "g=meta.k8s.io" in first and (
+        "as=PartialObjectMetadata;" in first + ";" or "as=PartialObjectMetadataList" in first
+    )
+
+
+def partial(obj: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "kind": "PartialObjectMetadata",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": obj.get("metadata", {}),
+    }
+
+
+def partial_list(items: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "kind": "PartialObjectMetadataList",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": meta,
+        "items": [partial(o) for o in items],
+    }
 
 
 def _age(ts: str | None) -> str:

@@ -285,3 +285,18 @@ async def test_interceptors_can_delay_or_answer(
     undo()
     async with session.get(f"{sim.url}/version") as resp:
         assert resp.status == 200
+
+
+async def test_metadata_only_responses(sim: RunningKubeSim, session: aiohttp.ClientSession) -> None:
+    sim.apply({**cm("meta-only"), "data": {"secret-ish": "value"}})
+    accept = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
+    async with session.get(f"{sim.url}{CM_PATH}", headers={"Accept": accept}) as resp:
+        listed = await resp.json()
+    assert listed["kind"] == "PartialObjectMetadataList"
+    assert (
+        listed["items"][0]["kind"] == "PartialObjectMetadata" and "data" not in listed["items"][0]
+    )
+    accept = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+    async with session.get(f"{sim.url}{CM_PATH}/meta-only", headers={"Accept": accept}) as resp:
+        one = await resp.json()
+    assert one["kind"] == "PartialObjectMetadata" and one["metadata"]["name"] == "meta-only"
