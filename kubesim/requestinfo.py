@@ -42,18 +42,18 @@ def parse(method: str, path: str, query: dict[str, str]) -> RequestInfo:
     segments = [s for s in path.strip("/").split("/")] if path.strip("/") else []
     verb = method.lower()
     if not segments or segments[0] not in ("api", "apis"):
-        return RequestInfo(False, path, _METHOD_VERBS.get(method, verb))
+        return RequestInfo(False, path, verb)
     if segments[0] == "api":
         if len(segments) < 2:
-            return RequestInfo(False, path, _METHOD_VERBS.get(method, verb))
+            return RequestInfo(False, path, verb)
         group, version, rest = "", segments[1], segments[2:]
     else:
         if len(segments) < 3:
-            return RequestInfo(False, path, _METHOD_VERBS.get(method, verb))
+            return RequestInfo(False, path, verb)
         group, version, rest = segments[1], segments[2], segments[3:]
     if not rest:
         # /api/v1 or /apis/g/v discovery is a non-resource request.
-        return RequestInfo(False, path, _METHOD_VERBS.get(method, verb))
+        return RequestInfo(False, path, verb)
 
     verb = _METHOD_VERBS.get(method, method.lower())
     if rest[0] == "watch":  # deprecated /watch/ prefix
