@@ -699,6 +699,18 @@ class KubeSim:
             await self._send(response, "ERROR", status.gone(str(exc)).body())
             await response.write_eof()
             return response
+        if since > self.store.resource_version:
+            # A resourceVersion from the future (e.g. from before a restart): the watch cache
+            # answers with a Timeout error so that clients relist.
+            self.store.unwatch(watcher)
+            await response.prepare(request)
+            await self._send(
+                response,
+                "ERROR",
+                status.too_large_resource_version(since, self.store.resource_version).body(),
+            )
+            await response.write_eof()
+            return response
         include = query.get("includeObject", "Metadata")
         first = [True]
 

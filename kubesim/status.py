@@ -164,6 +164,20 @@ def gone(message: str) -> StatusError:
     return StatusError(410, "Expired", message, None)
 
 
+def too_large_resource_version(requested: int, current: int) -> StatusError:
+    return StatusError(
+        504,
+        "Timeout",
+        f"Too large resource version: {requested}, current: {current}",
+        {
+            "causes": [
+                {"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}
+            ],
+            "retryAfterSeconds": 1,
+        },
+    )
+
+
 def internal(message: str) -> StatusError:
     return StatusError(
         500,

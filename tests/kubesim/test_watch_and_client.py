@@ -300,3 +300,15 @@ async def test_metadata_only_responses(sim: RunningKubeSim, session: aiohttp.Cli
     async with session.get(f"{sim.url}{CM_PATH}/meta-only", headers={"Accept": accept}) as resp:
         one = await resp.json()
     assert one["kind"] == "PartialObjectMetadata" and one["metadata"]["name"] == "meta-only"
+
+
+async def test_watch_from_the_future_is_a_timeout_error(
+    sim: RunningKubeSim, session: aiohttp.ClientSession
+) -> None:
+    future = sim.store.resource_version + 1000
+    async with session.get(f"{sim.url}{CM_PATH}?watch=1&resourceVersion={future}") as resp:
+        events = await read_events(resp, 2)
+    assert len(events) == 1 and events[0]["type"] == "ERROR"
+    assert events[0]["object"]["code"] == 504 and events[0]["object"]["reason"] == "Timeout"
+    assert events[0]["object"]["details"]["retryAfterSeconds"] == 1
+    assert sim.watcher_count == 0
