@@ -43,6 +43,7 @@ from gateway.agent.pool import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
+from gateway.headers import strip_identity_headers
 from gateway.http1 import (
     BodyTracker,
     CloseDelimitedBody,
@@ -72,9 +73,6 @@ HEAD_TIMEOUT = 30.0
 UPGRADE_LINGER = 30.0  # after the upstream of an upgrade closed, wait this long for the peer
 WS_BEARER_PREFIX = b"base64url.bearer.authorization.k8s.io."
 
-# Headers a request can never bring across: the agent decides identity and credentials.
-_DROPPED_PREFIXES = (b"impersonate-", b"x-remote-")
-_DROPPED = {b"host", b"authorization", b"proxy-authorization"}
 _CONNECTION_TOKENS = {b"upgrade", b"keep-alive", b"close"}
 
 
@@ -93,14 +91,12 @@ class Route:
 
 def rewrite_request_head(head: RequestHead, route: Route) -> bytes:
     """The head sent upstream (see module docstring, step 2)."""
+    caller_authorization = [(n, v) for n, v in head.headers if n.lower() == b"authorization"]
     kept: Headers = []
-    caller_authorization: list[tuple[bytes, bytes]] = []
-    for name, value in head.headers:
+    # gateway.headers owns the list of identity-bearing headers (incl. "_" aliases).
+    for name, value in strip_identity_headers(head.headers):
         lowered = name.lower()
-        if lowered == b"authorization":
-            caller_authorization.append((name, value))
-            continue
-        if lowered in _DROPPED or lowered.startswith(_DROPPED_PREFIXES):
+        if lowered == b"host":
             continue
         if lowered == b"connection":
             # Only the tokens HTTP/1.1 needs; a Connection header can never nominate (and so

@@ -115,6 +115,7 @@ async def test_identity_and_credential_are_the_agents_never_the_stream_bytes(
         "Impersonate-User: system:admin",
         "impersonate-group: system:masters",
         "X-Remote-User: admin",
+        "X_Remote_Group: system:masters",
         "Proxy-Authorization: Basic Zm9vOmJhcg==",
         "Connection: keep-alive, Impersonate-User, Authorization",
         "Accept: application/json",
