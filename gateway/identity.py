@@ -189,7 +189,7 @@ def validate_prefix(prefix: str) -> str:
 
 
 def map_identity(
-    user_info: Mapping[str, Any],
+    user_info: Mapping[str, Any] | Any,
     *,
     prefix: str = DEFAULT_PREFIX,
     request_id: str = "",
@@ -198,9 +198,12 @@ def map_identity(
     """Map a hub ``UserInfo`` (``username``, ``uid``, ``groups``, ``extra``) to an Identity.
 
     ``extra_allow`` maps a hub extra key to the key it is forwarded under; other extras are
-    dropped. Raises :class:`IdentityError` when any value breaks a rule.
+    dropped. ``user_info`` may also be an object with ``as_dict()`` (``gateway.auth.UserInfo``).
+    Raises :class:`IdentityError` when any value breaks a rule.
     """
     validate_prefix(prefix)
+    if not isinstance(user_info, Mapping):
+        user_info = user_info.as_dict()
     username = user_info.get("username") or ""
     if not isinstance(username, str) or not username:
         raise IdentityError("hub user has no username")

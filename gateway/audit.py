@@ -1,0 +1,136 @@
+"""One structured audit line per request, and stream start/end events (pure formatting).
+
+Records are compact JSON objects logged at INFO on the logger ``hubproxy.audit``; a deployment
+routes that logger wherever its audit trail lives. Fields (absent when unknown)::
+
+    {"event":"request","ts":"2026-11-23T01:02:03.456Z","request_id":"...","user":"<hub user>",
+     "cluster":"c1","method":"GET","path":"/api/v1/pods?watch=1","status":200,
+     "bytes_in":0,"bytes_out":1234,"duration_ms":12.3, ...}
+
+``event`` is ``request`` (a finished plain exchange), ``stream_start`` (a watch, ``logs -f`` or an
+upgraded connection began) or ``stream_end`` (it ended; carries bytes and duration).
+
+DESIGN §6 rule 5: the path is logged without secrets. Values of query parameters whose name
+suggests a credential (``access_token``, ``token``, ``id_token``, ``authorization``, anything
+containing ``token``, ``secret``, ``password``, ``passwd``, ``credential``, ``api_key``/``apikey``,
+``signature``; exactly ``auth``, ``sig``, ``code``, ``key``) and any JWT-shaped value are
+replaced by ``REDACTED``. Nothing else is decoded or rewritten. Callers pass hub user names,
+never tokens; extra keyword fields are allowed but must not carry secrets either.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from typing import Any
+from urllib.parse import unquote_to_bytes
+
+AUDIT_LOGGER = "hubproxy.audit"
+logger = logging.getLogger(AUDIT_LOGGER)
+
+REDACTED = "REDACTED"
+MAX_PATH = 4096
+_SECRET_NAMES = frozenset({"authorization", "auth", "sig", "code", "key"})
+_SECRET_PARTS = (
+    "token", "secret", "password", "passwd", "credential", "api_key", "apikey", "signature",
+)
+_JWT = re.compile(rb"eyJ[A-Za-z0-9_-]{4,}(?:(?:\.|%2[eE])[A-Za-z0-9_-]*){1,2}")
+
+
+def _is_secret_param(name: bytes) -> bool:
+    lowered = unquote_to_bytes(name.replace(b"+", b" ")).decode("utf-8", "replace").lower()
+    lowered = lowered.strip()
+    return lowered in _SECRET_NAMES or any(part in lowered for part in _SECRET_PARTS)
+
+
+def redact_target(target: bytes) -> str:
+    """The request-target as text, with credential-like query values replaced."""
+    path, sep, query = target[: MAX_PATH * 2].partition(b"?")
+    if sep:
+        params = []
+        for param in query.split(b"&"):
+            name, eq, value = param.partition(b"=")
+            if eq and (_is_secret_param(name) or _JWT.search(value)):
+                value = REDACTED.encode()
+            params.append(name + eq + value)
+        query = b"&".join(params)
+    path = _JWT.sub(REDACTED.encode(), path)
+    text = (path + sep + query).decode("ascii", "backslashreplace")
+    return text if len(text) <= MAX_PATH else text[: MAX_PATH - 3] + "..."
+
+
+def _timestamp(now: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}Z"
+
+
+def audit_record(
+    event: str,
+    *,
+    request_id: str,
+    user: str | None = None,
+    cluster: str | None = None,
+    method: bytes | str | None = None,
+    target: bytes | None = None,
+    status: int | None = None,
+    bytes_in: int | None = None,
+    bytes_out: int | None = None,
+    duration: float | None = None,
+    now: float | None = None,
+    **fields: Any,
+) -> dict[str, Any]:
+    """The audit record as an ordered dict (``duration`` in seconds, logged in ms)."""
+    record: dict[str, Any] = {
+        "event": event,
+        "ts": _timestamp(time.time() if now is None else now),
+        "request_id": request_id,
+    }
+    if user is not None:
+        record["user"] = user
+    if cluster is not None:
+        record["cluster"] = cluster
+    if method is not None:
+        if isinstance(method, bytes):
+            method = method.decode("ascii", "replace")
+        record["method"] = method
+    if target is not None:
+        record["path"] = redact_target(target)
+    if status is not None:
+        record["status"] = status
+    if bytes_in is not None:
+        record["bytes_in"] = bytes_in
+    if bytes_out is not None:
+        record["bytes_out"] = bytes_out
+    if duration is not None:
+        record["duration_ms"] = round(duration * 1000, 3)
+    for key, value in fields.items():
+        if value is not None:
+            record[key] = value
+    return record
+
+
+def format_record(record: dict[str, Any]) -> str:
+    return json.dumps(record, separators=(",", ":"), ensure_ascii=True, default=str)
+
+
+def emit(event: str, **kwargs: Any) -> str:
+    """Build, format and log one record on ``hubproxy.audit``; returns the line."""
+    line = format_record(audit_record(event, **kwargs))
+    logger.info(line)
+    return line
+
+
+def request_done(**kwargs: Any) -> str:
+    """A finished request/response exchange."""
+    return emit("request", **kwargs)
+
+
+def stream_start(**kwargs: Any) -> str:
+    """A long-lived exchange began (watch, follow, upgrade)."""
+    return emit("stream_start", **kwargs)
+
+
+def stream_end(**kwargs: Any) -> str:
+    """A long-lived exchange ended."""
+    return emit("stream_end", **kwargs)

@@ -1,0 +1,102 @@
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+from gateway.audit import (
+    AUDIT_LOGGER,
+    REDACTED,
+    audit_record,
+    redact_target,
+    request_done,
+    stream_end,
+    stream_start,
+)
+
+JWT = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJ4In0.c2lnbmF0dXJl"
+
+
+@pytest.mark.parametrize(
+    ("target", "expected"),
+    [
+        (b"/api/v1/pods?watch=1&labelSelector=a%3Db", "/api/v1/pods?watch=1&labelSelector=a%3Db"),
+        (b"/x?access_token=abc&limit=5", f"/x?access_token={REDACTED}&limit=5"),
+        (b"/x?token=abc", f"/x?token={REDACTED}"),
+        (b"/x?id_token=abc", f"/x?id_token={REDACTED}"),
+        (b"/x?Authorization=Bearer%20abc", f"/x?Authorization={REDACTED}"),
+        (
+            b"/x?refresh_token=a&client_secret=b",
+            f"/x?refresh_token={REDACTED}&client_secret={REDACTED}",
+        ),
+        (b"/x?ACCESS%5FTOKEN=abc", f"/x?ACCESS%5FTOKEN={REDACTED}"),
+        (
+            b"/x?password=p&api_key=k&apikey=k2",
+            f"/x?password={REDACTED}&api_key={REDACTED}&apikey={REDACTED}",
+        ),
+        (b"/x?q=" + JWT.encode(), f"/x?q={REDACTED}"),
+        (b"/x/" + JWT.encode() + b"/y", f"/x/{REDACTED}/y"),
+        (b"/x?token", "/x?token"),
+        (b"/x?", "/x?"),
+        (b"/x", "/x"),
+    ],
+)
+def test_rule5_token_like_query_values_redacted(target: bytes, expected: str) -> None:
+    assert redact_target(target) == expected
+
+
+def test_non_ascii_path_is_escaped_not_decoded() -> None:
+    assert redact_target(b"/a\xff%2F") == "/a\\xff%2F"
+
+
+def test_long_path_bounded() -> None:
+    assert len(redact_target(b"/" + b"a" * 100_000)) <= 4096
+
+
+def test_record_fields() -> None:
+    record = audit_record(
+        "request",
+        request_id="r-1",
+        user="system:serviceaccount:ns:sa",
+        cluster="c1",
+        method=b"GET",
+        target=b"/api/v1/pods?token=secret",
+        status=200,
+        bytes_in=0,
+        bytes_out=123,
+        duration=0.0125,
+        now=0.0,
+        target_kind="kube-apiserver",
+        absent=None,
+    )
+    assert record == {
+        "event": "request",
+        "ts": "1970-01-01T00:00:00.000Z",
+        "request_id": "r-1",
+        "user": "system:serviceaccount:ns:sa",
+        "cluster": "c1",
+        "method": "GET",
+        "path": f"/api/v1/pods?token={REDACTED}",
+        "status": 200,
+        "bytes_in": 0,
+        "bytes_out": 123,
+        "duration_ms": 12.5,
+        "target_kind": "kube-apiserver",
+    }
+
+
+def test_one_json_line_per_event_on_the_audit_logger(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger=AUDIT_LOGGER):
+        start = stream_start(request_id="r", user="u", cluster="c", method="GET",
+                             target=b"/api/v1/pods?watch=1")
+        end = stream_end(request_id="r", status=200, bytes_out=10, duration=1.0)
+        done = request_done(request_id="r2", method="GET", target=b"/x?token=t0k", status=401)
+    records = [r for r in caplog.records if r.name == AUDIT_LOGGER]
+    assert [r.getMessage() for r in records] == [start, end, done]
+    assert [json.loads(line)["event"] for line in (start, end, done)] == [
+        "stream_start", "stream_end", "request"
+    ]
+    for line in (start, end, done):
+        assert "\n" not in line
+        assert "t0k" not in line
