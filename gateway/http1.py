@@ -156,18 +156,26 @@ def _get(headers: Headers, names: list[bytes], name: bytes) -> bytes | None:
 
 
 def find_head_end(
-    buf: bytes | bytearray, start: int = 0, *, max_head_bytes: int = DEFAULT_LIMITS.max_head_bytes
+    buf: bytes | bytearray,
+    start: int = 0,
+    *,
+    max_head_bytes: int = DEFAULT_LIMITS.max_head_bytes,
+    max_request_line: int = DEFAULT_LIMITS.max_request_line,
 ) -> int:
     """Index just past the blank line that ends the head, or -1 when more bytes are needed.
 
     ``start`` is where the previous search stopped (searching resumes 3 bytes earlier so a
-    CRLFCRLF split across reads is found). Raises 431 once ``max_head_bytes`` bytes arrived
-    without a complete head, so a client cannot make us buffer without bound.
+    CRLFCRLF split across reads is found). Raises 414 once more than ``max_request_line`` bytes
+    arrived without the end of the first line, 431 once ``max_head_bytes`` bytes arrived without
+    a complete head: a client cannot make us buffer without bound.
     """
     i = buf.find(b"\r\n\r\n", max(0, start - 3), max_head_bytes)
     if i >= 0:
         return i + 4
-    if len(buf) >= max_head_bytes:
+    n = len(buf)
+    if n > max_request_line and buf.find(b"\r\n", 0, max_request_line + 2) < 0:
+        raise HTTPError("request line too long", 414)
+    if n >= max_head_bytes:
         raise HTTPError("request header fields too large", 431)
     return -1
 
@@ -457,23 +465,32 @@ class ChunkedBody:
     def _take_line(
         self, data: bytes | bytearray | memoryview, pos: int
     ) -> tuple[bytes | None, int]:
-        """The next CRLF-terminated line from ``pos`` (joined with a kept partial), or None."""
+        """The next CRLF-terminated line from ``pos`` (joined with a kept partial), or None.
+
+        Only the line itself is copied (bounded by ``max_line``), never the payload around it.
+        """
         n = len(data)
-        limit = self.max_line + 2 - len(self._line)
-        window = data[pos : min(n, pos + limit)]
-        if isinstance(window, memoryview):
-            window = window.tobytes()  # bounded by max_line: never the payload
-        i = window.find(b"\n")
+        end = min(n, pos + self.max_line + 2 - len(self._line))
+        if isinstance(data, memoryview):
+            # memoryview has no find(): copy a small window first (size lines are short).
+            short = min(end, pos + 32)
+            i = data[pos:short].tobytes().find(b"\n")
+            if i < 0 and short < end:
+                i = data[pos:end].tobytes().find(b"\n")
+            i = i + pos if i >= 0 else -1
+        else:
+            i = data.find(b"\n", pos, end)
         if i < 0:
-            if len(window) >= limit:
+            if end - pos >= self.max_line + 2 - len(self._line):
                 raise self._fail("chunk size or trailer line too long")
-            self._line += window
+            self._line += data[pos:end]
             return None, n
-        line = bytes(self._line) + window[: i + 1] if self._line else window[: i + 1]
+        piece = bytes(data[pos : i + 1])
+        line = bytes(self._line) + piece if self._line else piece
         self._line.clear()
         if len(line) < 2 or line[-2] != 13:
             raise self._fail("bare LF in chunked body")
-        return line[:-2], pos + i + 1
+        return line[:-2], i + 1
 
     def feed(self, data: bytes | bytearray | memoryview) -> int:
         pos = 0

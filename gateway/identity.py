@@ -65,7 +65,12 @@ _KEY_SAFE = frozenset(
 
 
 class IdentityError(ValueError):
-    """An identity that cannot be forwarded safely (the message names the rule, not values)."""
+    """An identity that cannot be forwarded safely (the message names the rule, not values).
+
+    The gateway answers 403 (``status``): the hub user exists, but cannot be mapped safely.
+    """
+
+    status = 403
 
 
 @dataclass(frozen=True)

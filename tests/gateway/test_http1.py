@@ -302,6 +302,13 @@ def test_find_head_end_bounded_431() -> None:
     assert find_head_end(b"GET / HTTP/1.1\r\n", max_head_bytes=64) == -1
 
 
+def test_find_head_end_long_request_line_414() -> None:
+    with pytest.raises(HTTPError) as info:
+        find_head_end(b"GET /" + b"a" * 100, max_request_line=64)
+    assert info.value.status == 414
+    assert find_head_end(b"GET /" + b"a" * 50, max_request_line=64) == -1
+
+
 # --- response heads ------------------------------------------------------------------------------
 
 
@@ -435,9 +442,10 @@ def test_chunked_byte_by_byte_with_memoryview() -> None:
     chunks=st.lists(st.binary(min_size=1, max_size=40), max_size=6),
     cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=8),
     trailer=st.booleans(),
+    kind=st.sampled_from([bytes, bytearray, memoryview]),
 )
 def test_chunked_any_split_finds_the_same_end(
-    chunks: list[bytes], cuts: list[int], trailer: bool
+    chunks: list[bytes], cuts: list[int], trailer: bool, kind: type
 ) -> None:
     body = b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in chunks)
     body += b"0\r\n" + (b"T: v\r\n" if trailer else b"") + b"\r\n"
@@ -446,7 +454,7 @@ def test_chunked_any_split_finds_the_same_end(
     t = ChunkedBody()
     consumed = 0
     for a, b in itertools.pairwise(points):
-        piece = memoryview(data)[a:b]
+        piece = kind(data[a:b])
         n = t.feed(piece)
         consumed += n
         if t.complete:
