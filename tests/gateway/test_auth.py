@@ -210,7 +210,7 @@ async def test_rule5_cache_keys_are_hmac_not_the_token(
         assert GOOD not in repr(value) and BAD not in repr(value)
 
 
-async def test_cache_is_bounded_lru(reviewer: FakeReviewer) -> None:
+async def test_rule7_cache_is_bounded_lru(reviewer: FakeReviewer) -> None:
     for i in range(10):
         reviewer.answers[f"t{i}"] = ok_status(f"user{i}")
     authn = TokenAuthenticator(reviewer, max_entries=3)
@@ -238,7 +238,7 @@ async def test_cache_is_bounded_lru(reviewer: FakeReviewer) -> None:
         {},
     ],
 )
-async def test_only_clean_authenticated_users_accepted(
+async def test_rule1_only_clean_authenticated_users_accepted(
     reviewer: FakeReviewer, status: Mapping[str, Any]
 ) -> None:
     reviewer.answers["t"] = status
@@ -246,7 +246,7 @@ async def test_only_clean_authenticated_users_accepted(
         await TokenAuthenticator(reviewer).authenticate("t")
 
 
-async def test_audience_matching(reviewer: FakeReviewer) -> None:
+async def test_rule1_audience_matching(reviewer: FakeReviewer) -> None:
     authn = TokenAuthenticator(reviewer, audiences=["hubproxy", "other"])
     reviewer.answers["match"] = ok_status(audiences=["hubproxy"])
     reviewer.answers["wrong"] = ok_status(audiences=["kubernetes"])
@@ -258,7 +258,7 @@ async def test_audience_matching(reviewer: FakeReviewer) -> None:
             await authn.authenticate(token)
 
 
-async def test_empty_and_oversized_tokens_refused_without_review(
+async def test_rule7_empty_and_oversized_tokens_refused_without_review(
     authn: TokenAuthenticator, reviewer: FakeReviewer
 ) -> None:
     for token in ("", "x" * (MAX_TOKEN_BYTES + 1)):

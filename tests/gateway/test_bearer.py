@@ -51,7 +51,7 @@ def test_no_authorization_is_no_token() -> None:
         b"Bearerabc",
     ],
 )
-def test_malformed_authorization_401(value: bytes) -> None:
+def test_rule1_malformed_authorization_401(value: bytes) -> None:
     with pytest.raises(BearerError) as info:
         extract_token([(b"Authorization", value)])
     assert info.value.status == 401
@@ -64,7 +64,7 @@ def test_two_authorization_headers_401() -> None:
         extract_token([(b"Authorization", b"Bearer a"), (b"authorization", b"Bearer a")])
 
 
-def test_error_never_contains_the_token() -> None:
+def test_rule5_error_never_contains_the_token() -> None:
     with pytest.raises(BearerError) as info:
         extract_token([(b"Authorization", b"Bearer secret-token extra")])
     assert "secret-token" not in str(info.value)

@@ -155,25 +155,25 @@ def test_unsupported_version_505(version: bytes) -> None:
     refused(req(first=b"GET / " + version), 505)
 
 
-def test_request_line_too_long_414() -> None:
+def test_rule7_request_line_too_long_414() -> None:
     limits = Limits(max_request_line=100)
     refused(req(first=b"GET /" + b"a" * 200 + b" HTTP/1.1"), 414, limits)
 
 
-def test_head_too_large_431() -> None:
+def test_rule7_head_too_large_431() -> None:
     limits = Limits(max_head_bytes=300)
     refused(req(*[f"X-{i}: {'v' * 20}" for i in range(20)]), 431, limits)
 
 
-def test_too_many_headers_431() -> None:
+def test_rule7_too_many_headers_431() -> None:
     refused(req(*[f"X-{i}: v" for i in range(10)]), 431, Limits(max_headers=5))
 
 
-def test_field_line_too_long_431() -> None:
+def test_rule7_field_line_too_long_431() -> None:
     refused(req("X-Big: " + "v" * 300), 431, Limits(max_field_line=100))
 
 
-def test_obs_fold_refused() -> None:
+def test_rule6_obs_fold_refused() -> None:
     err = refused(req("X-A: 1", " continued"))
     assert "folding" in str(err)
     refused(req("X-A: 1", "\tcontinued"))
@@ -200,11 +200,11 @@ def test_invalid_header_names_refused(line: bytes) -> None:
 @pytest.mark.parametrize(
     "value", [b"a\x00b", b"a\x01b", b"a\x7fb", b"a\x1bb", b"a\rb", b"a\nb", b"a\x0bb", b"a\x0cb"]
 )
-def test_control_characters_in_values_refused(value: bytes) -> None:
+def test_rule6_control_characters_in_values_refused(value: bytes) -> None:
     refused(req(b"X-A: " + value))
 
 
-def test_bare_lf_line_ending_refused() -> None:
+def test_rule6_bare_lf_line_ending_refused() -> None:
     refused(b"GET / HTTP/1.1\nHost: gw\r\n\r\n")
     refused(b"GET / HTTP/1.1\r\nHost: gw\nX-A: 1\r\n\r\n")
 
@@ -240,11 +240,11 @@ def test_invalid_host_refused(host: bytes) -> None:
         ["Content-Length: 1" + "0" * 30],
     ],
 )
-def test_bad_content_length_refused(lines: list[str]) -> None:
+def test_rule6_bad_content_length_refused(lines: list[str]) -> None:
     refused(req(*lines, first="POST / HTTP/1.1"))
 
 
-def test_content_length_with_transfer_encoding_refused() -> None:
+def test_rule6_content_length_with_transfer_encoding_refused() -> None:
     refused(req("Content-Length: 5", "Transfer-Encoding: chunked", first="POST / HTTP/1.1"))
     refused(req("Transfer-Encoding: chunked", "Content-Length: 5", first="POST / HTTP/1.1"))
 
@@ -295,7 +295,7 @@ def test_find_head_end_across_reads() -> None:
     assert end == len(KUBECTL_GET_HEAD)
 
 
-def test_find_head_end_bounded_431() -> None:
+def test_rule7_find_head_end_bounded_431() -> None:
     with pytest.raises(HTTPError) as info:
         find_head_end(b"GET / HTTP/1.1\r\n" + b"x" * 100, max_head_bytes=64)
     assert info.value.status == 431
@@ -464,7 +464,7 @@ def test_chunked_any_split_finds_the_same_end(
     assert consumed == len(body)
 
 
-def test_chunked_large_size_not_buffered() -> None:
+def test_rule7_chunked_large_size_not_buffered() -> None:
     t = ChunkedBody()
     assert t.feed(b"FFFFFFFF\r\n") == 10
     assert t.remaining == 0xFFFFFFFF
@@ -489,13 +489,13 @@ def test_chunked_large_size_not_buffered() -> None:
         b"0\r\nX-A: b\x01\r\n",
     ],
 )
-def test_chunked_malformed_refused(data: bytes) -> None:
+def test_rule6_chunked_malformed_refused(data: bytes) -> None:
     with pytest.raises(HTTPError) as info:
         ChunkedBody().feed(data)
     assert info.value.status == 400
 
 
-def test_chunked_size_line_bounded() -> None:
+def test_rule7_chunked_size_line_bounded() -> None:
     t = ChunkedBody(max_line=64)
     with pytest.raises(HTTPError):
         t.feed(b"5;" + b"e" * 100)
@@ -505,7 +505,7 @@ def test_chunked_size_line_bounded() -> None:
         t.feed(b"e" * 40)
 
 
-def test_chunked_trailers_bounded() -> None:
+def test_rule7_chunked_trailers_bounded() -> None:
     t = ChunkedBody(max_trailer_bytes=100)
     t.feed(b"0\r\n")
     with pytest.raises(HTTPError):

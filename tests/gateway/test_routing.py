@@ -130,7 +130,7 @@ def test_bad_service_namespace_refused(ns: bytes) -> None:
         b"/c1/api/v1/namespaces/ns/services/web:80/proxy-service/%2e%2e",
     ],
 )
-def test_dot_segments_refused_anywhere(target: bytes) -> None:
+def test_rule6_dot_segments_refused_anywhere(target: bytes) -> None:
     assert "dot-segment" in str(refused(target))
 
 
@@ -165,7 +165,7 @@ def test_dot_segments_refused_anywhere(target: bytes) -> None:
         b"",
     ],
 )
-def test_rule_bad_targets_refused(target: bytes) -> None:
+def test_rule6_bad_targets_refused(target: bytes) -> None:
     refused(target)
 
 
