@@ -236,3 +236,33 @@ def test_property_nothing_sensitive_ever_crosses(headers: list[tuple[bytes, byte
         assert not norm.startswith(b"x-hubproxy-")
         assert not norm.startswith(b"x-remote-")
         assert norm not in (b"authorization", b"proxy-authorization")
+
+
+def test_rule2_pure_pipeline_parse_extract_rewrite_serialize() -> None:
+    from gateway.bearer import extract_token
+    from gateway.http1 import parse_request_head, serialize_request_head
+    from gateway.routing import route
+
+    raw = (
+        b"GET /c1/api/v1/namespaces/default/pods/p/exec?command=sh&stdin=true HTTP/1.1\r\n"
+        b"Host: gw.example:9092\r\n"
+        b"Connection: Upgrade\r\n"
+        b"Upgrade: websocket\r\n"
+        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+        b"Sec-WebSocket-Version: 13\r\n"
+        b"Sec-WebSocket-Protocol: v5.channel.k8s.io, " + TOKEN_PROTOCOL_PREFIX + b"aHViLXRva2Vu\r\n"
+        b"X-Forwarded-For: 6.6.6.6\r\n"
+        b"\r\n"
+    )
+    head = parse_request_head(raw)
+    cluster_route = route(head.target)
+    credential = extract_token(head.headers)
+    assert credential.token == "hub-token"
+    out = rewrite_request_headers(credential.headers, client_ip="192.0.2.7", host=head.host or b"")
+    forwarded = serialize_request_head(head.method, cluster_route.upstream_target, out)
+    again = parse_request_head(forwarded)
+    assert again.target == b"/api/v1/namespaces/default/pods/p/exec?command=sh&stdin=true"
+    assert again.upgrade == b"websocket"
+    assert again.get(b"sec-websocket-protocol") == b"v5.channel.k8s.io"
+    assert again.get_all(b"x-forwarded-for") == [b"192.0.2.7"]
+    assert b"aHViLXRva2Vu" not in forwarded and b"hub-token" not in forwarded
