@@ -21,6 +21,8 @@ to answer with:
 * 501 -- a ``Transfer-Encoding`` other than exactly ``chunked``.
 * 505 -- an HTTP version other than 1.0 and 1.1.
 
+Empty lines (CRLF) before a request-line are ignored, as RFC 9112 §2.2 recommends.
+
 Response heads (:func:`parse_response_head`) break the same rules with status 502 (the upstream
 is at fault). For responses, ``Transfer-Encoding`` whose final coding is ``chunked`` is chunked
 (codings before it travel untouched); any other ``Transfer-Encoding`` means close-delimited, as
@@ -169,11 +171,14 @@ def find_head_end(
     arrived without the end of the first line, 431 once ``max_head_bytes`` bytes arrived without
     a complete head: a client cannot make us buffer without bound.
     """
-    i = buf.find(b"\r\n\r\n", max(0, start - 3), max_head_bytes)
+    lead = 0  # empty lines before the request-line are ignored (RFC 9112 §2.2)
+    while buf.startswith(b"\r\n", lead):
+        lead += 2
+    i = buf.find(b"\r\n\r\n", max(lead, start - 3), max_head_bytes)
     if i >= 0:
         return i + 4
     n = len(buf)
-    if n > max_request_line and buf.find(b"\r\n", 0, max_request_line + 2) < 0:
+    if n - lead > max_request_line and buf.find(b"\r\n", lead, lead + max_request_line + 2) < 0:
         raise HTTPError("request line too long", 414)
     if n >= max_head_bytes:
         raise HTTPError("request header fields too large", 431)
@@ -251,6 +256,10 @@ _FRAMING_NAMES = frozenset(
 def parse_request_head(data: bytes, limits: Limits = DEFAULT_LIMITS) -> RequestHead:
     """Parse a complete request head (through the blank line). Raises :class:`HTTPError`."""
     data = bytes(data)
+    # RFC 9112 §2.2: ignore empty lines before the request-line (some clients send a stray CRLF
+    # after a body). Bounded: the whole head was already size-checked by the caller's buffer.
+    while data.startswith(b"\r\n"):
+        data = data[2:]
     end = data.find(b"\r\n")
     if end > limits.max_request_line or (end < 0 and len(data) > limits.max_request_line):
         raise HTTPError("request line too long", 414)

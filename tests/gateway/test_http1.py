@@ -209,6 +209,15 @@ def test_rule6_bare_lf_line_ending_refused() -> None:
     refused(b"GET / HTTP/1.1\r\nHost: gw\nX-A: 1\r\n\r\n")
 
 
+def test_leading_empty_lines_ignored() -> None:
+    assert parse_request_head(b"\r\n\r\nGET / HTTP/1.1\r\nHost: gw\r\n\r\n").target == b"/"
+    refused(b"\nGET / HTTP/1.1\r\nHost: gw\r\n\r\n")
+    refused(b"\r\n\r\n")
+    data = b"\r\n\r\nGET / HTTP/1.1\r\nHost: gw\r\n\r\n"
+    assert find_head_end(data) == len(data)
+    assert find_head_end(b"\r\n\r\n") == -1
+
+
 def test_incomplete_head_refused() -> None:
     refused(b"GET / HTTP/1.1\r\nHost: gw\r\n")
 
