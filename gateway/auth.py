@@ -254,7 +254,11 @@ async def build_hub_api_client(kubeconfig: str | None) -> Any:
 
     cfg = client.Configuration()
     if kubeconfig:
-        await config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+        # persist_config=False: never write refreshed credentials back into a (possibly
+        # read-only, mounted) kubeconfig.
+        await config.load_kube_config(
+            config_file=kubeconfig, client_configuration=cfg, persist_config=False
+        )
     else:
         config.load_incluster_config(client_configuration=cfg)
     return client.ApiClient(configuration=cfg)
