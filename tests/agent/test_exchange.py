@@ -329,3 +329,86 @@ async def test_upstream_dies_before_answering_gives_502_status(agent: Agent) -> 
     assert status == 502
     assert json.loads(body)["kind"] == "Status"
     assert "127.0.0.1" not in body.decode()  # no internal addresses in errors
+
+
+async def test_passthrough_forwards_the_callers_token_without_impersonation(
+    agent: Agent, upstream: Upstream
+) -> None:
+    from gateway.identity import Identity
+
+    metadata = Identity(user="", groups=(), uid="", passthrough=True).to_metadata()
+    request = get("/echo/pt", "Authorization: Bearer managed-sa-token",
+                  "Impersonate-User: system:admin")
+    stream = open_stream(agent, KubeAPITarget(), metadata, request)
+    stream.send_eof()
+    await stream.wait_done()
+    headers = seen_headers(json.loads(stream.response()[2]))
+    assert [v for k, v in headers if k == "authorization"] == ["Bearer managed-sa-token"]
+    assert not [k for k, _ in headers if k.startswith("impersonate")]
+    assert AGENT_TOKEN not in json.dumps(headers)
+
+
+async def test_stream_back_pressure_pauses_the_upstream_socket(agent: Agent) -> None:
+    class SlowStream(FakeStream):
+        """Signals a full window after 64 KiB, like the tunnel does, until the test drains."""
+
+        def write(self, data: bytes | bytearray | memoryview) -> None:
+            super().write(data)
+            if len(self.received) - self.drained > 65536 and not self.full:
+                self.full = True
+                self.protocol.pause_writing()
+
+    stream_cls: Any = SlowStream
+    stream_cls.drained, stream_cls.full = 0, False
+    protocol = agent.on_open(Open(9, KubeAPITarget(), identity_metadata()))
+    stream = stream_cls(protocol, KubeAPITarget(), b"")
+    stream.send(get("/big?n=2000000"))
+    stream.send_eof()
+    await stream.wait(lambda: stream.full)
+    await asyncio.sleep(0.3)
+    conn = protocol.conn
+    assert conn is not None and conn._reading_paused
+    size = len(stream.received)
+    await asyncio.sleep(0.2)
+    assert len(stream.received) - size < 300_000  # bounded by socket buffers, not the body
+    for _ in range(200):
+        if stream.eof:
+            break
+        stream.drained, stream.full = len(stream.received), False
+        protocol.resume_writing()
+        await stream.wait(lambda: stream.full or stream.eof)
+    assert stream.eof
+    status, _, body = stream.response()
+    assert status == 200 and len(body) == 2_000_000
+
+
+async def test_tcp_target_relayed_when_allowed(upstream: Upstream, tmp_path: Path) -> None:
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        data = await reader.read()  # until half-close
+        writer.write(data[::-1])
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(echo, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+
+    class TCPPolicy(FakePolicy):
+        async def resolve(self, target: Any) -> Resolved:
+            if isinstance(target, TCPTarget) and (target.host, target.port) == ("echo", 1):
+                return Resolved("127.0.0.1", port, None, False)
+            return await super().resolve(target)
+
+    agent = Agent(cluster="c1", policy=TCPPolicy(("127.0.0.1", 1), {}), kube=None)
+    async with server:
+        stream = open_stream(agent, TCPTarget("echo", 1), b"", b"hello ")
+        stream.send(b"tcp")
+        stream.send_eof()
+        await stream.wait(lambda: stream.eof)
+        assert stream.accepted and bytes(stream.received) == b"pct olleh"
+
+
+async def test_agent_without_kube_api_refuses_kube_streams(upstream: Upstream) -> None:
+    agent = Agent(cluster="c1", policy=FakePolicy(("127.0.0.1", 1), {}), kube=None)
+    stream = open_stream(agent, KubeAPITarget(), identity_metadata(), get("/x"))
+    await stream.wait_done()
+    assert stream.refused is not None and stream.refused[0] == OpenErrorCode.DENIED
