@@ -1,0 +1,77 @@
+"""The gateway's configuration: one frozen object built from the command line (or by tests).
+
+`gateway.serve` turns flags into a :class:`GatewayConfig`; `gateway.app` and the front door read
+only this object, so a test can build a gateway without argparse. Every limit has a default that
+is safe for a production hub; every timeout is in seconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gateway.http1 import Limits
+
+
+def parse_address(value: str, default_host: str = "0.0.0.0") -> tuple[str, int]:
+    """``HOST:PORT``, ``:PORT`` or ``[v6]:PORT`` -> (host, port). Raises ValueError."""
+    host, sep, port = value.rpartition(":")
+    if not sep:
+        raise ValueError(f"{value!r}: expected HOST:PORT")
+    host = host.strip("[]") or default_host
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{value!r}: port must be a number from 0 to 65535")
+    return host, int(port)
+
+
+def parse_duration(value: str) -> float:
+    """``10``, ``10s``, ``500ms``, ``2m`` -> seconds. Raises ValueError."""
+    text = value.strip().lower()
+    number, factor = text, 1.0
+    for suffix, scale in (("ms", 0.001), ("s", 1.0), ("m", 60.0), ("h", 3600.0)):
+        if text.endswith(suffix):
+            number, factor = text[: -len(suffix)], scale
+            break
+    try:
+        seconds = float(number) * factor
+    except ValueError:
+        raise ValueError(f"{value!r}: expected a duration such as 10s, 500ms or 2m") from None
+    if seconds < 0:
+        raise ValueError(f"{value!r}: a duration cannot be negative")
+    return seconds
+
+
+@dataclass(frozen=True)
+class FrontDoorLimits:
+    """What one client may make the gateway hold (DESIGN §6 rule 7)."""
+
+    head: Limits = field(default_factory=Limits)
+    header_timeout: float = 30.0  # first byte of a request head -> its end
+    idle_timeout: float = 120.0  # keep-alive connection with no request in progress
+    response_header_timeout: float = 120.0  # request sent -> response head (0: none)
+    max_buffer: int = 256 * 1024  # client bytes held while authenticating / pipelined
+    max_connections: int = 10000
+    max_inflight: int = 10000  # requests between head and response end (429 beyond)
+    write_high_water: int = 512 * 1024  # client transport buffer that pauses the stream
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    listen: tuple[str, int] = ("0.0.0.0", 9092)
+    tunnel_listen: tuple[str, int] = ("0.0.0.0", 8091)
+    health_listen: tuple[str, int] | None = ("0.0.0.0", 8000)
+    tls_dir: str | None = None  # tls.crt / tls.key of the front door
+    tunnel_tls_dir: str | None = None  # tls.crt / tls.key of the tunnel listener
+    agent_ca: str | None = None  # CA that issued agent client certificates (required)
+    hub_kubeconfig: str | None = None  # None: in-cluster service account
+    audiences: tuple[str, ...] = ()
+    token_cache_ttl: float = 10.0
+    identity_prefix: str = "cluster:hub:"
+    authorize: str = "sar"  # "sar" | "none"
+    token_passthrough: bool = False
+    limits: FrontDoorLimits = field(default_factory=FrontDoorLimits)
+    # Clusters never seen connected since start are "unknown" (404) -- except during this grace
+    # after start, while agents are still reconnecting to a restarted gateway (503 then).
+    unknown_cluster_grace: float = 60.0
+    shutdown_timeout: float = 25.0
+    readiness_interval: float = 10.0  # hub auth probe period for /readyz
+    max_streams_per_session: int = 1000

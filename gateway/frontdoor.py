@@ -1,0 +1,463 @@
+"""The front door: one asyncio Protocol per client connection on :9092 (DESIGN §2.1).
+
+One request at a time per connection (HTTP/1.1 keep-alive, pipelining-safe): bytes of a later
+pipelined request stay in this connection's buffer until the current response has ended. The
+buffer is bounded (``max_buffer``); past it the connection stops reading, so TCP pushes back on
+the client instead of memory growing.
+
+Per request: the head is found and parsed strictly (``gateway.http1``; 400/414/431/417/501/505
+as ``Status``), then :func:`gateway.forward.admit` decides (one task per request, none per
+chunk), a tunnel stream is opened with the rewritten head as its 0-RTT data, and the request
+body is relayed verbatim as it arrives (Content-Length or chunked bytes; the tracker only finds
+where it ends). The :class:`gateway.forward.Exchange` relays the response.
+
+``Expect: 100-continue``: the gateway answers ``100 Continue`` itself once the request has been
+admitted (token verified, access authorized, header rules passed, cluster connected) and its
+stream opened, and does not forward ``Expect``. A refused request gets its final status at once
+and the connection is closed if body bytes may still be in flight, so a client never waits for
+a 100 that cannot come, and never sends a large body that nobody reads.
+
+Timeouts: ``header_timeout`` from the first byte of a request head to its end (408, close),
+``idle_timeout`` between requests (close), ``response_header_timeout`` from the end of the
+request to the response head (504). There is no total timeout: watches and ``logs -f`` last.
+
+A client that goes away resets its stream, which cancels the request on the managed cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from gateway.forward import Admitted, Exchange, Refusal, admit, new_request_id
+from gateway.http1 import (
+    NO_BODY,
+    BodyTracker,
+    HTTPError,
+    RequestHead,
+    find_head_end,
+    framing_for_request,
+    parse_request_head,
+)
+from gateway.status import error_response
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+
+log = logging.getLogger("hubproxy.gateway")
+
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+# Connection phases.
+IDLE = "idle"  # waiting for (the rest of) a request head
+ADMITTING = "admitting"  # authenticating/authorizing; body bytes are buffered
+BODY = "body"  # relaying the request body to the stream
+WAITING = "waiting"  # request sent, response pending or streaming; later bytes buffered
+UPGRADE = "upgrade"  # upgrade request sent, waiting for 101; client bytes buffered
+RAW = "raw"  # after 101: raw bytes both ways
+CLOSED = "closed"
+
+
+class FrontDoor(asyncio.Protocol):
+    """See the module docstring."""
+
+    def __init__(self, gw: Gateway) -> None:
+        self.gw = gw
+        self.limits = gw.config.limits
+        self.transport: Any = None
+        self.client_ip = "unknown"
+        self.phase = IDLE
+        self.buf = bytearray()
+        self.exchange: Exchange | None = None
+        self.head: RequestHead | None = None
+        self.request_id = ""
+        self.req_tracker: BodyTracker = NO_BODY
+        self.keep_alive = True
+        self._paused: set[str] = set()
+        self._timer: asyncio.TimerHandle | None = None
+        self._task: asyncio.Task[Admitted] | None = None
+        self._started = 0.0
+        self._searched = 0
+        self._counted = False  # this request holds an in-flight slot
+
+    # --- asyncio.Protocol --------------------------------------------------------------------
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        if peer:
+            self.client_ip = str(peer[0])
+        gw = self.gw
+        if len(gw.connections) >= self.limits.max_connections or gw.draining:
+            gw.metrics.connections_refused += 1
+            self.phase = CLOSED
+            transport.abort()
+            return
+        gw.connections.add(self)
+        transport.set_write_buffer_limits(high=self.limits.write_high_water)
+        self._arm(self.limits.idle_timeout, self._idle_timeout)
+
+    def data_received(self, data: bytes) -> None:
+        phase = self.phase
+        if phase == BODY and not self.buf:
+            self._relay_body(data)  # hot path: straight through, no buffering
+        elif phase == RAW:
+            assert self.exchange is not None
+            self.exchange.send(data)
+        elif phase != CLOSED:
+            self.buf += data
+            self._process()
+
+    def eof_received(self) -> bool | None:
+        exchange = self.exchange
+        if self.phase == RAW and exchange is not None:
+            exchange.send_eof()  # half-close carried to the upstream
+        return None  # TLS cannot stay half-open; asyncio closes the transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.phase = CLOSED
+        self._disarm()
+        if self._task is not None:
+            self._task.cancel()
+        if self.exchange is not None:
+            exchange = self.exchange
+            if not exchange.done:
+                exchange.client_gone()
+                self._record(exchange.status or 499, exchange.bytes_in, exchange.bytes_out,
+                             user=exchange.admitted.user, cluster=exchange.admitted.cluster)
+            self.exchange = None
+        self._release()
+        self.gw.connections.discard(self)
+        self.buf = bytearray()
+
+    def pause_writing(self) -> None:
+        # The client reads slower than the cluster sends: stop taking data from the stream.
+        if self.exchange is not None and self.exchange.stream is not None:
+            self.exchange.stream.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.exchange is not None and self.exchange.stream is not None:
+            self.exchange.stream.resume_reading()
+
+    # --- reading control ---------------------------------------------------------------------
+
+    def pause_reading(self, reason: str) -> None:
+        if not self._paused and self.phase != CLOSED:
+            self.transport.pause_reading()
+        self._paused.add(reason)
+
+    def resume_reading(self, reason: str) -> None:
+        if reason in self._paused:
+            self._paused.discard(reason)
+            if not self._paused and self.phase != CLOSED:
+                self.transport.resume_reading()
+
+    def _check_buffer(self) -> None:
+        if len(self.buf) > self.limits.max_buffer:
+            self.pause_reading("buffer")
+
+    # --- timers ------------------------------------------------------------------------------
+
+    def _arm(self, delay: float, callback: Any) -> None:
+        self._disarm()
+        if delay > 0:
+            self._timer = asyncio.get_running_loop().call_later(delay, callback)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _idle_timeout(self) -> None:
+        if self.phase == IDLE and not self.buf:
+            self.close()
+
+    def _header_timeout(self) -> None:
+        if self.phase == IDLE:
+            self._refuse(408, "timed out reading the request head", close=True)
+
+    def _response_timeout(self) -> None:
+        if self.exchange is not None:
+            self.exchange.timed_out()
+
+    # --- request state machine ---------------------------------------------------------------
+
+    def _process(self) -> None:
+        """Make progress on buffered bytes (a new head, or body bytes after admission)."""
+        if self.phase == IDLE:
+            self._read_head()
+        elif self.phase == BODY:
+            data = bytes(self.buf)
+            self.buf.clear()
+            self._relay_body(data)
+        else:
+            self._check_buffer()
+
+    def _read_head(self) -> None:
+        limits = self.limits.head
+        buf = self.buf
+        if not self._searched:
+            self._arm(self.limits.header_timeout, self._header_timeout)
+        try:
+            end = find_head_end(buf, self._searched, max_head_bytes=limits.max_head_bytes,
+                                max_request_line=limits.max_request_line)
+            if end < 0:
+                self._searched = len(buf)
+                return
+            head = parse_request_head(bytes(buf[:end]), limits)
+            tracker = framing_for_request(head)
+        except HTTPError as exc:
+            self._refuse(exc.status, str(exc), close=True)
+            return
+        del buf[:end]
+        self._searched = 0
+        self._disarm()
+        self.head = head
+        self.req_tracker = tracker
+        self.keep_alive = head.keep_alive
+        self.request_id = new_request_id()
+        self._started = time.monotonic()
+        gw = self.gw
+        if gw.draining:
+            self._refuse(503, "the gateway is shutting down, retry", close=True, retry_after=1)
+            return
+        if gw.inflight >= self.limits.max_inflight:
+            self._refuse(429, "the gateway is overloaded, retry later", retry_after=1)
+            return
+        gw.inflight += 1
+        self._counted = True
+        self.phase = ADMITTING
+        self._check_buffer()
+        self._task = asyncio.ensure_future(admit(gw, head, self.client_ip, self.request_id))
+        self._task.add_done_callback(self._admitted)
+
+    def _admitted(self, task: asyncio.Task[Admitted]) -> None:
+        self._task = None
+        if self.phase == CLOSED or task.cancelled():
+            return
+        exc = task.exception()
+        if isinstance(exc, Refusal):
+            self._refuse(exc.status, exc.message, retry_after=exc.retry_after,
+                         extra_headers=exc.extra_headers)
+            return
+        if exc is not None:
+            log.error("request %s: admission failed: %s", self.request_id, type(exc).__name__,
+                      exc_info=exc)
+            self._refuse(500, "internal error in the gateway")
+            return
+        self._open(task.result())
+
+    def _open(self, admitted: Admitted) -> None:
+        head = self.head
+        assert head is not None
+        exchange = Exchange(self, head.method, admitted, self.request_id)
+        self.exchange = exchange
+        tracker = self.req_tracker
+        # 0-RTT: the head and whatever body bytes are already here ride in the OPEN frame.
+        initial = admitted.head
+        early = 0
+        if self.buf and not admitted.upgrade and not tracker.complete:
+            early = tracker.feed(self.buf)
+            if early:
+                initial = initial + bytes(self.buf[:early])
+                del self.buf[:early]
+        exchange.bytes_in = early
+        self.gw.metrics.stream_opened()
+        try:
+            admitted.session.open_stream(admitted.target, admitted.metadata, exchange,
+                                         initial_data=initial)
+        except Exception as exc:  # session closing or at its stream limit
+            log.info("request %s: cannot open a stream to %s: %s", self.request_id,
+                     admitted.cluster, type(exc).__name__)
+            self.gw.metrics.stream_closed()
+            self.exchange = None
+            self._refuse(503, f'cluster "{admitted.cluster}" cannot take requests now, retry',
+                         retry_after=1)
+            return
+        if exchange.done or self.phase == CLOSED:  # refused synchronously
+            return
+        if admitted.upgrade:
+            self.phase = UPGRADE
+            self._arm(self.limits.response_header_timeout, self._response_timeout)
+            self._check_buffer()
+            return
+        if tracker.complete:
+            self._request_sent()
+        else:
+            self.phase = BODY
+            if head.expect_continue and not self.buf:
+                self.transport.write(CONTINUE)
+            if self.buf:
+                self._process()
+
+    def _relay_body(self, data: bytes | bytearray | memoryview) -> None:
+        exchange = self.exchange
+        assert exchange is not None
+        tracker = self.req_tracker
+        try:
+            n = tracker.feed(data)
+        except HTTPError as exc:
+            # Malformed chunked framing: the stream must not carry it; tell the client.
+            exchange.client_gone()
+            self.exchange = None
+            self._refuse(exc.status, str(exc), close=True)
+            return
+        if n:
+            exchange.send(data if n == len(data) else memoryview(data)[:n])
+        if tracker.complete:
+            if n < len(data):
+                self.buf += memoryview(data)[n:]  # the next pipelined request
+            self._request_sent()
+
+    def _request_sent(self) -> None:
+        exchange = self.exchange
+        assert exchange is not None
+        exchange.send_eof()
+        if exchange.done:
+            return
+        self.phase = WAITING
+        if not exchange.head_sent:
+            self._arm(self.limits.response_header_timeout, self._response_timeout)
+        self._check_buffer()
+
+    # --- called by the Exchange --------------------------------------------------------------
+
+    def response_started(self, exchange: Exchange) -> None:
+        self._disarm()
+        if exchange.admitted.upgrade and exchange.status == 101:
+            return
+        target = self.head.target if self.head is not None else b""
+        if b"watch=" in target or b"follow=" in target:
+            self.gw.audit_stream_start(self, exchange)
+
+    def upgraded(self, exchange: Exchange) -> None:
+        """A real 101: splice. Client bytes that waited for it go first."""
+        self.phase = RAW
+        self.gw.audit_stream_start(self, exchange)
+        if self.buf:
+            data = bytes(self.buf)
+            self.buf.clear()
+            exchange.send(data)
+        self.resume_reading("buffer")
+
+    def request_complete(self) -> bool:
+        return self.phase != BODY
+
+    def exchange_finished(self, exchange: Exchange, *, keep_alive: bool) -> None:
+        """The response ended (or broke after its head was sent)."""
+        if self.exchange is not exchange:
+            return
+        self.exchange = None
+        self.gw.metrics.stream_closed()
+        self._record(exchange.status, exchange.bytes_in, exchange.bytes_out,
+                     user=exchange.admitted.user, cluster=exchange.admitted.cluster,
+                     stream=exchange.admitted.upgrade)
+        self._release()
+        if self.phase == CLOSED:
+            return
+        if not (keep_alive and self.keep_alive) or self.phase in (BODY, RAW, UPGRADE) \
+                or self.gw.draining:
+            self.close()
+            return
+        self._next_request()
+
+    def exchange_failed(self, exchange: Exchange, status: int, message: str,
+                        retry_after: int | None) -> None:
+        """No response byte was sent: answer with a Status instead."""
+        if self.exchange is not exchange:
+            return
+        self.exchange = None
+        self.gw.metrics.stream_closed()
+        if self.phase == CLOSED:
+            self._release()
+            return
+        self._refuse(status, message, retry_after=retry_after,
+                     user=exchange.admitted.user, cluster=exchange.admitted.cluster)
+
+    # --- answering ---------------------------------------------------------------------------
+
+    def _refuse(self, status: int, message: str, *, close: bool = False,
+                retry_after: int | None = None, extra_headers: Any = (),
+                user: str | None = None, cluster: str | None = None) -> None:
+        """Answer the current request with a Status; keep the connection only if it is clean."""
+        if self.phase == CLOSED:
+            return
+        head = self.head
+        tracker = self.req_tracker
+        if not close:
+            if self.phase in (BODY, RAW, UPGRADE) or self.gw.draining or not self.keep_alive:
+                close = True
+            elif self.phase == ADMITTING and not tracker.complete:
+                # Skip a body that is already complete in the buffer; otherwise close rather
+                # than read (or wait for) a body nobody will use.
+                try:
+                    n = tracker.feed(self.buf)
+                except HTTPError:
+                    n, close = 0, True
+                if tracker.complete:
+                    del self.buf[:n]
+                else:
+                    close = True
+        if status == 401:
+            extra_headers = (*extra_headers, (b"WWW-Authenticate", b'Bearer realm="hubproxy"'))
+        response = error_response(
+            status, message, close=close, retry_after=retry_after, extra_headers=extra_headers,
+            head_only=head is not None and head.method == b"HEAD",
+        )
+        self.transport.write(response)
+        self._record(status, 0, len(response), user=user, cluster=cluster)
+        self._release()
+        if close:
+            self.close()
+        else:
+            self._next_request()
+
+    def _next_request(self) -> None:
+        self.phase = IDLE
+        self.head = None
+        self.req_tracker = NO_BODY
+        self.resume_reading("buffer")
+        self.resume_reading("stream")
+        self._arm(self.limits.idle_timeout, self._idle_timeout)
+        if self.buf:
+            self._read_head()
+
+    def _release(self) -> None:
+        if self._counted:
+            self._counted = False
+            self.gw.inflight -= 1
+            self.gw.request_released()
+
+    def _record(self, status: int, bytes_in: int, bytes_out: int, *, user: str | None = None,
+                cluster: str | None = None, stream: bool = False) -> None:
+        head = self.head
+        self.gw.request_done(
+            request_id=self.request_id or new_request_id(),
+            user=user,
+            cluster=cluster,
+            method=head.method if head is not None else None,
+            target=head.target if head is not None else None,
+            status=status,
+            bytes_in=bytes_in,
+            bytes_out=bytes_out,
+            duration=time.monotonic() - self._started if self._started else 0.0,
+            stream=stream,
+        )
+
+    def close(self) -> None:
+        """Close after flushing what was written (never aborts a half-sent response)."""
+        if self.phase == CLOSED:
+            return
+        self.phase = CLOSED
+        self._disarm()
+        if self._task is not None:
+            self._task.cancel()
+        if self.exchange is not None:
+            self.exchange.client_gone()
+        self.transport.close()
+
+    @property
+    def idle(self) -> bool:
+        return self.phase == IDLE and not self.buf and self.exchange is None
