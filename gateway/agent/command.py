@@ -258,14 +258,16 @@ async def serve(args: argparse.Namespace) -> int:
 
 
 def _alpn() -> list[str] | None:
-    try:
-        from tunnel import connection
-    except ImportError:
-        return None
-    alpn = getattr(connection, "ALPN", None) or getattr(connection, "ALPN_PROTOCOL", None)
-    if alpn is None:
-        return None
-    return [alpn] if isinstance(alpn, str) else list(alpn)
+    """The tunnel's ALPN name, if the tunnel package declares one (the gateway looks alike)."""
+    for module_name in ("tunnel.dialer", "tunnel.listener", "tunnel.connection", "tunnel.frames"):
+        with contextlib.suppress(ImportError):
+            module = __import__(module_name, fromlist=["ALPN"])
+            alpn = getattr(module, "ALPN", None)
+            if alpn:
+                if isinstance(alpn, list | tuple):
+                    return [a.decode() if isinstance(a, bytes) else str(a) for a in alpn]
+                return [alpn.decode() if isinstance(alpn, bytes) else str(alpn)]
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
