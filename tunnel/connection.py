@@ -1,0 +1,527 @@
+"""asyncio adapter: ``TunnelSession`` (a BufferedProtocol per TLS connection) and ``TunnelStream``.
+
+Thin over the sans-IO ``session_state.Session``: received bytes land in one growable buffer
+(``get_buffer``/``buffer_updated``), many frames are parsed per read, DATA is handed to
+``StreamProtocol.data_received`` as a memoryview slice (consumers must not keep it). Output is
+coalesced: every call that produces frames schedules one flush per loop iteration, which writes
+control frames first and then up to ``flush_limit`` DATA bytes round-robin with one
+``transport.writelines``. No task per frame; one timer per session for liveness.
+
+Stream ids: the session without ``on_open`` (the hub) opens odd ids; a session with ``on_open``
+(the agent) would open even ids. Agents never open streams toward the hub today.
+
+Back-pressure: ``StreamProtocol.pause_writing`` when a stream's unsent buffer exceeds
+``write_high_water`` (its window is exhausted), ``resume_writing`` at ``write_low_water``; the
+TLS transport's own pause_writing stops DATA production for the session (control frames still go).
+``TunnelStream.pause_reading`` keeps the bytes in the tunnel (at most one window, since credit
+is not returned) and delivers them on ``resume_reading``.
+
+Extensions beyond contracts.md: ``TunnelSession.ping()``, ``TunnelSession.config``,
+``TunnelStream.accepted``, ``OpenRequest`` fields.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+from tunnel import session_state as ss
+from tunnel.errors import (
+    GoAwayCode,
+    OpenErrorCode,
+    OpenRefused,
+    ProtocolError,
+    ResetCode,
+    SessionClosed,
+    StreamError,
+    StreamReset,
+)
+from tunnel.frames import HEADER_SIZE
+from tunnel.session_state import SessionConfig
+from tunnel.targets import Target
+
+__all__ = ["OpenRequest", "SessionConfig", "StreamProtocol", "TunnelSession", "TunnelStream"]
+
+log = logging.getLogger("hubproxy.tunnel")
+
+ALPN = "hubproxy-tunnel/1"
+
+
+class StreamProtocol(Protocol):
+    def connection_made(self, stream: TunnelStream) -> None: ...
+    def data_received(self, data: bytes | memoryview) -> None: ...
+    def eof_received(self) -> None: ...
+    def connection_lost(self, exc: StreamError | None) -> None: ...
+    def pause_writing(self) -> None: ...
+    def resume_writing(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class OpenRequest:
+    stream_id: int
+    target: Target
+    metadata: bytes
+
+
+class TunnelStream:
+    """Transport-like handle of one stream."""
+
+    __slots__ = ("_eof_pending", "_lost", "_paused", "_pending", "_session", "accepted",
+                 "metadata", "protocol", "stream_id", "target")
+
+    def __init__(self, session: TunnelSession, stream_id: int, target: Target, metadata: bytes,
+                 protocol: StreamProtocol | None, accepted: bool) -> None:
+        self._session = session
+        self.stream_id = stream_id
+        self.target = target
+        self.metadata = metadata
+        self.protocol = protocol
+        self.accepted = accepted
+        self._paused = False
+        self._pending: deque[bytes] | None = None  # delivered later (paused), lazily created
+        self._eof_pending = False
+        self._lost = False
+
+    def __repr__(self) -> str:
+        return f"<TunnelStream {self.stream_id} {self.target!r}>"
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if self._lost:
+            return
+        core = self._session._core
+        size = core.send_data(self.stream_id, data)
+        st = core.streams.get(self.stream_id)
+        if st is not None and size > core.config.write_high_water and not st.write_paused:
+            st.write_paused = True
+            self.protocol.pause_writing()
+        self._session._schedule_flush()
+
+    def writelines(self, chunks: Iterable[bytes | bytearray | memoryview]) -> None:
+        for chunk in chunks:
+            self.write(chunk)
+
+    def write_eof(self) -> None:
+        if self._lost:
+            return
+        self._session._core.send_eof(self.stream_id)
+        self._session._schedule_flush()
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def reset(self, code: ResetCode = ResetCode.CANCEL) -> None:
+        if self._lost:
+            return
+        self._session._core.reset(self.stream_id, code)
+        self._session._schedule_flush()
+        self._session._lose(self, StreamReset(code, "reset locally"))
+
+    def close(self) -> None:
+        """Half-close our direction (like write_eof); the stream ends when the peer finishes."""
+        self.write_eof()
+
+    def abort(self) -> None:
+        self.reset(ResetCode.CANCEL)
+
+    def pause_reading(self) -> None:
+        self._paused = True
+
+    def resume_reading(self) -> None:
+        if not self._paused:
+            return
+        self._paused = False
+        if self._pending or self._eof_pending:
+            asyncio.get_running_loop().call_soon(self._deliver_pending)
+
+    def is_reading(self) -> bool:
+        return not self._paused
+
+    def _deliver_pending(self) -> None:
+        pending = self._pending
+        core = self._session._core
+        while pending and not self._paused and not self._lost:
+            chunk = pending.popleft()
+            self.protocol.data_received(chunk)
+            core.consumed(self.stream_id, len(chunk))
+        if not pending:
+            self._pending = None
+            if self._eof_pending and not self._paused and not self._lost:
+                self._eof_pending = False
+                self.protocol.eof_received()
+                self._session._finish_if_closed(self)
+        self._session._schedule_flush()
+
+    def get_write_buffer_size(self) -> int:
+        st = self._session._core.streams.get(self.stream_id)
+        return st.send_buffered if st is not None else 0
+
+    def is_closing(self) -> bool:
+        st = self._session._core.streams.get(self.stream_id)
+        return self._lost or st is None or st.fin_queued
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return self._session.get_extra_info(name, default)
+
+    def accept(self) -> None:
+        if self._lost or self.accepted:
+            return
+        self.accepted = True
+        self._session._core.accept(self.stream_id)
+        self._session._schedule_flush()
+        self._session._after_core()
+
+    def refuse(self, code: OpenErrorCode, message: str = "") -> None:
+        if self._lost or self.accepted:
+            return
+        self._session._core.refuse(self.stream_id, code, message)
+        self._session._schedule_flush()
+        self._session._lose(self, OpenRefused(code, message))
+
+
+class TunnelSession(asyncio.BufferedProtocol):
+    """One multiplexed session over one TLS connection (either side)."""
+
+    def __init__(self, *, config: SessionConfig | None = None,
+                 on_open: Callable[[OpenRequest], StreamProtocol | None] | None = None,
+                 name: str = "") -> None:
+        self.config = config or SessionConfig()
+        self.on_open = on_open
+        self.name = name
+        self._core = ss.Session(self.config, opens_odd=on_open is None)
+        self._streams: dict[int, TunnelStream] = {}
+        self._transport: asyncio.Transport | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        size = max(256 * 1024, 2 * (self.config.max_frame_size + HEADER_SIZE))
+        self._buf = bytearray(size)
+        self._start = 0
+        self._end = 0
+        self._flush_scheduled = False
+        self._transport_paused = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._last_rtt_probe = 0.0
+        self._closed_fut: asyncio.Future[None] | None = None
+        self._idle_fut: asyncio.Future[None] | None = None
+        self._in_receive = False
+        self.on_closed: list[Callable[[TunnelSession], None]] = []
+        self.closed = False
+        self.draining = False
+        self.close_reason: str = ""
+
+    # Public API ------------------------------------------------------------------------------
+
+    @property
+    def active_streams(self) -> int:
+        return len(self._streams)
+
+    @property
+    def rtt(self) -> float | None:
+        return self._core.rtt
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        if self._transport is None:
+            return default
+        return self._transport.get_extra_info(name, default)
+
+    def open_stream(self, target: Target, metadata: bytes, protocol: StreamProtocol,
+                    initial_data: bytes = b"") -> TunnelStream:
+        """Open a stream (0-RTT: ``initial_data`` rides in the OPEN). ``protocol.connection_made``
+        is called before this returns; refusal arrives as ``connection_lost(OpenRefused)``."""
+        core = self._core
+        unusable = self.closed or self._transport is None
+        if unusable or self.draining or core.goaway_received is not None:
+            stream = TunnelStream(self, 0, target, metadata, protocol, False)
+            protocol.connection_made(stream)
+            exc: StreamError = (SessionClosed("session closed") if unusable else
+                                OpenRefused(OpenErrorCode.SHUTTING_DOWN, "session draining"))
+            stream._lost = True
+            asyncio.get_running_loop().call_soon(protocol.connection_lost, exc)
+            return stream
+        sid = core.open_stream(target, metadata, initial_data)
+        stream = TunnelStream(self, sid, target, metadata, protocol, True)
+        self._streams[sid] = stream
+        protocol.connection_made(stream)
+        st = core.streams.get(sid)
+        if st is not None and st.send_buffered > self.config.write_high_water:
+            st.write_paused = True
+            protocol.pause_writing()
+        self._schedule_flush()
+        return stream
+
+    def ping(self) -> None:
+        self._core.ping()
+        self._schedule_flush()
+
+    def goaway(self, reason: str = "") -> None:
+        self.draining = True
+        self._core.goaway(GoAwayCode.NO_ERROR, reason)
+        self._schedule_flush()
+
+    async def drain(self, deadline: float) -> None:
+        """DRAIN + GOAWAY, wait up to ``deadline`` seconds for streams, reset the rest, close."""
+        self.draining = True
+        if not self.closed:
+            self._core.drain()
+            self._schedule_flush()
+        if self._streams and not self.closed:
+            self._idle_fut = asyncio.get_running_loop().create_future()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._idle_fut), deadline)
+        for stream in list(self._streams.values()):
+            stream.reset(ResetCode.SESSION_CLOSED)
+        self.close("drained")
+        await self.wait_closed()
+
+    def close(self, reason: str = "closed") -> None:
+        if self.closed:
+            return
+        if self._transport is not None and not self._transport.is_closing():
+            self._core.goaway(GoAwayCode.NO_ERROR, reason)
+            self._transport.writelines(self._core.data_to_send(0))
+            self._transport.close()
+            # A peer that does not read would keep close() waiting forever.
+            self._loop.call_later(2.0, self._transport.abort)
+        self._shutdown(SessionClosed(reason))
+
+    async def wait_closed(self) -> None:
+        if self._closed_fut is None:
+            self._closed_fut = asyncio.get_running_loop().create_future()
+            if self.closed and self._transport is None:
+                self._closed_fut.set_result(None)
+        await asyncio.shield(self._closed_fut)
+
+    # asyncio protocol ------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+        self._loop = asyncio.get_running_loop()
+        if self._closed_fut is None:
+            self._closed_fut = self._loop.create_future()
+        self._core.last_received = self._core.clock()
+        self._core.ping()  # first RTT sample
+        self._last_rtt_probe = self._core.clock()
+        self._schedule_flush()
+        self._arm_timer()
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        buf = self._buf
+        if self._end == len(buf):
+            self._compact()
+        return memoryview(buf)[self._end:]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._end += nbytes
+        core = self._core
+        try:
+            with memoryview(self._buf) as view:
+                consumed = core.receive(view[self._start:self._end])
+                self._start += consumed
+                self._dispatch()
+        except ProtocolError as exc:
+            log.warning("tunnel session %s: protocol error: %s", self.name, exc)
+            self._protocol_failure(exc)
+            return
+        if self._start == self._end:
+            self._start = self._end = 0
+        elif len(self._buf) - self._end < HEADER_SIZE + 4096:
+            self._compact()
+        self._schedule_flush()
+
+    def _compact(self) -> None:
+        n = self._end - self._start
+        self._buf[:n] = self._buf[self._start:self._end]
+        self._start, self._end = 0, n
+
+    def eof_received(self) -> bool:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._shutdown(SessionClosed(f"connection lost: {exc}" if exc else "connection closed"))
+        self._transport = None
+        if self._closed_fut is not None and not self._closed_fut.done():
+            self._closed_fut.set_result(None)
+
+    def pause_writing(self) -> None:
+        self._transport_paused = True
+
+    def resume_writing(self) -> None:
+        self._transport_paused = False
+        self._schedule_flush()
+
+    # Internals -------------------------------------------------------------------------------
+
+    def _dispatch(self) -> None:
+        for ev in self._core.take_events():
+            t = type(ev)
+            if t is ss.DataReceived:
+                self._on_data(ev.stream_id, ev.data, ev.fin)
+            elif t is ss.StreamOpened:
+                self._on_stream_opened(ev)
+            elif t is ss.StreamClosed:
+                stream = self._streams.get(ev.stream_id)
+                if stream is not None:
+                    self._finish_if_closed(stream)
+            elif t is ss.StreamResetReceived:
+                stream = self._streams.get(ev.stream_id)
+                if stream is not None:
+                    self._lose(stream, StreamReset(ev.code, "reset by peer"))
+            elif t is ss.OpenFailed:
+                stream = self._streams.get(ev.stream_id)
+                if stream is not None:
+                    self._lose(stream, OpenRefused(_open_code(ev.code), ev.message))
+            elif t is ss.GoAwayReceived or t is ss.DrainReceived:
+                self.draining = True
+
+    def _after_core(self) -> None:
+        """Dispatch events produced by local calls (e.g. a stream closing on accept)."""
+        if not self._in_receive:
+            self._dispatch()
+
+    def _on_data(self, sid: int, data: memoryview, fin: bool) -> None:
+        stream = self._streams.get(sid)
+        if stream is None:
+            return
+        if data:
+            if stream._paused or stream._pending:
+                if stream._pending is None:
+                    stream._pending = deque()
+                stream._pending.append(bytes(data))
+            else:
+                stream.protocol.data_received(data)
+                self._core.consumed(sid, len(data))
+        if fin:
+            if stream._pending:
+                stream._eof_pending = True
+            elif not stream._lost:
+                stream.protocol.eof_received()
+
+    def _on_stream_opened(self, ev: ss.StreamOpened) -> None:
+        req = OpenRequest(ev.stream_id, ev.target, ev.metadata)
+        protocol = None
+        if self.on_open is not None and not self.draining:
+            try:
+                protocol = self.on_open(req)
+            except Exception:
+                log.exception("tunnel session %s: on_open failed", self.name)
+                self._core.refuse(ev.stream_id, OpenErrorCode.INTERNAL, "internal error")
+                return
+        if protocol is None:
+            code = OpenErrorCode.SHUTTING_DOWN if self.draining else OpenErrorCode.DENIED
+            self._core.refuse(ev.stream_id, code, "streams not accepted here"
+                              if self.on_open is None else "refused")
+            return
+        stream = TunnelStream(self, ev.stream_id, ev.target, ev.metadata, protocol, False)
+        self._streams[ev.stream_id] = stream
+        protocol.connection_made(stream)
+        self._on_data(ev.stream_id, ev.data, ev.fin)
+
+    def _finish_if_closed(self, stream: TunnelStream) -> None:
+        if stream._lost or stream.stream_id in self._core.streams:
+            return
+        if stream._pending or stream._eof_pending:
+            return  # delivered on resume_reading, then finished
+        self._lose(stream, None)
+
+    def _lose(self, stream: TunnelStream, exc: StreamError | None) -> None:
+        if stream._lost:
+            return
+        stream._lost = True
+        stream._pending = None
+        self._streams.pop(stream.stream_id, None)
+        try:
+            stream.protocol.connection_lost(exc)
+        except Exception:
+            log.exception("tunnel session %s: connection_lost raised", self.name)
+        if not self._streams and self._idle_fut is not None and not self._idle_fut.done():
+            self._idle_fut.set_result(None)
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled and self._transport is not None and not self.closed:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        core = self._core
+        chunks = core.data_to_send(0 if self._transport_paused else None)
+        if chunks:
+            transport.writelines(chunks)
+        for sid in core.take_writable():
+            stream = self._streams.get(sid)
+            st = core.streams.get(sid)
+            if st is not None:
+                st.write_paused = False
+            if stream is not None and not stream._lost:
+                stream.protocol.resume_writing()
+        self._dispatch()
+        if not self._transport_paused and core.has_data():
+            self._schedule_flush()
+
+    def _arm_timer(self) -> None:
+        interval = max(0.01, min(self.config.ping_after, self.config.dead_after) / 4)
+        self._timer = self._loop.call_later(interval, self._tick)
+
+    def _tick(self) -> None:
+        if self.closed:
+            return
+        core = self._core
+        now = core.clock()
+        silent = now - core.last_received
+        if silent >= self.config.dead_after:
+            log.warning("tunnel session %s: silent %.1fs, declaring it dead", self.name, silent)
+            self.close_reason = "peer dead"
+            if self._transport is not None:
+                self._transport.abort()
+            self._shutdown(SessionClosed(f"peer silent for {silent:.1f}s"))
+            return
+        if silent >= self.config.ping_after and not core.ping_outstanding:
+            core.ping()
+            self._schedule_flush()
+        elif self._streams and now - self._last_rtt_probe >= self.config.rtt_interval:
+            self._last_rtt_probe = now
+            core.ping()
+            self._schedule_flush()
+        self._arm_timer()
+
+    def _protocol_failure(self, exc: ProtocolError) -> None:
+        self._core.fail(exc)
+        if self._transport is not None:
+            with contextlib.suppress(Exception):
+                self._transport.writelines(self._core.data_to_send(0))
+            self._transport.close()
+            self._loop.call_later(2.0, self._transport.abort)
+        self._shutdown(SessionClosed(f"protocol error: {exc}"))
+
+    def _shutdown(self, exc: SessionClosed) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.draining = True
+        if not self.close_reason:
+            self.close_reason = str(exc)
+        if self._timer is not None:
+            self._timer.cancel()
+        self._core.close_all()
+        for stream in list(self._streams.values()):
+            self._lose(stream, exc)
+        if self._idle_fut is not None and not self._idle_fut.done():
+            self._idle_fut.set_result(None)
+        for cb in list(self.on_closed):
+            try:
+                cb(self)
+            except Exception:
+                log.exception("tunnel session %s: on_closed callback failed", self.name)
+
+
+def _open_code(code: int) -> OpenErrorCode:
+    try:
+        return OpenErrorCode(code)
+    except ValueError:
+        return OpenErrorCode.INTERNAL
