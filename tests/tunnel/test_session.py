@@ -1,0 +1,315 @@
+"""Sans-IO session state machine, byte by byte (no sockets)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tunnel import frames as f
+from tunnel import session_state as ss
+from tunnel.errors import (
+    BadStreamId,
+    FloodError,
+    OpenErrorCode,
+    ProtocolError,
+    StreamStateError,
+    WindowExceeded,
+    WindowOverflow,
+)
+from tunnel.session_state import Session, SessionConfig
+from tunnel.targets import KubeAPITarget
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def wire(session: Session) -> bytes:
+    return b"".join(bytes(c) for c in session.data_to_send())
+
+
+def feed(session: Session, data: bytes) -> list[ss.Event]:
+    buf = memoryview(data)
+    consumed = session.receive(buf)
+    assert consumed == len(data)
+    events = session.take_events()
+    for ev in events:  # copy views: the buffer is reused by real callers
+        if hasattr(ev, "data"):
+            ev.data = bytes(ev.data)
+    return events
+
+
+def pair(hub_cfg=None, agent_cfg=None, clock=None):
+    clock = clock or Clock()
+    hub = Session(hub_cfg, opens_odd=True, clock=clock)
+    agent = Session(agent_cfg, opens_odd=False, clock=clock)
+    feed(agent, wire(hub))
+    feed(hub, wire(agent))
+    feed(agent, wire(hub))  # settings acks
+    return hub, agent, clock
+
+
+def fresh_agent(cfg=None) -> Session:
+    agent = Session(cfg, opens_odd=False, clock=Clock())
+    wire(agent)
+    return agent
+
+
+def test_settings_sent_first_and_acked():
+    hub = Session(SessionConfig(initial_window=65536), clock=Clock())
+    out = wire(hub)
+    assert out[:12] == f.header(f.SETTINGS, 0, 0, 24)
+    agent = Session(opens_odd=False, clock=Clock())
+    wire(agent)
+    [ev] = feed(agent, out)
+    assert isinstance(ev, ss.SettingsReceived) and agent.peer_initial_window == 65536
+    assert wire(agent) == f.encode_settings_ack()
+
+
+def test_defaults_apply_before_settings_arrive():
+    agent = fresh_agent()
+    # An OPEN before any SETTINGS: the default window (256 KiB) applies.
+    evs = feed(agent, f.encode_open(1, KubeAPITarget(), b"m", b"x" * 1000))
+    assert evs == [ss.StreamOpened(1, KubeAPITarget(), b"m", b"x" * 1000, False)]
+
+
+def test_open_ack_data_fin_both_directions_closes_stream():
+    hub, agent, _ = pair()
+    sid = hub.open_stream(KubeAPITarget(), b"id", b"head", fin=True)
+    [opened] = feed(agent, wire(hub))
+    assert opened == ss.StreamOpened(sid, KubeAPITarget(), b"id", b"head", True)
+    agent.accept(sid)
+    agent.send_data(sid, b"response")
+    agent.send_eof(sid)
+    evs = feed(hub, wire(agent))
+    assert evs == [ss.OpenAccepted(sid), ss.DataReceived(sid, b"response", True),
+                   ss.StreamClosed(sid)]
+    assert sid not in hub.streams and sid not in agent.streams
+    assert [type(e) for e in agent.take_events()] == [ss.StreamClosed]
+
+
+def test_no_data_from_agent_before_accept():
+    hub, agent, _ = pair()
+    sid = hub.open_stream(KubeAPITarget(), b"")
+    feed(agent, wire(hub))
+    agent.send_data(sid, b"early")
+    assert b"early" not in wire(agent)
+    agent.accept(sid)
+    assert wire(agent) == f.encode_open_ack(sid) + f.encode_data(sid, b"early")
+
+
+def test_stream_ids_are_never_reused():
+    agent = fresh_agent()
+    feed(agent, f.encode_open(3, KubeAPITarget(), b""))
+    with pytest.raises(BadStreamId):
+        feed(agent, f.encode_open(3, KubeAPITarget(), b""))
+    agent = fresh_agent()
+    feed(agent, f.encode_open(5, KubeAPITarget(), b""))
+    with pytest.raises(BadStreamId):
+        feed(agent, f.encode_open(1, KubeAPITarget(), b""))
+
+
+def test_open_with_wrong_parity_refused():
+    agent = fresh_agent()
+    with pytest.raises(BadStreamId):
+        feed(agent, f.encode_open(2, KubeAPITarget(), b""))
+
+
+def test_data_on_never_opened_stream_is_protocol_error():
+    agent = fresh_agent()
+    with pytest.raises(BadStreamId):
+        feed(agent, f.encode_data(7, b"x"))
+
+
+def test_data_after_fin_is_state_error():
+    agent = fresh_agent()
+    feed(agent, f.encode_open(1, KubeAPITarget(), b"", b"", fin=True))
+    with pytest.raises(StreamStateError):
+        feed(agent, f.encode_data(1, b"x"))
+
+
+def test_data_for_reset_stream_is_dropped_quietly():
+    agent = fresh_agent()
+    feed(agent, f.encode_open(1, KubeAPITarget(), b""))
+    agent.reset(1, 1)
+    assert wire(agent) == f.encode_reset(1, 1)
+    assert feed(agent, f.encode_data(1, b"late")) == []
+
+
+def test_stream_window_exceeded_is_protocol_error():
+    agent = fresh_agent(SessionConfig(initial_window=1024))
+    feed(agent, f.encode_open(1, KubeAPITarget(), b"", b"x" * 1000))
+    with pytest.raises(WindowExceeded):
+        feed(agent, f.encode_data(1, b"y" * 25))
+
+
+def test_initial_data_beyond_window_is_protocol_error():
+    agent = fresh_agent(SessionConfig(initial_window=1024))
+    with pytest.raises(WindowExceeded):
+        feed(agent, f.encode_open(1, KubeAPITarget(), b"", b"x" * 1025))
+
+
+def test_connection_window_exceeded_is_protocol_error():
+    agent = fresh_agent(SessionConfig(initial_window=f.MAX_WINDOW, max_frame_size=1 << 24))
+    feed(agent, f.encode_open(1, KubeAPITarget(), b""))
+    agent.conn_recv_window = 10  # as if 16 MiB were already in flight
+    with pytest.raises(WindowExceeded):
+        feed(agent, f.encode_data(1, b"y" * 11))
+
+
+def test_window_update_zero_and_overflow():
+    hub, _agent, _ = pair()
+    with pytest.raises(WindowOverflow):
+        feed(hub, f.encode_window_update(0, 0))
+    with pytest.raises(WindowOverflow):
+        feed(hub, f.encode_window_update(0, f.MAX_WINDOW))
+
+
+def test_credit_returns_only_when_consumed_and_in_batches():
+    hub, agent, _ = pair(agent_cfg=SessionConfig(initial_window=4096))
+    sid = hub.open_stream(KubeAPITarget(), b"")
+    hub.send_data(sid, b"a" * 10_000)
+    feed(agent, wire(hub))
+    assert hub.streams[sid].send_window == 0 and hub.streams[sid].send_buffered == 10_000 - 4096
+    assert wire(hub) == b""  # blocked on the window
+    agent.consumed(sid, 1000)
+    assert wire(agent) == b""  # below half a window: batched
+    agent.consumed(sid, 1048)
+    assert wire(agent) == f.encode_window_update(sid, 2048)
+    feed(hub, f.encode_window_update(sid, 2048))
+    assert len(wire(hub)) == 12 + 2048
+
+
+def test_send_buffer_reports_low_water_for_resume_writing():
+    cfg = SessionConfig(write_low_water=100)
+    hub, _agent, _ = pair(hub_cfg=cfg, agent_cfg=SessionConfig(initial_window=1024))
+    sid = hub.open_stream(KubeAPITarget(), b"")
+    hub.send_data(sid, b"x" * 2000)
+    hub.streams[sid].write_paused = True
+    wire(hub)
+    assert hub.take_writable() == []
+    feed(hub, f.encode_window_update(sid, 1024))
+    wire(hub)
+    assert hub.take_writable() == [sid]
+
+
+def test_round_robin_with_quantum_and_control_first():
+    hub, _agent, _ = pair(hub_cfg=SessionConfig(quantum=1000))
+    a = hub.open_stream(KubeAPITarget(), b"")
+    b = hub.open_stream(KubeAPITarget(), b"")
+    wire(hub)
+    hub.send_data(a, b"A" * 3000)
+    hub.send_data(b, b"B" * 3000)
+    hub.ping()
+    chunks = hub.data_to_send()
+    assert bytes(chunks[0])[4] == f.PING
+    order = [bytes(c)[:1] for c in chunks[1:] if len(c) == 1000]
+    assert order == [b"A", b"B", b"A", b"B", b"A", b"B"]
+
+
+def test_window_auto_tunes_when_rtt_bound():
+    clock = Clock()
+    hub, agent, _ = pair(agent_cfg=SessionConfig(initial_window=4096, max_stream_window=16384),
+                         clock=clock)
+    agent.rtt = 0.01
+    sid = hub.open_stream(KubeAPITarget(), b"")
+    feed(agent, wire(hub))
+    for _ in range(3):
+        clock.now += 0.001
+        agent.consumed(sid, 4096)
+    assert agent.streams[sid].recv_target == 16384
+    assert agent.budget.used == 16384 - 4096
+    agent.reset(sid, 1)
+    assert agent.budget.used == 0
+
+
+def test_ping_pong_measures_rtt():
+    hub, agent, clock = pair()
+    hub.ping()
+    out = wire(hub)
+    clock.now += 0.25
+    feed(agent, out)
+    [ev] = feed(hub, wire(agent))
+    assert isinstance(ev, ss.PongReceived) and hub.rtt == pytest.approx(0.25)
+
+
+@pytest.mark.parametrize(("frame", "attr"), [
+    (f.encode_ping(b"12345678"), "max_pings_per_second"),
+    (f.encode_settings({}), "max_settings_per_second"),
+    (f.encode_reset(1, 1), "max_resets_per_second"),
+])
+def test_control_floods_are_protocol_errors(frame, attr):
+    agent = fresh_agent(SessionConfig(**{attr: 5}))
+    feed(agent, f.encode_open(1, KubeAPITarget(), b""))
+    with pytest.raises(FloodError):
+        feed(agent, frame * 7)
+
+
+def test_refused_open_flood_is_protocol_error():
+    agent = fresh_agent(SessionConfig(max_pending_opens=1, max_refused_per_second=3))
+    feed(agent, f.encode_open(1, KubeAPITarget(), b""))
+    raw = b"".join(f.encode_open(i, KubeAPITarget(), b"") for i in range(3, 13, 2))
+    with pytest.raises(FloodError):
+        feed(agent, raw)
+
+
+def test_pending_opens_and_concurrency_limits_refuse_with_overload():
+    agent = fresh_agent(SessionConfig(max_pending_opens=2))
+    feed(agent, b"".join(f.encode_open(i, KubeAPITarget(), b"") for i in (1, 3, 5)))
+    assert wire(agent) == f.encode_open_fail(5, OpenErrorCode.OVERLOAD, "too many pending opens")
+    agent = fresh_agent(SessionConfig(max_concurrent_streams=1))
+    feed(agent, f.encode_open(1, KubeAPITarget(), b""))
+    agent.accept(1)
+    feed(agent, f.encode_open(3, KubeAPITarget(), b""))
+    assert wire(agent).endswith(
+        f.encode_open_fail(3, OpenErrorCode.OVERLOAD, "too many concurrent streams"))
+
+
+def test_goaway_refuses_new_opens_and_fails_ours_beyond_last():
+    hub, agent, _ = pair()
+    s1 = hub.open_stream(KubeAPITarget(), b"")
+    feed(agent, wire(hub))
+    agent.goaway()
+    s3 = hub.open_stream(KubeAPITarget(), b"")
+    out = wire(hub)
+    evs = feed(hub, wire(agent))
+    assert evs[0] == ss.GoAwayReceived(s1, 0, "")
+    assert evs[1] == ss.OpenFailed(s3, OpenErrorCode.SHUTTING_DOWN, "peer going away")
+    feed(agent, out)  # the OPEN crossed the GOAWAY on the wire: refused
+    assert wire(agent) == f.encode_open_fail(s3, OpenErrorCode.SHUTTING_DOWN,
+                                             "session going away")
+    assert s1 in hub.streams
+
+
+def test_drain_sends_goaway_then_drain():
+    hub, agent, _ = pair()
+    agent.drain()
+    evs = feed(hub, wire(agent))
+    assert [type(e) for e in evs] == [ss.GoAwayReceived, ss.DrainReceived]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from([
+    f.encode_open(1, KubeAPITarget(), b"m", b"abc"), f.encode_open(3, KubeAPITarget(), b""),
+    f.encode_data(1, b"xyz"), f.encode_data(1, b"", fin=True), f.encode_window_update(1, 5),
+    f.encode_window_update(0, 7), f.encode_reset(3, 1), f.encode_ping(b"abcdefgh"),
+    f.encode_pong(b"abcdefgh"), f.encode_open_ack(2), f.encode_goaway(1, 0), f.encode_drain(),
+    f.encode_settings({1: 4096}), f.encode_data(9, b"q"),
+]), max_size=12), st.binary(max_size=40), st.integers(0, 400))
+def test_session_never_crashes_on_mixed_and_mutated_frames(frames, junk, cut):
+    data = bytearray(b"".join(frames) + junk)
+    if data:
+        data[cut % len(data)] ^= 0x5A
+    agent = fresh_agent()
+    try:
+        view = memoryview(bytes(data))
+        agent.receive(view)
+        agent.take_events()
+        wire(agent)
+    except ProtocolError:
+        pass
