@@ -387,7 +387,8 @@ class FrontDoor(asyncio.Protocol):
         head = self.head
         tracker = self.req_tracker
         if not close:
-            if self.phase in (BODY, RAW, UPGRADE) or self.gw.draining or not self.keep_alive:
+            if (self.phase in (BODY, RAW, UPGRADE) or self.gw.draining or not self.keep_alive
+                    or (head is not None and head.upgrade is not None)):
                 close = True
             elif self.phase == ADMITTING and not tracker.complete:
                 # Skip a body that is already complete in the buffer; otherwise close rather
