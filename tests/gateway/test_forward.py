@@ -114,8 +114,8 @@ async def upgrade_agent(stream: FakeStream) -> None:
     # Echo raw bytes until the gateway half-closes, then close our side.
     seen = len(stream.received)
     while True:
-        mark = seen
-        await stream.wait(lambda: len(stream.received) > mark or stream.eof or stream.closed)
+        await stream.wait(lambda mark=seen: len(stream.received) > mark or stream.eof
+                          or stream.closed)
         if len(stream.received) > seen:
             stream.send(b"echo:" + bytes(stream.received[seen:]))
             seen = len(stream.received)
