@@ -6,7 +6,7 @@ import asyncio
 
 from tests.tunnel.conftest import Collector, session_pair
 from tunnel.connection import OpenRequest
-from tunnel.errors import OpenErrorCode, OpenRefused
+from tunnel.errors import OpenErrorCode, OpenRefused, SessionClosed, StreamReset
 from tunnel.targets import KubeAPITarget, ServiceTarget
 
 
@@ -68,4 +68,127 @@ async def test_refusal_is_typed(tls_contexts):
     exc2 = await asyncio.wait_for(client2.lost, 5)
     assert isinstance(exc2, OpenRefused) and exc2.code == OpenErrorCode.DENIED
     hub.close()
+    server.close()
+
+
+FAST = dict(ping_after=0.1, dead_after=0.4)
+
+
+async def test_ping_measures_rtt(tls_contexts):
+    hub, agent, server = await session_pair(tls_contexts)
+    for _ in range(100):
+        if hub.rtt is not None and agent.rtt is not None:
+            break
+        await asyncio.sleep(0.01)
+    assert 0 < hub.rtt < 0.1 and 0 < agent.rtt < 0.1
+    hub.close()
+    server.close()
+
+
+async def test_frozen_peer_declared_dead_within_interval(tls_contexts):
+    from tunnel.session_state import SessionConfig
+
+    lost: list[str] = []
+    hub, agent, server = await session_pair(tls_contexts, hub_config=SessionConfig(**FAST),
+                                            agent_config=SessionConfig(**FAST),
+                                            on_open=lambda req: Collector())
+    hub.on_closed.append(lambda s: lost.append(s.close_reason))
+    client = Collector()
+    hub.open_stream(KubeAPITarget(), b"", client)
+    await asyncio.sleep(0.3)
+    assert not hub.closed  # idle but alive: pings answered
+    # Freeze the agent: it neither reads its socket nor sends anything (as if SIGSTOPped).
+    agent._timer.cancel()
+    agent._transport.pause_reading()
+    t0 = asyncio.get_running_loop().time()
+    exc = await asyncio.wait_for(client.lost, 3)
+    took = asyncio.get_running_loop().time() - t0
+    assert hub.closed and lost == ["peer dead"]
+    assert isinstance(exc, SessionClosed)
+    assert took <= 0.4 + 0.2
+    agent.close()
+    server.close()
+
+
+async def test_back_pressured_session_is_not_dead(tls_contexts):
+    from tunnel.session_state import SessionConfig
+
+    class Stalled(Collector):
+        def connection_made(self, stream) -> None:
+            super().connection_made(stream)
+            stream.accept()
+            stream.pause_reading()  # consumer takes nothing: the window fills and stays full
+
+    hub, agent, server = await session_pair(tls_contexts, hub_config=SessionConfig(**FAST),
+                                            agent_config=SessionConfig(**FAST),
+                                            on_open=lambda req: Stalled())
+    client = Collector()
+    stream = hub.open_stream(KubeAPITarget(), b"", client)
+    stream.write(b"x" * (2 * 1024 * 1024))
+    await asyncio.sleep(1.2)  # three dead_after intervals with unsent data
+    assert stream.get_write_buffer_size() > 0 and client.paused == 1
+    assert not hub.closed and not agent.closed
+    hub.close()
+    server.close()
+
+
+async def test_drain_lets_in_flight_streams_finish_and_resets_the_rest(tls_contexts):
+    class Slow(Collector):
+        """Answers after a delay; the stream for 'never' never answers."""
+
+        def connection_made(self, stream) -> None:
+            super().connection_made(stream)
+            stream.accept()
+
+        def eof_received(self) -> None:
+            super().eof_received()
+            if self.stream.metadata != b"never":
+                asyncio.get_running_loop().call_later(0.2, self._answer)
+
+        def _answer(self) -> None:
+            self.stream.write(b"done")
+            self.stream.write_eof()
+
+    hub, agent, server = await session_pair(tls_contexts, on_open=lambda req: Slow())
+    clients = [Collector(keep=True) for _ in range(3)]
+    for i, c in enumerate(clients):
+        hub.open_stream(KubeAPITarget(), b"never" if i == 2 else b"", c).write_eof()
+    await asyncio.sleep(0.05)
+    drain = asyncio.create_task(agent.drain(1.0))  # the agent's SIGTERM path
+    await asyncio.sleep(0.05)
+    assert hub.draining  # the registry stops picking this session
+    late = Collector()
+    hub.open_stream(KubeAPITarget(), b"", late)
+    exc = await asyncio.wait_for(late.lost, 2)
+    assert isinstance(exc, OpenRefused) and exc.code == OpenErrorCode.SHUTTING_DOWN
+    assert await asyncio.wait_for(clients[0].lost, 2) is None
+    assert bytes(clients[0].data) == b"done" and bytes(clients[1].data) == b"done"
+    await asyncio.wait_for(drain, 3)
+    exc = await asyncio.wait_for(clients[2].lost, 2)
+    assert isinstance(exc, StreamReset | SessionClosed)
+    assert agent.closed
+    await asyncio.wait_for(hub.wait_closed(), 3)
+    server.close()
+
+
+async def test_goaway_refuses_new_streams_from_peer(tls_contexts):
+    hub, agent, server = await session_pair(tls_contexts, on_open=lambda req: None)
+    agent.goaway("rotating")
+    await asyncio.sleep(0.05)
+    c = Collector()
+    hub.open_stream(KubeAPITarget(), b"", c)
+    exc = await asyncio.wait_for(c.lost, 2)
+    assert isinstance(exc, OpenRefused) and exc.code == OpenErrorCode.SHUTTING_DOWN
+    assert not hub.closed
+    hub.close()
+    server.close()
+
+
+async def test_open_on_closed_session_reports_session_closed(tls_contexts):
+    hub, _agent, server = await session_pair(tls_contexts)
+    hub.close()
+    c = Collector()
+    stream = hub.open_stream(KubeAPITarget(), b"", c)
+    assert c.stream is stream
+    assert isinstance(await asyncio.wait_for(c.lost, 2), SessionClosed)
     server.close()
