@@ -262,17 +262,13 @@ async def build_gateway(config: GatewayConfig) -> tuple[Gateway, Any]:
         SarAuthorizer(api_client, config.token_cache_ttl) if config.authorize == "sar"
         else NoAuthorizer()
     )
+    # Hub-side session settings are the tunnel's defaults; concurrency toward an agent is
+    # bounded by what that agent advertises, and by --max-inflight here.
     session_config = None
     with contextlib.suppress(ImportError):
         from tunnel.connection import SessionConfig
 
         session_config = SessionConfig()
-        if hasattr(session_config, "max_concurrent_streams"):
-            import dataclasses
-
-            session_config = dataclasses.replace(
-                session_config, max_concurrent_streams=config.max_streams_per_session
-            )
     probe = token_review_probe(lambda token: reviewer.review(token, authenticator.audiences))
     gateway = Gateway(
         config,

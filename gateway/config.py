@@ -74,4 +74,3 @@ class GatewayConfig:
     unknown_cluster_grace: float = 60.0
     shutdown_timeout: float = 25.0
     readiness_interval: float = 10.0  # hub auth probe period for /readyz
-    max_streams_per_session: int = 1000

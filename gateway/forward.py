@@ -229,6 +229,7 @@ class Exchange:
 
     __slots__ = (
         "_copy_views",
+        "_lost",
         "_resp_buf",
         "_state",
         "admitted",
@@ -258,6 +259,7 @@ class Exchange:
         self.admitted = admitted
         self.request_id = request_id
         self.stream: Any = None
+        self._lost = False  # the tunnel ended the stream (connection_lost)
         self._state = _HEAD
         self._resp_buf = bytearray()
         self.response: ResponseHead | None = None
@@ -320,6 +322,7 @@ class Exchange:
             self._fail(502, "the cluster closed the request without a response")
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._lost = True
         if self._state == _DONE:
             return
         if exc is None:
@@ -428,9 +431,11 @@ class Exchange:
         self.door.exchange_finished(self, keep_alive=keep_alive)
 
     def _reset_stream(self) -> None:
-        stream = self.stream
-        if stream is not None and not stream.is_closing():
-            stream.reset()
+        # Not is_closing(): that is already true once our direction is half-closed, and a
+        # watch whose client left must still be cancelled.
+        if self.stream is not None and not self._lost:
+            self._lost = True
+            self.stream.reset()
 
     def client_gone(self) -> None:
         """The client connection closed: cancel the upstream request."""

@@ -108,8 +108,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="client connections at once (default: %(default)s)")
     lim.add_argument("--max-inflight", type=_positive_int, default=10000,
                      help="requests in progress at once (429 beyond; default: %(default)s)")
-    lim.add_argument("--max-streams-per-session", type=_positive_int, default=1000,
-                     help="concurrent streams per agent session (default: %(default)s)")
     lim.add_argument("--unknown-cluster-grace", type=_duration, default=60.0,
                      metavar="DURATION",
                      help="after start, answer 503 (not 404) for clusters not seen yet, while "
@@ -172,7 +170,6 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         limits=limits,
         unknown_cluster_grace=args.unknown_cluster_grace,
         shutdown_timeout=args.shutdown_timeout,
-        max_streams_per_session=args.max_streams_per_session,
     )
 
 

@@ -89,7 +89,7 @@ class FakeStream:
         return 0
 
     def is_closing(self) -> bool:
-        return self.closed
+        return self.closed or self.eof  # like TunnelStream: true once our FIN is queued
 
     # --- agent side (called by tests) ---
     async def wait(self, predicate: Callable[[], bool], timeout: float = 5.0) -> None:
