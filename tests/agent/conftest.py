@@ -123,6 +123,34 @@ class FakeStream:
         return status, headers, body
 
 
+class Collect:
+    """StreamProtocol on the hub side: collects the response until the agent's EOF."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, stream: Any) -> None:
+        self.stream = stream
+
+    def data_received(self, data: bytes | memoryview) -> None:
+        self.data += data
+
+    def eof_received(self) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+    def connection_lost(self, exc: Any) -> None:
+        if not self.done.done():
+            self.done.set_result(exc)
+
+    def pause_writing(self) -> None:
+        pass
+
+    def resume_writing(self) -> None:
+        pass
+
+
 @dataclass
 class Upstream:
     host: str

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tunnel.targets import KubeAPITarget
 
 from gateway.agent.agent import Agent
 from gateway.agent.kubeapi import from_kubeconfig
@@ -16,6 +15,7 @@ from gateway.demo import managed_rbac
 from kubesim.testing import RunningKubeSim, run_kubesim
 from tests.agent.conftest import FakeStream
 from tests.agent.test_exchange import FakePolicy, Open, get, identity_metadata
+from tunnel.targets import KubeAPITarget
 
 AGENT_TOKEN = "agent-static-token-0123"
 HUB_TOKEN = "eyJhbGciOiJIUzI1NiJ9.hub-token.sig"
@@ -92,3 +92,49 @@ async def test_watch_streams_events_then_cancel_closes_upstream(agent: Agent,
     stream.client_reset()
     await asyncio.sleep(0.05)
     assert agent.pool.in_use == 0
+
+
+async def test_over_a_real_tunnel_session(agent: Agent, sim: RunningKubeSim) -> None:
+    """The agent's on_open behind a real TunnelSession pair (socketpair, no TLS)."""
+    import socket
+
+    from gateway.identity import Identity
+    from tests.agent.conftest import Collect
+    from tunnel.connection import TunnelSession
+    from tunnel.errors import OpenErrorCode, OpenRefused
+
+    loop = asyncio.get_running_loop()
+    a, b = socket.socketpair()
+    _, hub = await loop.create_connection(lambda: TunnelSession(name="hub"), sock=a)
+    _, _agent_session = await loop.create_connection(
+        lambda: TunnelSession(on_open=agent.on_open, name="agent"), sock=b)
+    try:
+        metadata = Identity(USER, ("cluster:hub:system:serviceaccounts",), "u").to_metadata()
+        for _ in range(3):  # keep-alive: one upstream connection serves them all
+            got = Collect()
+            hub.open_stream(KubeAPITarget(), metadata, got, initial_data=get("/version"))
+            got.stream.write_eof()
+            assert await asyncio.wait_for(got.done, 10) is None
+            assert got.data.startswith(b"HTTP/1.1 200") and b"cluster1" in got.data
+        assert agent.pool.dials == 1
+
+        refused = Collect()
+        hub.open_stream(KubeAPITarget(), b"", refused, initial_data=get("/version"))
+        exc = await asyncio.wait_for(refused.done, 10)
+        assert isinstance(exc, OpenRefused) and exc.code == OpenErrorCode.NO_IDENTITY
+
+        before = sim.watcher_count
+        watch = Collect()
+        hub.open_stream(KubeAPITarget(), metadata, watch,
+                        initial_data=get("/api/v1/namespaces/default/configmaps?watch=1"))
+        watch.stream.write_eof()
+        async with asyncio.timeout(10):
+            while sim.watcher_count <= before:
+                await asyncio.sleep(0.02)
+        watch.stream.reset()  # the client went away
+        async with asyncio.timeout(10):
+            while sim.watcher_count > before:
+                await asyncio.sleep(0.02)
+    finally:
+        hub.close()
+        _agent_session.close()

@@ -23,47 +23,20 @@ from certs import layout
 from gateway.demo import agent_args, agent_kubeconfig, managed_rbac, write_private
 from gateway.identity import Identity
 from kubesim.testing import RunningKubeSim, run_kubesim
+from tests.agent.conftest import Collect
 from tests.support import ProcessGroup, free_port
 
 AGENT_TOKEN = "agent-cmd-token-42"
 USER = "cluster:hub:system:serviceaccount:demo:demo"
 
 
-class Collect:
-    """StreamProtocol on the hub side: collects the response until the agent's EOF."""
-
-    def __init__(self) -> None:
-        self.data = bytearray()
-        self.done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-
-    def connection_made(self, stream: Any) -> None:
-        self.stream = stream
-
-    def data_received(self, data: bytes | memoryview) -> None:
-        self.data += data
-
-    def eof_received(self) -> None:
-        if not self.done.done():
-            self.done.set_result(None)
-
-    def connection_lost(self, exc: Any) -> None:
-        if not self.done.done():
-            self.done.set_result(exc)
-
-    def pause_writing(self) -> None:
-        pass
-
-    def resume_writing(self) -> None:
-        pass
-
-
 @pytest.fixture
 async def hub(tmp_path: Path) -> Any:
-    from tunnel.connection import SessionConfig
     from tunnel.listener import start_tunnel_listener
     from tunnel.registry import SessionRegistry
 
     from certs.tls import TLS1_3, server_context
+    from tunnel.connection import SessionConfig
 
     pki = tmp_path / "pki"
     layout.init(pki, layout.InitOptions(clusters=["cluster1", "cluster2"]))

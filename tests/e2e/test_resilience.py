@@ -15,7 +15,7 @@ from tests.e2e.conftest import CURL, System, split_status
 
 
 def watchers(system: System, cluster: str) -> int:
-    return system.clusters[cluster].watcher_count()
+    return system.clusters[cluster].watcher_count
 
 
 def wait_until(predicate, timeout: float, interval: float = 0.05) -> bool:
