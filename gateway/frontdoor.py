@@ -192,6 +192,7 @@ class FrontDoor(asyncio.Protocol):
             data = bytes(self.buf)
             self.buf.clear()
             self._relay_body(data)
+            self.resume_reading("buffer")  # what waited during admission is on its way
         else:
             self._check_buffer()
 
@@ -259,7 +260,12 @@ class FrontDoor(asyncio.Protocol):
         initial = admitted.head
         early = 0
         if self.buf and not admitted.upgrade and not tracker.complete:
-            early = tracker.feed(self.buf)
+            try:
+                early = tracker.feed(self.buf)
+            except HTTPError as exc:
+                self.exchange = None
+                self._refuse(exc.status, str(exc), close=True)
+                return
             if early:
                 initial = initial + bytes(self.buf[:early])
                 del self.buf[:early]
@@ -291,6 +297,7 @@ class FrontDoor(asyncio.Protocol):
                 self.transport.write(CONTINUE)
             if self.buf:
                 self._process()
+            self.resume_reading("buffer")
 
     def _relay_body(self, data: bytes | bytearray | memoryview) -> None:
         exchange = self.exchange

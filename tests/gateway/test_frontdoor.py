@@ -272,3 +272,24 @@ async def test_head_request_gets_status_head_without_body(gw: Harness) -> None:
     data = await gw.exchange(b"HEAD /c1/a HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")
     status, headers, body = parse_raw(data)
     assert status == 401 and body == b"" and int(headers["content-length"]) > 0
+
+
+async def test_large_body_arriving_during_admission_is_not_stuck(tls) -> None:  # noqa: F811
+    from gateway.config import FrontDoorLimits
+
+    async with running(tls, limits=FrontDoorLimits(max_buffer=1024)) as h:
+        h.connect_cluster("c1")
+        body = b"z" * 300_000
+        reader, writer = await h.open()
+        writer.write(b"PUT /c1/api HTTP/1.1\r\nHost: h\r\nAuthorization: Bearer "
+                     + HUB_TOKEN.encode() + b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        status, _, out = await read_response(reader, timeout=10)
+        assert status == 200 and json.loads(out)["body"] == body.decode()
+        writer.close()
+
+
+async def test_malformed_chunked_body_is_refused(gw: Harness) -> None:
+    raw = (b"POST /c1/api HTTP/1.1\r\nHost: h\r\nAuthorization: Bearer " + HUB_TOKEN.encode()
+           + b"\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n")
+    status, headers, _ = parse_raw(await gw.exchange(raw))
+    assert status == 400 and headers["connection"] == "close"
