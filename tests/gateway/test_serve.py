@@ -139,3 +139,70 @@ def test_gateway_process_against_kubesim_hub(pki: Path, tmp_path: Path) -> None:
             assert proc.popen.wait(15) == 0
         finally:
             group.stop_all()
+
+
+async def test_real_hub_token_review_and_sar_in_process(tmp_path: Path) -> None:
+    """The production authenticator/authorizer (kubernetes-asyncio) behind the front door,
+    against a kubesim hub; then the hub goes away: 503, never 401."""
+    import json
+
+    import trustme
+
+    from gateway.app import Gateway
+    from gateway.auth import KubeTokenReviewer, TokenAuthenticator, build_hub_api_client
+    from gateway.authorize import SarAuthorizer
+    from kubesim.testing import run_kubesim
+    from tests.gateway.test_frontdoor_harness import (
+        FakeRegistry,
+        FakeSession,
+        echo_agent,
+        make_config,
+        parse_raw,
+    )
+    from tests.gateway.test_frontdoor_harness import get as raw_get
+
+    ca = trustme.CA()
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ca.issue_cert("localhost").configure_cert(server)
+    client = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ca.configure_trust(client)
+    gateway_token = "gw-" + os.urandom(8).hex()
+    async with run_kubesim(tmp_path, name="hub", users=[(gateway_token, GATEWAY_USER, "gw")],
+                           rbac=hub_rbac()) as hub:
+        user_token = hub.mint_token("demo", "demo", expiration_seconds=3600)
+        nobody = hub.mint_token("demo", "nobody", expiration_seconds=3600)
+        kubeconfig = write_private(tmp_path / "hub.kubeconfig",
+                                   yaml.safe_dump(hub.kubeconfig(gateway_token)))
+        api = await build_hub_api_client(str(kubeconfig))
+        registry = FakeRegistry()
+        session = FakeSession(echo_agent)
+        registry.add("c1", session)
+        gw = Gateway(make_config(authorize="sar", token_cache_ttl=0.0),
+                     authenticator=TokenAuthenticator(KubeTokenReviewer(api), ttl=0.0),
+                     authorizer=SarAuthorizer(api, 0.0), registry=registry, front_ssl=server)
+        await gw.start()
+
+        async def call(token: str) -> tuple[int, bytes]:
+            import asyncio
+
+            reader, writer = await asyncio.open_connection(
+                "127.0.0.1", gw.front_port, ssl=client, server_hostname="localhost")
+            writer.write(raw_get("/c1/api", token=token, close=True))
+            data = await asyncio.wait_for(reader.read(-1), 10)
+            writer.close()
+            status, _, body = parse_raw(data)
+            return status, body
+
+        status, body = await call(user_token)
+        assert status == 200
+        meta = json.loads(body)["metadata"]
+        assert meta["user"] == "cluster:hub:system:serviceaccount:demo:demo"
+        assert (await call(nobody))[0] == 403  # hub SubjectAccessReview says no
+        assert (await call("bad-" + os.urandom(4).hex()))[0] == 401
+    # The hub is gone now (connection refused): fail closed with 503.
+    try:
+        status, body = await call(user_token)
+        assert status == 503 and b"unavailable" in body
+    finally:
+        await gw.close()
+        await api.close()
