@@ -33,6 +33,7 @@ from typing import Any
 from gateway import audit
 from gateway.auth import UserInfo
 from gateway.config import GatewayConfig
+from gateway.forward import IdentityCache
 from gateway.frontdoor import FrontDoor
 from gateway.health import HealthServer, Readiness, token_review_probe
 from gateway.metrics import OTHER_CLUSTER, GatewayMetrics
@@ -63,6 +64,7 @@ class Gateway:
         self.tunnel_ssl = tunnel_ssl
         self.session_config = session_config
         self.metrics = GatewayMetrics()
+        self.identities = IdentityCache()
         self.connections: set[FrontDoor] = set()
         self.inflight = 0
         self.draining = False

@@ -180,7 +180,8 @@ async def admit(gw: Gateway, head: RequestHead, client_ip: str, request_id: str)
                       retry_after=5) from None
 
     if passthrough:
-        identity = Identity(user="", groups=(), uid="", request_id=request_id, passthrough=True)
+        metadata = Identity(user="", groups=(), uid="", request_id=request_id,
+                            passthrough=True).to_metadata()
         # The caller's own managed-cluster token, untouched (the hub said it is not a hub token).
         headers.append((b"Authorization", b"Bearer " + bearer.token.encode("ascii")))
     else:
@@ -193,7 +194,7 @@ async def admit(gw: Gateway, head: RequestHead, client_ip: str, request_id: str)
             raise Refusal(503, "hub authorization is unavailable, retry later",
                           retry_after=5) from None
         try:
-            identity = map_identity(user, prefix=config.identity_prefix, request_id=request_id)
+            metadata = gw.identities.metadata(user, config.identity_prefix, request_id)
         except IdentityError as exc:
             raise Refusal(403, f"the hub identity cannot be forwarded: {exc}") from None
 
@@ -212,12 +213,39 @@ async def admit(gw: Gateway, head: RequestHead, client_ip: str, request_id: str)
         head_bytes = serialize_request_head(
             head.method, cluster_route.upstream_target, headers, head.version
         )
-        metadata = identity.to_metadata()
-    except IdentityError as exc:
-        raise Refusal(403, f"the hub identity cannot be forwarded: {exc}") from None
     except ValueError:
         raise Refusal(400, "request cannot be forwarded") from None
     return Admitted(cluster, session, target, metadata, head_bytes, user_name, upgrade)
+
+
+class IdentityCache:
+    """OPEN metadata per hub user, mapped and validated once (not per request).
+
+    The authenticator's cache hands out the same ``UserInfo`` object for a token until its entry
+    expires, so entries are keyed by that object (identity, not equality: a new review maps
+    afresh). Only the request id differs between requests of one user; it is spliced into the
+    metadata's last field (``"rid"``, lower-case hex, needs no escaping). Bounded: cleared when
+    full.
+    """
+
+    _RID_TAIL = b'"rid":""}'
+
+    def __init__(self, max_entries: int = 10000) -> None:
+        self.max_entries = max_entries
+        self._entries: dict[int, tuple[Any, bytes]] = {}
+
+    def metadata(self, user: Any, prefix: str, request_id: str) -> bytes:
+        entry = self._entries.get(id(user))
+        if entry is None or entry[0] is not user:
+            template = map_identity(user, prefix=prefix).to_metadata()
+            if len(self._entries) >= self.max_entries:
+                self._entries.clear()
+            entry = (user, template)
+            self._entries[id(user)] = entry
+        template = entry[1]
+        if not template.endswith(self._RID_TAIL) or not request_id.isalnum():
+            return map_identity(user, prefix=prefix, request_id=request_id).to_metadata()
+        return template[:-2] + request_id.encode("ascii") + b'"}'
 
 
 # Exchange states (response side).
@@ -391,14 +419,20 @@ class Exchange:
             self.head_sent = True
             self.door.response_started(self)
             self.bytes_out += len(raw)
-            self.transport.write(raw)  # verbatim: the agent relays the apiserver's head
             if self._state == _RAW:
+                self.transport.write(raw)  # verbatim: the agent relays the apiserver's head
                 self.door.upgraded(self)
                 if rest:
                     self._to_client(rest)
-            elif rest:
-                self.data_received(rest)
-            # Otherwise wait for body bytes; the agent's EOF ends the exchange.
+                return
+            taken = self.tracker.feed(rest) if rest else 0
+            # Head and the body bytes that came with it leave in one write (one TLS record
+            # for a small response instead of two).
+            self.bytes_out += taken
+            self.transport.write(raw + rest[:taken] if taken else raw)
+            if taken < len(rest):
+                self._fail(502, "the cluster sent more than one response")
+            # The agent's EOF ends the exchange.
 
     # --- helpers ---------------------------------------------------------------------------
 

@@ -420,3 +420,22 @@ async def test_prefixing_keeps_hub_users_off_reserved_groups(gw: Harness) -> Non
     meta = json.loads(body)["metadata"]
     assert meta["user"] == "cluster:hub:bob"
     assert meta["groups"] == ["cluster:hub:system:masters"]
+
+
+def test_identity_cache_metadata_equals_the_slow_path() -> None:
+    from gateway.auth import UserInfo
+    from gateway.forward import IdentityCache
+    from gateway.identity import Identity, map_identity
+
+    user = UserInfo("system:serviceaccount:ns:sa", "u1", ("g1", "system:authenticated"),
+                    {"authentication.kubernetes.io/pod-name": ("p",)})
+    cache = IdentityCache(max_entries=2)
+    for rid in ("0123abcd", "ffff0000"):
+        fast = cache.metadata(user, "cluster:hub:", rid)
+        slow = map_identity(user, prefix="cluster:hub:", request_id=rid).to_metadata()
+        assert fast == slow
+        assert Identity.from_metadata(fast).request_id == rid
+    other = UserInfo("bob")
+    assert Identity.from_metadata(cache.metadata(other, "cluster:hub:", "01")).user == \
+        "cluster:hub:bob"
+    assert len(cache._entries) == 2
