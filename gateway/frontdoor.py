@@ -18,7 +18,8 @@ and the connection is closed if body bytes may still be in flight, so a client n
 a 100 that cannot come, and never sends a large body that nobody reads.
 
 Timeouts: ``header_timeout`` from the first byte of a request head to its end (408, close),
-``idle_timeout`` between requests (close), ``response_header_timeout`` from the end of the
+``idle_timeout`` between requests (close) and while a request body stalls (408),
+``response_header_timeout`` from the end of the
 request to the response head (504). There is no total timeout: watches and ``logs -f`` last.
 
 A client that goes away resets its stream, which cancels the request on the managed cluster.
@@ -80,6 +81,7 @@ class FrontDoor(asyncio.Protocol):
         self._task: asyncio.Task[Admitted] | None = None
         self._started = 0.0
         self._searched = 0
+        self._body_seen = -1
         self._counted = False  # this request holds an in-flight slot
 
     # --- asyncio.Protocol --------------------------------------------------------------------
@@ -177,6 +179,21 @@ class FrontDoor(asyncio.Protocol):
     def _header_timeout(self) -> None:
         if self.phase == IDLE:
             self._refuse(408, "timed out reading the request head", close=True)
+
+    def _body_timeout(self) -> None:
+        """A request body that stops arriving for ``idle_timeout`` (checked by polling the byte
+        count, so the hot path re-arms no timer per chunk)."""
+        exchange = self.exchange
+        if self.phase != BODY or exchange is None:
+            return
+        if exchange.bytes_in == self._body_seen:
+            exchange.client_gone()  # cancel upstream: the request will never complete
+            self.exchange = None
+            self.gw.metrics.stream_closed()
+            self._refuse(408, "timed out reading the request body", close=True)
+            return
+        self._body_seen = exchange.bytes_in
+        self._arm(self.limits.idle_timeout, self._body_timeout)
 
     def _response_timeout(self) -> None:
         if self.exchange is not None:
@@ -293,6 +310,8 @@ class FrontDoor(asyncio.Protocol):
             self._request_sent()
         else:
             self.phase = BODY
+            self._body_seen = -1
+            self._arm(self.limits.idle_timeout, self._body_timeout)
             if head.expect_continue and not self.buf:
                 self.transport.write(CONTINUE)
             if self.buf:

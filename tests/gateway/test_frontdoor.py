@@ -293,3 +293,18 @@ async def test_malformed_chunked_body_is_refused(gw: Harness) -> None:
            + b"\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n")
     status, headers, _ = parse_raw(await gw.exchange(raw))
     assert status == 400 and headers["connection"] == "close"
+
+
+async def test_stalled_request_body_times_out_and_cancels_upstream(tls) -> None:  # noqa: F811
+    from gateway.config import FrontDoorLimits
+
+    async with running(tls, limits=FrontDoorLimits(idle_timeout=0.3)) as h:
+        h.connect_cluster("c1")
+        reader, writer = await h.open()
+        writer.write(b"PUT /c1/api HTTP/1.1\r\nHost: h\r\nAuthorization: Bearer "
+                     + HUB_TOKEN.encode() + b"\r\nContent-Length: 100\r\n\r\nabc")
+        async with asyncio.timeout(5):
+            data = await reader.read(-1)
+        assert parse_raw(data)[0] == 408
+        assert h.streams()[0].reset_code is not None
+        writer.close()
