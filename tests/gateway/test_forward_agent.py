@@ -124,3 +124,31 @@ async def test_watch_streams_and_client_disconnect_cancels_upstream(system) -> N
     async with asyncio.timeout(20):
         while sim.watcher_count > before:  # the reset reached the apiserver
             await asyncio.sleep(0.05)
+
+
+@pytest.mark.parametrize("websockets", ["true", "false"])  # WebSocket-tunnelled SPDY / SPDY
+async def test_kubectl_port_forward(system, websockets: str) -> None:
+    from tests.support import free_port
+
+    _, _, kc = system
+    port = free_port()
+    proc = await asyncio.create_subprocess_exec(
+        "kubectl", "--kubeconfig", str(kc), "port-forward", "pod/demo", f"{port}:8080",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "KUBECTL_PORT_FORWARD_WEBSOCKETS": websockets})
+    try:
+        async with asyncio.timeout(20):
+            while b"Forwarding from" not in (await proc.stdout.readline()):
+                pass
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"ping-through-the-tunnel")
+            got = b""
+            while len(got) < 23:
+                chunk = await reader.read(100)
+                assert chunk, "connection closed"
+                got += chunk
+            assert got == b"ping-through-the-tunnel"
+            writer.close()
+    finally:
+        proc.kill()
+        await proc.wait()
