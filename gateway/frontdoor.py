@@ -82,6 +82,7 @@ class FrontDoor(asyncio.Protocol):
         self._started = 0.0
         self._searched = 0
         self._body_seen = -1
+        self._write_paused = False  # the client's transport is over its high-water mark
         self._counted = False  # this request holds an in-flight slot
 
     # --- asyncio.Protocol --------------------------------------------------------------------
@@ -136,10 +137,12 @@ class FrontDoor(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         # The client reads slower than the cluster sends: stop taking data from the stream.
+        self._write_paused = True
         if self.exchange is not None and self.exchange.stream is not None:
             self.exchange.stream.pause_reading()
 
     def resume_writing(self) -> None:
+        self._write_paused = False
         if self.exchange is not None and self.exchange.stream is not None:
             self.exchange.stream.resume_reading()
 
@@ -301,6 +304,8 @@ class FrontDoor(asyncio.Protocol):
             return
         if exchange.done or self.phase == CLOSED:  # refused synchronously
             return
+        if self._write_paused:  # the previous response is still draining to the client
+            exchange.stream.pause_reading()
         if admitted.upgrade:
             self.phase = UPGRADE
             self._arm(self.limits.response_header_timeout, self._response_timeout)
