@@ -206,7 +206,6 @@ class TunnelSession(asyncio.BufferedProtocol):
         self._last_rtt_probe = 0.0
         self._closed_fut: asyncio.Future[None] | None = None
         self._idle_fut: asyncio.Future[None] | None = None
-        self._in_receive = False
         self.on_closed: list[Callable[[TunnelSession], None]] = []
         self.closed = False
         self.draining = False
@@ -318,9 +317,14 @@ class TunnelSession(asyncio.BufferedProtocol):
         core = self._core
         try:
             with memoryview(self._buf) as view:
-                consumed = core.receive(view[self._start:self._end])
-                self._start += consumed
-                self._dispatch()
+                while self._start < self._end and not self.closed:
+                    # A bounded number of OPENs per pass: they get answered (accept) before
+                    # the next pass counts pending opens.
+                    consumed = core.receive(view[self._start:self._end], max_opens=64)
+                    self._start += consumed
+                    self._dispatch()
+                    if not consumed:
+                        break
         except ProtocolError as exc:
             log.warning("tunnel session %s: protocol error: %s", self.name, exc)
             self._protocol_failure(exc)
@@ -378,8 +382,7 @@ class TunnelSession(asyncio.BufferedProtocol):
 
     def _after_core(self) -> None:
         """Dispatch events produced by local calls (e.g. a stream closing on accept)."""
-        if not self._in_receive:
-            self._dispatch()
+        self._dispatch()
 
     def _on_data(self, sid: int, data: memoryview, fin: bool) -> None:
         stream = self._streams.get(sid)

@@ -224,6 +224,7 @@ class Session:
         self._writable: list[int] = []
         self.events: list[Event] = []
         self._pending_in = 0
+        self._peer_streams = 0
         self.budget = MemoryBudget(cfg.session_memory_budget)
         self.process_budget = process_budget or PROCESS_BUDGET
         self.last_received = clock()
@@ -243,18 +244,25 @@ class Session:
 
     # Receiving ------------------------------------------------------------------------------
 
-    def receive(self, buf: memoryview) -> int:
-        """Parse every complete frame in ``buf``; append events to ``self.events``.
+    def receive(self, buf: memoryview, max_opens: int | None = None) -> int:
+        """Parse complete frames in ``buf``; append events to ``self.events``.
 
-        Returns the number of bytes consumed. Raises a ``ProtocolError`` subclass on malformed
-        input (the caller should then ``fail(exc)`` and close). Event data are views into
-        ``buf``: process the events before reusing the buffer.
+        Stops after ``max_opens`` OPEN frames (so the caller can answer them before the
+        pending-opens limit counts them); call again with the rest. Returns the bytes consumed.
+        Raises a ``ProtocolError`` subclass on malformed input (the caller should then
+        ``fail(exc)`` and close). Event data are views into ``buf``: process the events
+        before reusing the buffer.
         """
         consumed = 0
         limit = self.config.max_frame_size
+        opens = 0
         for frame, end in f.decode_frames(buf, limit):
             consumed = end
             self._handle(frame)
+            if frame.type == f.OPEN and max_opens is not None:
+                opens += 1
+                if opens >= max_opens:
+                    break
         if consumed:
             self.last_received = self.clock()
         return consumed
@@ -334,7 +342,7 @@ class Session:
         refuse: tuple[OpenErrorCode, str] | None = None
         if self.goaway_sent:
             refuse = (OpenErrorCode.SHUTTING_DOWN, "session going away")
-        elif len(self.streams) >= cfg.max_concurrent_streams + self._local_count():
+        elif self._peer_streams >= cfg.max_concurrent_streams:
             refuse = (OpenErrorCode.OVERLOAD, "too many concurrent streams")
         elif self._pending_in >= cfg.max_pending_opens:
             refuse = (OpenErrorCode.OVERLOAD, "too many pending opens")
@@ -345,16 +353,12 @@ class Session:
         st = StreamState(sid, self.peer_initial_window, cfg.initial_window - n)
         st.last_update = self.clock()
         self.streams[sid] = st
+        self._peer_streams += 1
         self._pending_in += 1
         fin = bool(fr.flags & f.FLAG_FIN)
         if fin:
             st.remote_open = False
         self.events.append(StreamOpened(sid, target, metadata, data, fin))
-
-    def _local_count(self) -> int:
-        # Cheap enough: local streams are counted only when a peer OPEN arrives.
-        parity = 1 if self.opens_odd else 0
-        return sum(1 for sid in self.streams if sid & 1 == parity)
 
     def _on_data(self, sid: int, data: memoryview, fin: bool) -> None:
         n = len(data)
@@ -664,6 +668,8 @@ class Session:
     def _forget(self, st: StreamState) -> None:
         if self.streams.pop(st.id, None) is None:
             return
+        if not self._is_local(st.id):
+            self._peer_streams -= 1
         st.send_buf = None
         st.local_open = False
         if st.reserved:

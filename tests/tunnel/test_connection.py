@@ -192,3 +192,26 @@ async def test_open_on_closed_session_reports_session_closed(tls_contexts):
     assert c.stream is stream
     assert isinstance(await asyncio.wait_for(c.lost, 2), SessionClosed)
     server.close()
+
+
+async def test_burst_of_opens_accepted_immediately_is_not_overload(tls_contexts):
+    """3000 OPENs arrive in few reads; the agent accepts each in connection_made, so the
+    pending-opens limit (1000) never refuses one."""
+
+    class Idle(Collector):
+        def connection_made(self, stream) -> None:
+            super().connection_made(stream)
+            stream.accept()
+
+    hub, agent, server = await session_pair(tls_contexts, on_open=lambda req: Idle())
+    clients = [Collector() for _ in range(3000)]
+    for c in clients:
+        hub.open_stream(KubeAPITarget(), b"", c)
+    for _ in range(300):
+        if agent.active_streams == 3000:
+            break
+        await asyncio.sleep(0.01)
+    assert agent.active_streams == 3000 and not any(c.lost.done() for c in clients)
+    hub.close()
+    await asyncio.wait_for(asyncio.gather(*(c.lost for c in clients)), 5)
+    server.close()
