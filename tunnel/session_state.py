@@ -593,7 +593,8 @@ class Session:
             return
         if not self._is_local(st.id) and not st.acked:
             return  # peer-opened: nothing goes out before OPEN_ACK
-        if force or (st.send_buffered and st.send_window > 0):
+        if force or (st.send_buffered and st.send_window > 0) or (
+                st.fin_queued and not st.send_buffered):
             st.scheduled = True
             self._ready.append(st)
 

@@ -313,3 +313,13 @@ def test_session_never_crashes_on_mixed_and_mutated_frames(frames, junk, cut):
         wire(agent)
     except ProtocolError:
         pass
+
+
+def test_agent_fin_queued_before_accept_goes_out_on_accept():
+    hub, agent, _ = pair()
+    sid = hub.open_stream(KubeAPITarget(), b"")
+    feed(agent, wire(hub))
+    agent.send_eof(sid)
+    assert wire(agent) == b""
+    agent.accept(sid)
+    assert wire(agent) == f.encode_open_ack(sid) + f.data_header(sid, 0, True)
