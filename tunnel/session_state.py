@@ -42,7 +42,7 @@ from tunnel.targets import Target
 class SessionConfig:
     initial_window: int = f.DEFAULT_INITIAL_WINDOW     # receive window per new stream (advertised)
     max_stream_window: int = 16 * 1024 * 1024          # auto-tuning ceiling per stream
-    max_frame_size: int = f.DEFAULT_MAX_FRAME_SIZE     # largest payload we accept (advertised)
+    max_frame_size: int = 256 * 1024                   # largest payload we accept (advertised)
     max_concurrent_streams: int = f.DEFAULT_MAX_CONCURRENT_STREAMS  # peer-opened, advertised
     max_pending_opens: int = 1000                      # peer OPENs we have not answered yet
     max_metadata_size: int = f.DEFAULT_MAX_METADATA_SIZE
@@ -52,7 +52,7 @@ class SessionConfig:
     session_memory_budget: int = 256 * 1024 * 1024     # window growth budget per session
     write_high_water: int = 256 * 1024                 # stream send buffer -> pause_writing
     write_low_water: int = 64 * 1024                   # ... -> resume_writing
-    quantum: int = 64 * 1024                           # round-robin quantum per stream
+    quantum: int = 256 * 1024                          # round-robin quantum per stream
     flush_limit: int = 1024 * 1024                     # DATA bytes per flush (then yield)
     max_pings_per_second: int = 50
     max_settings_per_second: int = 10
