@@ -16,8 +16,18 @@ TLS transport's own pause_writing stops DATA production for the session (control
 ``TunnelStream.pause_reading`` keeps the bytes in the tunnel (at most one window, since credit
 is not returned) and delivers them on ``resume_reading``.
 
-Extensions beyond contracts.md: ``TunnelSession.ping()``, ``TunnelSession.config``,
-``TunnelStream.accepted``, ``OpenRequest`` fields.
+Extensions beyond contracts.md:
+- ``ALPN = "hubproxy-tunnel/1"`` (the listener/dialer set it on their SSL contexts).
+- ``TunnelSession(config=None, on_open=None, name="")`` (both keyword, both optional);
+  ``.config``, ``.name``, ``.close_reason`` (why it closed, e.g. "peer dead"), ``.ping()``,
+  ``.close(reason="closed")``, ``.get_extra_info(name)`` (of the TLS transport).
+- ``TunnelStream.accepted``, ``.is_reading()``, ``.get_extra_info(name)``, ``.close()``
+  (= write_eof), ``.abort()`` (= reset CANCEL).
+- ``open_stream`` raises ``ValueError`` for metadata over the peer's MAX_METADATA_SIZE (a
+  programming error); on a closed/draining session it still returns a stream and reports
+  ``SessionClosed`` / ``OpenRefused(SHUTTING_DOWN)`` via ``connection_lost`` on the next loop turn.
+- Stream ends: ``connection_lost(None)`` once both directions finished (our FIN sent, the peer's
+  FIN delivered); ``StreamReset`` after a reset (either side), ``OpenRefused`` after OPEN_FAIL.
 """
 
 from __future__ import annotations
