@@ -257,3 +257,28 @@ async def test_garbage_from_peer_closes_session_with_protocol_goaway(tls_context
         assert types[-1] == f.GOAWAY
     writer.close()
     server.close()
+
+
+async def test_ping_flood_gets_flood_goaway(tls_contexts):
+    server_ctx, client_ctx = tls_contexts
+    loop = asyncio.get_running_loop()
+    made: list[TunnelSession] = []
+
+    def make_agent():
+        made.append(TunnelSession(on_open=lambda req: Sink(), name="agent"))
+        return made[-1]
+
+    server = await loop.create_server(make_agent, "127.0.0.1", 0, ssl=server_ctx)
+    port = server.sockets[0].getsockname()[1]
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=client_ctx,
+                                                   server_hostname="hub.test")
+    writer.write(f.encode_settings({}) + f.encode_ping(b"floodflo") * 200)
+    got = await asyncio.wait_for(reader.read(), 5)
+    frames = [(fr.type, bytes(fr.payload)) for fr, _ in
+              f.decode_frames(memoryview(got), 1 << 20)]
+    goaways = [p for t, p in frames if t == f.GOAWAY]
+    assert goaways and struct.unpack_from("!II", goaways[-1])[1] == GoAwayCode.FLOOD
+    assert sum(1 for t, _ in frames if t == f.PONG) <= 50
+    assert made[0].closed
+    writer.close()
+    server.close()
