@@ -272,6 +272,7 @@ class Exchange:
         "started",
         "status",
         "stream",
+        "streaming",
         "tracker",
         "transport",
     )
@@ -295,6 +296,7 @@ class Exchange:
         self.head_sent = False  # any response byte reached the client
         self.eof_sent = False  # we half-closed the stream (request complete)
         self.status = 0
+        self.streaming = False  # a watch, follow or upgrade: audited as stream_start/_end
         self.bytes_in = 0
         self.bytes_out = 0
         self.started = time.monotonic()

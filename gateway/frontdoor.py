@@ -361,11 +361,13 @@ class FrontDoor(asyncio.Protocol):
             return
         target = self.head.target if self.head is not None else b""
         if b"watch=" in target or b"follow=" in target:
+            exchange.streaming = True
             self.gw.audit_stream_start(self, exchange)
 
     def upgraded(self, exchange: Exchange) -> None:
         """A real 101: splice. Client bytes that waited for it go first."""
         self.phase = RAW
+        exchange.streaming = True
         self.gw.audit_stream_start(self, exchange)
         if self.buf:
             data = bytes(self.buf)
@@ -384,7 +386,7 @@ class FrontDoor(asyncio.Protocol):
         self.gw.metrics.stream_closed()
         self._record(exchange.status, exchange.bytes_in, exchange.bytes_out,
                      user=exchange.admitted.user, cluster=exchange.admitted.cluster,
-                     stream=exchange.admitted.upgrade)
+                     stream=exchange.streaming)
         self._release()
         if self.phase == CLOSED:
             return

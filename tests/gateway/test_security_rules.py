@@ -217,3 +217,15 @@ async def test_rule7_slow_client_does_not_stall_others(tls) -> None:  # noqa: F8
         async with asyncio.timeout(5):
             assert parse_raw(await slow_reader.read(-1))[0] == 408
         slow_writer.close()
+
+
+async def test_rule5_audit_lines_for_requests_and_streams(gw: Harness, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="hubproxy.audit")
+    gw.gateway._audit = True
+    await gw.exchange(get("/c1/api/v1/pods?watch=1&token=abc", close=True))
+    events = [json.loads(r.getMessage()) for r in caplog.records if r.name == "hubproxy.audit"]
+    assert [e["event"] for e in events] == ["stream_start", "stream_end"]
+    end = events[-1]
+    assert end["user"] == "system:serviceaccount:team:alice" and end["cluster"] == "c1"
+    assert end["status"] == 200 and end["bytes_out"] > 0 and "duration_ms" in end
+    assert end["path"] == "/c1/api/v1/pods?watch=1&token=REDACTED"
