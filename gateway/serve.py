@@ -176,7 +176,11 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
 async def serve(config: GatewayConfig, args: argparse.Namespace | None = None) -> int:
     from gateway.app import build_gateway
 
-    gateway, api_client = await build_gateway(config)
+    try:
+        gateway, api_client = await build_gateway(config)
+    except ImportError as exc:  # a partial install without the tunnel package
+        print(f"hubproxy gateway: the tunnel package is incomplete ({exc})", file=sys.stderr)
+        return 1
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
