@@ -197,12 +197,12 @@ async def serve(args: argparse.Namespace) -> int:
     if not insecure <= set(args.allow_service):
         raise ValueError("--insecure-service names a Service that is not --allow-service'd")
     # Imported only now: `hubproxy --help` and the checks above need none of the data path.
-    from tunnel.connection import SessionConfig
     from tunnel.dialer import AgentDialer
 
     from gateway.agent.agent import Agent
     from gateway.agent.health import start_health_server
     from gateway.agent.pool import UpstreamPool
+    from tunnel.connection import SessionConfig
 
     policy = build_policy(args, kube)
     pool = UpstreamPool()
@@ -210,7 +210,7 @@ async def serve(args: argparse.Namespace) -> int:
                   service_ca=args.service_ca, insecure_services=frozenset(insecure))
 
     hub_tls = ReloadingContext(
-        lambda: client_context(hub_ca, cert, key, min_version=TLS1_3, alpn_protocols=_alpn()),
+        lambda: client_context(hub_ca, cert, key, min_version=TLS1_3, alpn_protocols=tunnel_alpn()),
         [cert, key, hub_ca],
     )
     hub_host, hub_port = args.hub
@@ -257,7 +257,7 @@ async def serve(args: argparse.Namespace) -> int:
         log.info("agent stopped")
 
 
-def _alpn() -> list[str] | None:
+def tunnel_alpn() -> list[str] | None:
     """The tunnel's ALPN name, if the tunnel package declares one (the gateway looks alike)."""
     for module_name in ("tunnel.dialer", "tunnel.listener", "tunnel.connection", "tunnel.frames"):
         with contextlib.suppress(ImportError):

@@ -36,6 +36,7 @@ async def hub(tmp_path: Path) -> Any:
     from tunnel.registry import SessionRegistry
 
     from certs.tls import TLS1_3, server_context
+    from gateway.agent.command import tunnel_alpn
     from tunnel.connection import SessionConfig
 
     pki = tmp_path / "pki"
@@ -43,7 +44,8 @@ async def hub(tmp_path: Path) -> Any:
     registry = SessionRegistry()
     server = pki / "tunnel-server"
     ctx = server_context(server / "tls.crt", server / "tls.key", pki / "tunnel-ca" / "ca.crt",
-                         min_version=TLS1_3)
+                         min_version=TLS1_3,
+                         alpn_protocols=tunnel_alpn())
     port = free_port()
     listener = await start_tunnel_listener("127.0.0.1", port, ctx, registry, SessionConfig())
     try:

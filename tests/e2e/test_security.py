@@ -47,18 +47,20 @@ async def test_rule1_no_identity_refused_at_agent_even_if_gateway_bypassed(
     system: System, tmp_path: Path
 ) -> None:
     """Play a compromised hub: our own tunnel listener, a real agent, a stream w/o identity."""
-    from tunnel.connection import SessionConfig
-    from tunnel.errors import OpenErrorCode, OpenRefused
     from tunnel.listener import start_tunnel_listener
     from tunnel.registry import SessionRegistry
-    from tunnel.targets import KubeAPITarget
 
     from certs.tls import TLS1_3, server_context
+    from gateway.agent.command import tunnel_alpn
+    from tunnel.connection import SessionConfig
+    from tunnel.errors import OpenErrorCode, OpenRefused
+    from tunnel.targets import KubeAPITarget
 
     registry = SessionRegistry()
     server = system.pki / "tunnel-server"
     ctx = server_context(server / "tls.crt", server / "tls.key",
-                         system.pki / "tunnel-ca" / "ca.crt", min_version=TLS1_3)
+                         system.pki / "tunnel-ca" / "ca.crt", min_version=TLS1_3,
+                         alpn_protocols=tunnel_alpn())
     port = free_port()
     listener = await start_tunnel_listener("127.0.0.1", port, ctx, registry, SessionConfig())
     from gateway.demo import agent_args
