@@ -3,7 +3,6 @@ kubesim hub (TokenReview + SubjectAccessReview over kubernetes-asyncio, health, 
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 import ssl
@@ -96,10 +95,6 @@ def _get(url: str, ctx: ssl.SSLContext | None = None, token: str | None = None
         return exc.code, exc.read()
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("tunnel.listener") is None
-                    or importlib.util.find_spec("tunnel.registry") is None,
-                    reason="tunnel.listener/registry not there yet")
 def test_gateway_process_against_kubesim_hub(pki: Path, tmp_path: Path) -> None:
     gateway_token = "gw-" + os.urandom(8).hex()
     with run_kubesim_in_thread(tmp_path, name="hub", users=[(gateway_token, GATEWAY_USER,
@@ -206,3 +201,73 @@ async def test_real_hub_token_review_and_sar_in_process(tmp_path: Path) -> None:
     finally:
         await gw.close()
         await api.close()
+
+
+async def test_gateway_process_with_an_agent_on_its_tunnel(pki: Path, tmp_path: Path) -> None:
+    """`hubproxy gateway` as a process; an agent (real Agent + TunnelSession, in-process) dials
+    its tunnel port with the c1 certificate; curl reaches kubesim through both. SIGTERM
+    drains: the agent's session ends and the gateway exits 0."""
+    import asyncio
+    import json
+
+    from gateway.agent.agent import Agent
+    from gateway.agent.kubeapi import from_kubeconfig
+    from gateway.demo import managed_rbac
+    from kubesim.testing import run_kubesim
+    from tests.agent.test_exchange import FakePolicy
+    from tunnel.connection import ALPN, TunnelSession
+
+    gateway_token = "gw-" + os.urandom(8).hex()
+    agent_token = "agent-" + os.urandom(8).hex()
+    user = "cluster:hub:system:serviceaccount:demo:demo"
+    async with run_kubesim(tmp_path, name="hub", users=[(gateway_token, GATEWAY_USER, "gw")],
+                           rbac=hub_rbac()) as hub, \
+            run_kubesim(tmp_path, name="c1", users=[(agent_token, "hubproxy-agent", "a")],
+                        rbac=managed_rbac(user)) as managed:
+        token = hub.mint_token("demo", "demo", expiration_seconds=3600)
+        hub_kc = write_private(tmp_path / "hub.kubeconfig",
+                               yaml.safe_dump(hub.kubeconfig(gateway_token)))
+        front, tunnel, health = free_port(), free_port(), free_port()
+        group = ProcessGroup()
+        try:
+            proc = group.hubproxy(
+                "gateway", *base_flags(pki), "--listen", f"127.0.0.1:{front}",
+                "--tunnel-listen", f"127.0.0.1:{tunnel}", "--health-listen",
+                f"127.0.0.1:{health}", "--hub-kubeconfig", str(hub_kc),
+                "--shutdown-timeout", "3")
+            await asyncio.to_thread(proc.wait_for_line, "hubproxy gateway ready", 30)
+            agent = Agent(cluster="c1", policy=FakePolicy((managed.host, managed.port), {}),
+                          kube=from_kubeconfig(str(managed.write_kubeconfig(
+                              tmp_path / "agent-kc", token=agent_token))))
+            ctx = ssl.create_default_context(cafile=str(pki / "agents" / "c1" / "ca.crt"))
+            ctx.load_cert_chain(str(pki / "agents" / "c1" / "tls.crt"),
+                                str(pki / "agents" / "c1" / "tls.key"))
+            ctx.set_alpn_protocols([ALPN])
+            _, session = await asyncio.get_running_loop().create_connection(
+                lambda: TunnelSession(on_open=agent.on_open, name="agent"), "127.0.0.1",
+                tunnel, ssl=ctx, server_hostname="localhost")
+            url = f"https://127.0.0.1:{front}/c1/apis/authentication.k8s.io/v1/selfsubjectreviews"
+            body = b""
+            for _ in range(100):  # until the gateway registered the session
+                curl = await asyncio.create_subprocess_exec(
+                    "curl", "-sS", "--cacert", str(pki / "front-ca" / "ca.crt"), "-X", "POST",
+                    "-H", f"Authorization: Bearer {token}", "-H",
+                    "Content-Type: application/json", "-d",
+                    '{"apiVersion":"authentication.k8s.io/v1","kind":"SelfSubjectReview"}',
+                    url, stdout=asyncio.subprocess.PIPE)
+                body, _ = await asyncio.wait_for(curl.communicate(), 20)
+                if b"SelfSubjectReview" in body:
+                    break
+                await asyncio.sleep(0.1)
+            info = json.loads(body)["status"]["userInfo"]
+            assert info["username"] == user
+            assert all(token not in json.dumps(r.__dict__, default=str)
+                       for r in managed.received)
+            proc.signal(signal.SIGTERM)
+            async with asyncio.timeout(15):
+                await session.wait_closed()  # GOAWAY/drain closed the agent's session
+                while proc.popen.poll() is None:
+                    await asyncio.sleep(0.05)
+            assert proc.popen.returncode == 0
+        finally:
+            group.stop_all()
