@@ -456,6 +456,12 @@ class FrontDoor(asyncio.Protocol):
         self.resume_reading("stream")
         self._arm(self.limits.idle_timeout, self._idle_timeout)
         if self.buf:
+            # Later, not now: a buffer of pipelined requests that are all refused at once would
+            # otherwise recurse once per request.
+            asyncio.get_running_loop().call_soon(self._resume_pipeline)
+
+    def _resume_pipeline(self) -> None:
+        if self.phase == IDLE and self.buf:
             self._read_head()
 
     def _release(self) -> None:

@@ -308,3 +308,14 @@ async def test_stalled_request_body_times_out_and_cancels_upstream(tls) -> None:
         assert parse_raw(data)[0] == 408
         assert h.streams()[0].reset_code is not None
         writer.close()
+
+
+async def test_many_pipelined_refusals_do_not_recurse(gw: Harness) -> None:
+    reader, writer = await gw.open()
+    n = 3000
+    writer.write(b"GET /c1/a HTTP/1.1\r\nHost: h\r\n\r\n" * n)  # all 401 (no token)
+    async with asyncio.timeout(20):
+        for _ in range(n):
+            status, _, _ = await read_response(reader)
+            assert status == 401
+    writer.close()
