@@ -172,7 +172,11 @@ async def admit(gw: Gateway, head: RequestHead, client_ip: str, request_id: str)
     try:
         user = await gw.authenticate(bearer.token)
     except Unauthenticated as exc:
-        if not (config.token_passthrough and bearer.source == "authorization"):
+        # A token the hub accepted for another audience is still a hub token: it must never
+        # leave the hub, so only a plain "not a valid token" answer passes through.
+        # (gateway.auth has no typed reason; its audience message is the one to exclude.)
+        if not (config.token_passthrough and bearer.source == "authorization"
+                and "audience" not in str(exc)):
             raise Refusal(401, str(exc) or "invalid bearer token") from None
         passthrough = True
     except AuthUnavailable:

@@ -229,3 +229,17 @@ async def test_rule5_audit_lines_for_requests_and_streams(gw: Harness, caplog) -
     assert end["user"] == "system:serviceaccount:team:alice" and end["cluster"] == "c1"
     assert end["status"] == 200 and end["bytes_out"] > 0 and "duration_ms" in end
     assert end["path"] == "/c1/api/v1/pods?watch=1&token=REDACTED"
+
+
+async def test_rule2_hub_token_for_another_audience_is_never_passed_through(tls) -> None:  # noqa: F811
+    async with running(tls, token_passthrough=True) as h:
+        h.connect_cluster("c1")
+        h.gateway.authenticator.audiences = ("hubproxy",)
+
+        async def wrong_audience(token, audiences):
+            return {"authenticated": True, "error": "", "audiences": ["someone-else"],
+                    "user": {"username": "alice"}}
+
+        h.reviewer.review = wrong_audience
+        status, _, _ = parse_raw(await h.exchange(get("/c1/api", close=True)))
+        assert status == 401 and h.streams() == []
