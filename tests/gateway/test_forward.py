@@ -439,3 +439,21 @@ def test_identity_cache_metadata_equals_the_slow_path() -> None:
     assert Identity.from_metadata(cache.metadata(other, "cluster:hub:", "01")).user == \
         "cluster:hub:bob"
     assert len(cache._entries) == 2
+
+
+@pytest.mark.parametrize(
+    ("protocols", "upgrade"),
+    [
+        ("", True),  # the token protocol alone: the server could not echo a protocol back
+        ("v5.channel.k8s.io", False),  # not a WebSocket upgrade: the protocol is not a token
+    ],
+)
+async def test_websocket_token_rules(gw: Harness, protocols: str, upgrade: bool) -> None:
+    enc = base64.urlsafe_b64encode(HUB_TOKEN.encode()).rstrip(b"=").decode()
+    value = ", ".join(p for p in (f"base64url.bearer.authorization.k8s.io.{enc}", protocols) if p)
+    extra = f"Sec-WebSocket-Protocol: {value}\r\n"
+    if upgrade:
+        extra += "Upgrade: websocket\r\nConnection: Upgrade\r\n"
+    data = await gw.exchange(get(EXEC, token=None, extra=extra, close=not upgrade))
+    assert status_of(data)[0] == 401
+    assert gw.streams() == []
