@@ -124,13 +124,7 @@ class FrontDoor(asyncio.Protocol):
         self._disarm()
         if self._task is not None:
             self._task.cancel()
-        if self.exchange is not None:
-            exchange = self.exchange
-            if not exchange.done:
-                exchange.client_gone()
-                self._record(exchange.status or 499, exchange.bytes_in, exchange.bytes_out,
-                             user=exchange.admitted.user, cluster=exchange.admitted.cluster)
-            self.exchange = None
+        self._abandon_exchange()
         self._release()
         self.gw.connections.discard(self)
         self.buf = bytearray()
@@ -333,7 +327,9 @@ class FrontDoor(asyncio.Protocol):
             # Malformed chunked framing: the stream must not carry it; tell the client.
             exchange.client_gone()
             self.exchange = None
-            self._refuse(exc.status, str(exc), close=True)
+            self.gw.metrics.stream_closed()
+            self._refuse(exc.status, str(exc), close=True, user=exchange.admitted.user,
+                         cluster=exchange.admitted.cluster)
             return
         if n:
             exchange.send(data if n == len(data) else memoryview(data)[:n])
@@ -486,6 +482,18 @@ class FrontDoor(asyncio.Protocol):
             stream=stream,
         )
 
+    def _abandon_exchange(self) -> None:
+        """The client side is gone or broken: cancel the stream, account for the request."""
+        exchange = self.exchange
+        if exchange is None:
+            return
+        self.exchange = None
+        exchange.client_gone()
+        self.gw.metrics.stream_closed()
+        self._record(exchange.status or 499, exchange.bytes_in, exchange.bytes_out,
+                     user=exchange.admitted.user, cluster=exchange.admitted.cluster,
+                     stream=exchange.streaming)
+
     def close(self) -> None:
         """Close after flushing what was written (never aborts a half-sent response)."""
         if self.phase == CLOSED:
@@ -494,8 +502,7 @@ class FrontDoor(asyncio.Protocol):
         self._disarm()
         if self._task is not None:
             self._task.cancel()
-        if self.exchange is not None:
-            self.exchange.client_gone()
+        self._abandon_exchange()
         self.transport.close()
 
     @property

@@ -384,6 +384,13 @@ async def running(tls: Tls, *, authorizer: Any = None, **overrides: Any
         for session in harness.sessions.values():
             for task in list(session.tasks):
                 task.cancel()
+    # Every test also checks the accounting: no stream or in-flight slot leaked.
+    for _ in range(50):
+        if not gateway.connections:
+            break
+        await asyncio.sleep(0.01)
+    assert gateway.metrics.active_streams == 0, "a stream was never accounted as closed"
+    assert gateway.inflight == 0, "an in-flight slot was never released"
 
 
 @pytest.fixture
