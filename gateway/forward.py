@@ -329,7 +329,11 @@ class Exchange:
             self._to_client(data)
         elif state == _BODY:
             tracker = self.tracker
-            n = tracker.feed(data)
+            try:
+                n = tracker.feed(data)
+            except HTTPError:  # broken chunked framing from upstream: never pass it on
+                self._fail(502, "the cluster sent a malformed response body")
+                return
             if n:
                 self._to_client(data if n == len(data) else data[:n])
             if n < len(data):
@@ -431,7 +435,12 @@ class Exchange:
                 if rest:
                     self._to_client(rest)
                 return
-            taken = self.tracker.feed(rest) if rest else 0
+            try:
+                taken = self.tracker.feed(rest) if rest else 0
+            except HTTPError:
+                self.transport.write(raw)
+                self._fail(502, "the cluster sent a malformed response body")
+                return
             # Head and the body bytes that came with it leave in one write (one TLS record
             # for a small response instead of two).
             self.bytes_out += taken

@@ -457,3 +457,16 @@ async def test_websocket_token_rules(gw: Harness, protocols: str, upgrade: bool)
     data = await gw.exchange(get(EXEC, token=None, extra=extra, close=not upgrade))
     assert status_of(data)[0] == 401
     assert gw.streams() == []
+
+
+async def test_malformed_chunked_response_body_closes_the_client(gw: Harness) -> None:
+    async def broken(stream: FakeStream) -> None:
+        await stream.request()
+        stream.send(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n")
+        await asyncio.sleep(0.05)
+        stream.send(b"zz\r\nsmuggled\r\n")
+
+    gw.connect_cluster("c5", broken)
+    data = await gw.exchange(get("/c5/api"))  # the gateway closes; nothing after abc
+    assert data.endswith(b"3\r\nabc\r\n")
+    assert gw.streams("c5")[0].reset_code is not None
