@@ -172,7 +172,12 @@ def _check_certificate_cluster(cert_file: Path, cluster: str) -> None:
 
 
 def build_policy(args: argparse.Namespace, kube: KubeAPIAccess | None) -> Any:
-    from tunnel.policy import ServiceRule, TargetPolicy
+    try:
+        from tunnel.policy import ServiceRule, TargetPolicy
+    except ImportError:  # tunnel-edge not in the tree yet: contracts.md-shaped stand-in
+        log.warning("tunnel.policy is not available: using the agent's built-in stand-in")
+        from gateway.agent.standin import FallbackPolicy as TargetPolicy
+        from gateway.agent.standin import ServiceRule
 
     rules = [ServiceRule.parse(f"{ns}/{name}:{port}") for ns, name, port in args.allow_service]
     return TargetPolicy(
@@ -182,6 +187,15 @@ def build_policy(args: argparse.Namespace, kube: KubeAPIAccess | None) -> Any:
         allow_loopback=args.allow_loopback_targets,
         service_address_overrides=dict(args.service_address),
     )
+
+
+def dialer_class() -> Any:
+    try:
+        from tunnel.dialer import AgentDialer
+    except ImportError:
+        log.warning("tunnel.dialer is not available: using the agent's built-in stand-in")
+        from gateway.agent.standin import FallbackDialer as AgentDialer
+    return AgentDialer
 
 
 async def serve(args: argparse.Namespace) -> int:
@@ -197,7 +211,6 @@ async def serve(args: argparse.Namespace) -> int:
     if not insecure <= set(args.allow_service):
         raise ValueError("--insecure-service names a Service that is not --allow-service'd")
     # Imported only now: `hubproxy --help` and the checks above need none of the data path.
-    from tunnel.dialer import AgentDialer
 
     from gateway.agent.agent import Agent
     from gateway.agent.health import start_health_server
@@ -214,7 +227,7 @@ async def serve(args: argparse.Namespace) -> int:
         [cert, key, hub_ca],
     )
     hub_host, hub_port = args.hub
-    dialer = AgentDialer(hub_host, hub_port, hub_tls.current, agent.on_open, SessionConfig(),
+    dialer = dialer_class()(hub_host, hub_port, hub_tls.current, agent.on_open, SessionConfig(),
                          server_hostname=args.hub_server_name or hub_host)
     readiness = Readiness(dialer, kube)
     log.info("agent for cluster %s: hub %s:%d, apiserver %s, services allowed: %s",

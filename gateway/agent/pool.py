@@ -77,8 +77,8 @@ class UpstreamConnection(asyncio.Protocol):
 
     # --- asyncio.Protocol -------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # (uvloop's transports are not asyncio.Transport subclasses; no isinstance check)
+        self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
         if self.user is not None:

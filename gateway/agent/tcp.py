@@ -50,8 +50,8 @@ class _Socket(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # (uvloop's transports are not asyncio.Transport subclasses; no isinstance check)
+        self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
         self.relay.stream.write(data)
