@@ -163,3 +163,63 @@ async def test_stream_on_a_session_that_just_closed_is_503(tls) -> None:  # noqa
         assert status == 503
         assert json.loads(body)["message"] == "the connection to the cluster was lost"
         agent.close()
+
+
+class FirehoseAgent(CannedAgent):
+    """A watch that emits 40 x 100 kB events as fast as the stream's window allows."""
+
+    total = 40
+
+    def data_received(self, data: bytes | memoryview) -> None:
+        self.received += data
+        if b"\r\n\r\n" in self.received and not self.record:
+            self.record.append({"received": bytes(self.received)})
+            self.sent = 0
+            self.paused_seen = False
+            self.writing_paused = False
+            self.stream.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+            self._pump()
+
+    def _pump(self) -> None:
+        while not self.writing_paused and self.sent < self.total:
+            event = (b'{"name":"big-%02d","blob":"' % self.sent) + b"x" * 100_000 + b'"}\n'
+            self.stream.write(b"%x\r\n" % len(event) + event + b"\r\n")
+            self.sent += 1
+
+    def eof_received(self) -> None:
+        pass
+
+    def pause_writing(self) -> None:
+        self.writing_paused = True
+        self.paused_seen = True
+
+    def resume_writing(self) -> None:
+        self.writing_paused = False
+        self._pump()
+
+
+async def test_slow_reader_pauses_the_tunnel_then_gets_every_event(tls) -> None:  # noqa: F811
+    async with running(tls) as h:
+        hub, agent, _, agents = await with_tunnel(h, FirehoseAgent)
+        raw = socket.socket()
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        raw.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(raw, ("127.0.0.1", h.port))
+        reader, writer = await asyncio.open_connection(sock=raw, ssl=h.tls.client,
+                                                       server_hostname="localhost")
+        writer.write(get("/real/api/v1/configmaps?watch=1"))
+        await asyncio.sleep(1.0)
+        assert agents[0].paused_seen  # the tunnel's window pushed back on the agent
+        # Meanwhile other requests on other connections flow.
+        data = await h.exchange(get("/c1-missing/api", close=True))
+        assert parse_raw(data)[0] in (404, 503)
+        received = bytearray()
+        async with asyncio.timeout(20):
+            while received.count(b'"name":"big-') < FirehoseAgent.total:
+                chunk = await reader.read(1 << 20)
+                assert chunk, "connection closed early"
+                received += chunk
+        assert all(b'"name":"big-%02d"' % i in received for i in range(FirehoseAgent.total))
+        writer.close()
+        hub.close()
+        agent.close()
