@@ -152,3 +152,37 @@ async def test_kubectl_port_forward(system, websockets: str) -> None:
     finally:
         proc.kill()
         await proc.wait()
+
+
+async def test_slow_reader_on_a_watch_gets_every_event(system) -> None:
+    import time
+
+    h, sim, _ = system
+    sim.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "bulk"}})
+    blob = "x" * 100_000
+    sim.apply([{"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": f"big-{i:02d}", "namespace": "bulk"}, "data": {"blob": blob}}
+               for i in range(40)])
+    raw = socket.socket()
+    raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    raw.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(raw, ("127.0.0.1", h.port))
+    reader, writer = await asyncio.open_connection(sock=raw, ssl=h.tls.client,
+                                                   server_hostname="localhost")
+    writer.write(f"GET /cluster1/api/v1/namespaces/bulk/configmaps?watch=1 HTTP/1.1\r\n"
+                 f"Host: x\r\nAuthorization: Bearer {HUB_TOKEN}\r\n\r\n".encode())
+    await asyncio.sleep(1.0)
+    received = bytearray()
+    started = time.monotonic()
+    async with asyncio.timeout(30):
+        # Count events as they come (re-scanning 4 MB per small read would be quadratic).
+        events = 0
+        while events < 40:
+            chunk = await reader.read(1 << 20)
+            assert chunk, "connection closed early"
+            tail = bytes(received[-11:]) + chunk  # 11 < len(marker): no double count
+            events += tail.count(b'"name":"big-')
+            received += chunk
+    assert time.monotonic() - started < 10
+    assert all(f'"big-{i:02d}"'.encode() in received for i in range(40))
+    writer.close()
