@@ -221,6 +221,16 @@ def test_rule4_only_allow_listed_services_are_reachable(system: System) -> None:
     for path in denied:
         code, body = split_status(system.curl(path))
         assert code == 403, (path, body)
+    bypasses = [  # other spellings of the allowed Service, or escapes out of it
+        f"/cluster1/api/v1/namespaces/{ns}/services/{name}.{ns}.svc:{port}/proxy-service/",
+        f"/cluster1/api/v1/namespaces/{ns}/services/%77eb:{port}/proxy-service/",
+        f"/cluster1/api/v1/namespaces/{ns}/services/{name}:{port}/proxy-service/../../x",
+        f"/cluster1/api/v1/namespaces/{ns}/services/{name}:{port}%2F..%2F/proxy-service/",
+        "/cluster1/api/v1/namespaces/kube-system/services/kubernetes:443/proxy-service/",
+    ]
+    for path in bypasses:
+        code, body = split_status(system.curl(path, "--path-as-is"))
+        assert code in (400, 403, 404), (path, body)
     assert len(RecordingHandler.seen) == 1
 
 
@@ -269,6 +279,7 @@ def tunnel_hub_api() -> tuple[Any, Any]:
     """tunnel.listener/registry, or the gateway's stand-ins while tunnel-edge is missing."""
     try:
         from tunnel.listener import start_tunnel_listener
+
         from tunnel.registry import SessionRegistry
     except ImportError:
         from gateway.app import _FallbackRegistry as SessionRegistry
