@@ -37,6 +37,9 @@ from gateway.forward import IdentityCache
 from gateway.frontdoor import FrontDoor
 from gateway.health import HealthServer, Readiness, token_review_probe
 from gateway.metrics import OTHER_CLUSTER, GatewayMetrics
+from tunnel.connection import ALPN, SessionConfig
+from tunnel.listener import start_tunnel_listener
+from tunnel.registry import SessionRegistry
 
 log = logging.getLogger("hubproxy.gateway")
 
@@ -138,11 +141,6 @@ class Gateway:
         )
         self.front_port = int(self._front.sockets[0].getsockname()[1])
         if self.tunnel_ssl is not None:
-            try:
-                from tunnel.listener import start_tunnel_listener
-            except ImportError:  # see _FallbackListener
-                start_tunnel_listener = _start_fallback_listener
-
             thost, tport = config.tunnel_listen
             self._tunnel = await start_tunnel_listener(
                 thost, tport, self.tunnel_ssl, self.registry, self.session_config
@@ -241,24 +239,12 @@ def tunnel_tls(config: GatewayConfig) -> ssl.SSLContext:
     return reloading_server_context(reloading)
 
 
-def _tunnel_alpn() -> list[str] | None:
-    """The tunnel's ALPN name, if the tunnel package declares one."""
-    for module_name in ("tunnel.listener", "tunnel.connection", "tunnel.frames"):
-        with contextlib.suppress(ImportError):
-            module = __import__(module_name, fromlist=["ALPN"])
-            alpn = getattr(module, "ALPN", None)
-            if alpn:
-                return [alpn.decode() if isinstance(alpn, bytes) else str(alpn)]
-    return None
+def _tunnel_alpn() -> list[str]:
+    return [ALPN]
 
 
 async def build_gateway(config: GatewayConfig) -> tuple[Gateway, Any]:
     """A production gateway and its hub ApiClient (close it after the gateway)."""
-    try:
-        from tunnel.registry import SessionRegistry
-    except ImportError:  # see _FallbackListener
-        SessionRegistry = _FallbackRegistry
-
     from gateway.auth import KubeTokenReviewer, TokenAuthenticator, build_hub_api_client
     from gateway.authorize import NoAuthorizer, SarAuthorizer
 
@@ -272,11 +258,7 @@ async def build_gateway(config: GatewayConfig) -> tuple[Gateway, Any]:
     )
     # Hub-side session settings are the tunnel's defaults; concurrency toward an agent is
     # bounded by what that agent advertises, and by --max-inflight here.
-    session_config = None
-    with contextlib.suppress(ImportError):
-        from tunnel.connection import SessionConfig
-
-        session_config = SessionConfig()
+    session_config = SessionConfig()
     probe = token_review_probe(lambda token: reviewer.review(token, authenticator.audiences))
     gateway = Gateway(
         config,
@@ -289,127 +271,3 @@ async def build_gateway(config: GatewayConfig) -> tuple[Gateway, Any]:
         session_config=session_config,
     )
     return gateway, api_client
-
-
-# --- stand-ins while tunnel.registry / tunnel.listener are not in the tree --------------------
-# Written against contracts.md so `hubproxy gateway` runs end to end today; the tunnel
-# package's own modules replace them automatically (imported first). Delete once they landed.
-
-
-class _FallbackRegistry:
-    """contracts.md ``SessionRegistry``: sessions per cluster, least-loaded pick."""
-
-    def __init__(self) -> None:
-        self._sessions: dict[str, list[Any]] = {}
-        self._subscribers: list[Callable[[str, bool], None]] = []
-
-    def add(self, cluster: str, session: Any) -> None:
-        first = not self._sessions.get(cluster)
-        self._sessions.setdefault(cluster, []).append(session)
-        if first:
-            for cb in list(self._subscribers):
-                cb(cluster, True)
-
-    def remove(self, cluster: str, session: Any) -> None:
-        sessions = self._sessions.get(cluster)
-        if not sessions or session not in sessions:
-            return
-        sessions.remove(session)
-        if not sessions:
-            del self._sessions[cluster]
-            for cb in list(self._subscribers):
-                cb(cluster, False)
-
-    def pick(self, cluster: str) -> Any:
-        live = [s for s in self._sessions.get(cluster, ()) if not s.draining and not s.closed]
-        return min(live, key=lambda s: s.active_streams) if live else None
-
-    def clusters(self) -> frozenset[str]:
-        return frozenset(self._sessions)
-
-    def sessions(self, cluster: str) -> list[Any]:
-        return list(self._sessions.get(cluster, ()))
-
-    def subscribe(self, cb: Callable[[str, bool], None]) -> None:
-        self._subscribers.append(cb)
-
-
-def _cluster_from_certificate(der: bytes) -> str:
-    """The cluster named by the URI SAN ``hubproxy://cluster/<name>`` (DESIGN §4), or ValueError."""
-    from cryptography import x509
-
-    from certs.identity import CLUSTER_URI_PREFIX, validate_cluster_name
-
-    cert = x509.load_der_x509_certificate(der)
-    try:
-        uris = cert.extensions.get_extension_for_class(
-            x509.SubjectAlternativeName).value.get_values_for_type(x509.UniformResourceIdentifier)
-    except x509.ExtensionNotFound:
-        uris = []
-    names = [u[len(CLUSTER_URI_PREFIX):] for u in uris if u.startswith(CLUSTER_URI_PREFIX)]
-    if len(names) != 1:
-        raise ValueError("agent certificate must carry exactly one hubproxy://cluster/ URI SAN")
-    return validate_cluster_name(names[0])
-
-
-class _FallbackListener:
-    def __init__(self, server: asyncio.base_events.Server, registry: Any) -> None:
-        self.server = server
-        self.registry = registry
-        self.port = int(server.sockets[0].getsockname()[1])
-        self.sessions: set[Any] = set()
-
-    def close(self) -> None:
-        self.server.close()
-        for session in list(self.sessions):
-            session.close()
-
-    async def wait_closed(self) -> None:
-        for session in list(self.sessions):
-            with contextlib.suppress(Exception):
-                await session.wait_closed()
-
-    async def drain(self, deadline: float) -> None:
-        self.server.close()
-        await asyncio.gather(*(s.drain(deadline) for s in list(self.sessions)),
-                             return_exceptions=True)
-
-
-async def _start_fallback_listener(host: str, port: int, ssl_context: ssl.SSLContext,
-                                   registry: Any, config: Any) -> _FallbackListener:
-    from tunnel.connection import TunnelSession
-
-    holder: list[_FallbackListener] = []
-
-    class AgentSession(TunnelSession):
-        """Hub side of one agent: identity from the client certificate before any frame."""
-
-        def connection_made(self, transport: Any) -> None:
-            ssl_object = transport.get_extra_info("ssl_object")
-            der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
-            try:
-                if not der:
-                    raise ValueError("no client certificate")
-                cluster = _cluster_from_certificate(der)
-            except ValueError as exc:
-                log.warning("agent refused: %s", exc)
-                transport.abort()
-                return
-            super().connection_made(transport)
-            listener = holder[0]
-            listener.sessions.add(self)
-            registry.add(cluster, self)
-
-            def gone(session: Any) -> None:
-                listener.sessions.discard(session)
-                registry.remove(cluster, session)
-
-            self.on_closed.append(gone)
-
-    log.warning("tunnel.listener is not available: using the gateway's built-in stand-in")
-    loop = asyncio.get_running_loop()
-    server = await loop.create_server(
-        lambda: AgentSession(config=config, name="agent"), host, port, ssl=ssl_context,
-        ssl_handshake_timeout=10.0)
-    holder.append(_FallbackListener(server, registry))
-    return holder[0]

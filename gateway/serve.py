@@ -26,6 +26,7 @@ import os
 import signal
 import sys
 
+from gateway.clusterprofile import component as clusterprofile
 from gateway.config import FrontDoorLimits, GatewayConfig, parse_address, parse_duration
 from gateway.http1 import Limits
 
@@ -118,10 +119,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         choices=("debug", "info", "warning", "error"),
                         help="log level (default: %(default)s); audit lines are INFO on "
                         "the hubproxy.audit logger")
-    with contextlib.suppress(ImportError):
-        from gateway.clusterprofile import component
-
-        component.add_arguments(parser)
+    clusterprofile.add_arguments(parser)
 
 
 def config_from_args(args: argparse.Namespace) -> GatewayConfig:
@@ -176,11 +174,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
 async def serve(config: GatewayConfig, args: argparse.Namespace | None = None) -> int:
     from gateway.app import build_gateway
 
-    try:
-        gateway, api_client = await build_gateway(config)
-    except ImportError as exc:  # a partial install without the tunnel package
-        print(f"hubproxy gateway: the tunnel package is incomplete ({exc})", file=sys.stderr)
-        return 1
+    gateway, api_client = await build_gateway(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -192,10 +186,8 @@ async def serve(config: GatewayConfig, args: argparse.Namespace | None = None) -
               f"{gateway.tunnel_port}, health port {gateway.health_port or 'off'}",
               file=sys.stderr, flush=True)
         if args is not None and getattr(args, "clusterprofiles", None) is not None:
-            from gateway.clusterprofile import component
-
-            extras.append(asyncio.ensure_future(component.run(args, api_client,
-                                                              gateway.registry)))
+            extras.append(asyncio.ensure_future(
+                clusterprofile.run(args, api_client, gateway.registry)))
         await stop.wait()
         log.info("shutting down: draining for up to %.0fs", config.shutdown_timeout)
         await gateway.shutdown()
@@ -220,13 +212,10 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"hubproxy gateway: {exc}", file=sys.stderr)
         return 2
-    with contextlib.suppress(ImportError):
-        from gateway.clusterprofile import component
-
-        problem = component.validate(args)
-        if problem:
-            print(f"hubproxy gateway: {problem}", file=sys.stderr)
-            return 2
+    problem = clusterprofile.validate(args)
+    if problem:
+        print(f"hubproxy gateway: {problem}", file=sys.stderr)
+        return 2
     try:
         import uvloop
     except ImportError:
