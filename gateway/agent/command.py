@@ -172,12 +172,7 @@ def _check_certificate_cluster(cert_file: Path, cluster: str) -> None:
 
 
 def build_policy(args: argparse.Namespace, kube: KubeAPIAccess | None) -> Any:
-    try:
-        from tunnel.policy import ServiceRule, TargetPolicy
-    except ImportError:  # tunnel-edge not in the tree yet: contracts.md-shaped stand-in
-        log.warning("tunnel.policy is not available: using the agent's built-in stand-in")
-        from gateway.agent.standin import FallbackPolicy as TargetPolicy
-        from gateway.agent.standin import ServiceRule
+    from tunnel.policy import ServiceRule, TargetPolicy
 
     rules = [ServiceRule.parse(f"{ns}/{name}:{port}") for ns, name, port in args.allow_service]
     return TargetPolicy(
@@ -187,15 +182,6 @@ def build_policy(args: argparse.Namespace, kube: KubeAPIAccess | None) -> Any:
         allow_loopback=args.allow_loopback_targets,
         service_address_overrides=dict(args.service_address),
     )
-
-
-def dialer_class() -> Any:
-    try:
-        from tunnel.dialer import AgentDialer
-    except ImportError:
-        log.warning("tunnel.dialer is not available: using the agent's built-in stand-in")
-        from gateway.agent.standin import FallbackDialer as AgentDialer
-    return AgentDialer
 
 
 async def serve(args: argparse.Namespace) -> int:
@@ -216,6 +202,7 @@ async def serve(args: argparse.Namespace) -> int:
     from gateway.agent.health import start_health_server
     from gateway.agent.pool import UpstreamPool
     from tunnel.connection import SessionConfig
+    from tunnel.dialer import AgentDialer
 
     policy = build_policy(args, kube)
     pool = UpstreamPool()
@@ -227,7 +214,7 @@ async def serve(args: argparse.Namespace) -> int:
         [cert, key, hub_ca],
     )
     hub_host, hub_port = args.hub
-    dialer = dialer_class()(hub_host, hub_port, hub_tls.current, agent.on_open, SessionConfig(),
+    dialer = AgentDialer(hub_host, hub_port, hub_tls.current, agent.on_open, SessionConfig(),
                          server_hostname=args.hub_server_name or hub_host)
     readiness = Readiness(dialer, kube)
     log.info("agent for cluster %s: hub %s:%d, apiserver %s, services allowed: %s",
@@ -270,17 +257,11 @@ async def serve(args: argparse.Namespace) -> int:
         log.info("agent stopped")
 
 
-def tunnel_alpn() -> list[str] | None:
-    """The tunnel's ALPN name, if the tunnel package declares one (the gateway looks alike)."""
-    for module_name in ("tunnel.dialer", "tunnel.listener", "tunnel.connection", "tunnel.frames"):
-        with contextlib.suppress(ImportError):
-            module = __import__(module_name, fromlist=["ALPN"])
-            alpn = getattr(module, "ALPN", None)
-            if alpn:
-                if isinstance(alpn, list | tuple):
-                    return [a.decode() if isinstance(a, bytes) else str(a) for a in alpn]
-                return [alpn.decode() if isinstance(alpn, bytes) else str(alpn)]
-    return None
+def tunnel_alpn() -> list[str]:
+    """The tunnel's ALPN name (the dialer insists on it)."""
+    from tunnel.connection import ALPN
+
+    return [ALPN]
 
 
 def run(args: argparse.Namespace) -> int:

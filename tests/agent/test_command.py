@@ -32,11 +32,11 @@ USER = "cluster:hub:system:serviceaccount:demo:demo"
 
 @pytest.fixture
 async def hub(tmp_path: Path) -> Any:
-    start_tunnel_listener, SessionRegistry = tunnel_hub_api()
-
     from certs.tls import TLS1_3, server_context
     from gateway.agent.command import tunnel_alpn
     from tunnel.connection import SessionConfig
+    from tunnel.listener import start_tunnel_listener
+    from tunnel.registry import SessionRegistry
 
     pki = tmp_path / "pki"
     layout.init(pki, layout.InitOptions(clusters=["cluster1", "cluster2"]))
@@ -158,14 +158,3 @@ def test_agent_help_and_refusals(tmp_path: Path) -> None:
                           str(pki / "agents" / "cluster1")], capture_output=True, text=True,
                          timeout=30)
     assert got.returncode == 2 and "insecure-skip-tls-verify" in got.stderr
-
-
-def tunnel_hub_api() -> tuple[Any, Any]:
-    """tunnel.listener/registry, or the gateway's stand-ins while tunnel-edge is missing."""
-    try:
-        from tunnel.listener import start_tunnel_listener
-        from tunnel.registry import SessionRegistry
-    except ImportError:
-        from gateway.app import _FallbackRegistry as SessionRegistry
-        from gateway.app import _start_fallback_listener as start_tunnel_listener
-    return start_tunnel_listener, SessionRegistry

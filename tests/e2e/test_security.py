@@ -47,12 +47,12 @@ async def test_rule1_no_identity_refused_at_agent_even_if_gateway_bypassed(
     system: System, tmp_path: Path
 ) -> None:
     """Play a compromised hub: our own tunnel listener, a real agent, a stream w/o identity."""
-    start_tunnel_listener, SessionRegistry = tunnel_hub_api()
-
     from certs.tls import TLS1_3, server_context
     from gateway.agent.command import tunnel_alpn
     from tunnel.connection import SessionConfig
     from tunnel.errors import OpenErrorCode, OpenRefused
+    from tunnel.listener import start_tunnel_listener
+    from tunnel.registry import SessionRegistry
     from tunnel.targets import KubeAPITarget
 
     registry = SessionRegistry()
@@ -273,15 +273,3 @@ def test_rule5_tokens_never_appear_in_gateway_or_agent_logs(system: System) -> N
     assert "cluster1" in logs  # the logs are there and say something
     for secret in system.secrets():
         assert secret not in logs
-
-
-def tunnel_hub_api() -> tuple[Any, Any]:
-    """tunnel.listener/registry, or the gateway's stand-ins while tunnel-edge is missing."""
-    try:
-        from tunnel.listener import start_tunnel_listener
-
-        from tunnel.registry import SessionRegistry
-    except ImportError:
-        from gateway.app import _FallbackRegistry as SessionRegistry
-        from gateway.app import _start_fallback_listener as start_tunnel_listener
-    return start_tunnel_listener, SessionRegistry
