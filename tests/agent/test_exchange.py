@@ -13,14 +13,14 @@ from typing import Any
 
 import pytest
 import yaml
-from tunnel.errors import OpenErrorCode, OpenRefused, ResetCode
-from tunnel.targets import KubeAPITarget, ServiceTarget, TCPTarget
 
 from gateway.agent.agent import Agent
 from gateway.agent.kubeapi import from_kubeconfig
 from gateway.agent.pool import UpstreamPool
 from tests.agent.conftest import FakeStream, Upstream
 from tests.support import free_port
+from tunnel.errors import OpenErrorCode, OpenRefused, ResetCode
+from tunnel.targets import KubeAPITarget, ServiceTarget, TCPTarget
 
 AGENT_TOKEN = "agent-token-abc"
 HUB_TOKEN = "hub-token-must-not-cross"
@@ -412,3 +412,18 @@ async def test_agent_without_kube_api_refuses_kube_streams(upstream: Upstream) -
     stream = open_stream(agent, KubeAPITarget(), identity_metadata(), get("/x"))
     await stream.wait_done()
     assert stream.refused is not None and stream.refused[0] == OpenErrorCode.DENIED
+
+
+async def test_https_service_needs_a_ca_unless_explicitly_insecure(upstream: Upstream) -> None:
+    policy = FakePolicy(("127.0.0.1", 1), {("demo", "web", 443): upstream.port})
+    target = ServiceTarget("demo", "web", 443, "https")
+    strict = Agent(cluster="c1", policy=policy, kube=None)  # no CA to verify it with
+    stream = open_stream(strict, target, b"", get("/echo/s"))
+    await stream.wait_done()
+    assert stream.refused is not None and stream.refused[0] == OpenErrorCode.DENIED
+    insecure = Agent(cluster="c1", policy=policy, kube=None,
+                     insecure_services=frozenset({("demo", "web", 443)}))
+    stream = open_stream(insecure, target, b"", get("/echo/s"))
+    stream.send_eof()
+    await stream.wait_done()
+    assert stream.response()[0] == 200
