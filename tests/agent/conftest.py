@@ -19,10 +19,7 @@ import pytest
 import trustme
 from aiohttp import WSMsgType, web
 
-from tests.agent import _stubs
 from tests.support import free_port
-
-STUBBED = _stubs.install()
 
 
 class FakeStream:
