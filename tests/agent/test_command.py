@@ -87,6 +87,7 @@ def http_get(url: str) -> tuple[int, str]:
         return exc.code, exc.read().decode()
 
 
+@pytest.mark.slow
 async def test_agent_serves_streams_probes_and_drains_on_sigterm(
     processes: ProcessGroup, hub: Any, sim: RunningKubeSim, tmp_path: Path
 ) -> None:
