@@ -13,7 +13,7 @@ import argparse
 import importlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 ENV_PREFIX = "HUBPROXY_"
 
@@ -22,9 +22,9 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "gateway": ("gateway.serve", "run the hub-side gateway (front door :9092, tunnel :8091)"),
     "agent": ("gateway.agent.command", "run the managed-cluster agent that dials out to the hub"),
     "certs": ("certs.cli", "create CAs and issue gateway, tunnel and agent certificates"),
-    "kubeconfig": ("gateway.kubeconfig", "print a kubeconfig whose clusters go through the gateway"),
+    "kubeconfig": ("gateway.kubeconfig", "print a kubeconfig for clusters behind the gateway"),
     "demo": ("gateway.demo", "run hub, two managed clusters, gateway and agents locally"),
-    "kubesim": ("kubesim.cli", "run kubesim, the kube-apiserver stand-in for tests (not production)"),
+    "kubesim": ("kubesim.cli", "run kubesim, a kube-apiserver stand-in for tests (not production)"),
 }
 
 
@@ -37,7 +37,7 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
 
-def apply_environment(parser: argparse.ArgumentParser, environ: os._Environ[str] | dict[str, str]) -> None:
+def apply_environment(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
     """Turn ``HUBPROXY_*`` variables into defaults of the flags they name, recursively.
 
     Repeatable flags take a comma-separated list. Boolean switches take 1/0, true/false,
@@ -84,7 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         module = importlib.import_module(module_name)
-        sub = subparsers.add_parser(name, help=help_text, description=module.__doc__)
+        sub = subparsers.add_parser(
+            name,
+            help=help_text,
+            description=module.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         module.add_arguments(sub)
         sub.set_defaults(_run=module.run)
     return parser

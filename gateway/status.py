@@ -76,9 +76,11 @@ PHRASES: dict[int, str] = {
 }
 
 # Last-resort scrubbing: "Bearer <anything>" and JWT-shaped strings (three base64url parts, the
-# first starting with the base64 of '{"').
+# first starting with the base64 of '{"'). The words our own messages put after "bearer"
+# ("a bearer token is required") are not secrets and stay readable.
 _TOKENISH = re.compile(
-    r"(?i)(bearer\s+)[^\s\"',;]+|eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*"
+    r"(?i)(bearer\s+)(?!(?:tokens?|scheme|authori[sz]ation)\b)[^\s\"',;]+"
+    r"|eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*"
 )
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 

@@ -77,7 +77,8 @@ class BackgroundProcess:
                     if needle in line:
                         return line
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or (self.popen.poll() is not None and not self._reader.is_alive()):
+                exited = self.popen.poll() is not None and not self._reader.is_alive()
+                if remaining <= 0 or exited:
                     raise TimeoutError(
                         f"{needle!r} not printed by {self.args[:3]} "
                         f"(exit {self.popen.poll()}); output:\n{self.output[-4000:]}"

@@ -108,3 +108,11 @@ def test_message_control_characters_and_length_are_bounded() -> None:
     assert len(message) <= MAX_MESSAGE
     data = error_response(400, "a\r\nInjected: 1")
     assert b"\r\nInjected" not in data
+
+
+def test_scrubbing_keeps_our_own_wording_readable() -> None:
+    body = json.loads(status_body(401, "a bearer token is required; only Bearer tokens"))
+    assert body["message"] == "a bearer token is required; only Bearer tokens"
+    leaked = json.loads(status_body(401, "got Bearer tokenABCDEF123 and bearer tok3n"))
+    assert "tokenABCDEF123" not in leaked["message"]
+    assert "tok3n" not in leaked["message"]
