@@ -33,8 +33,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tunnel.errors import OpenErrorCode, OpenRefused, ResetCode, StreamError
-
 from gateway.agent.pool import (
     PoolExhausted,
     UpstreamConnection,
@@ -60,6 +58,7 @@ from gateway.http1 import (
     serialize_request_head,
 )
 from gateway.status import error_response
+from tunnel.errors import OpenErrorCode, OpenRefused, ResetCode, StreamError
 
 log = logging.getLogger(__name__)
 
@@ -294,6 +293,10 @@ class HttpExchange:
         except UpstreamUnreachable as exc:
             self._refuse(OpenErrorCode.UNREACHABLE,
                          f"{self.route.label if self.route else 'upstream'} unreachable: {exc}")
+            return
+        except Exception:  # a bug or an unloadable CA must still end the stream, typed
+            log.exception("stream %s: setup failed", self._sid())
+            self._refuse(OpenErrorCode.INTERNAL, "agent error")
             return
         if self._closed:
             self.pool.discard(conn)

@@ -110,6 +110,10 @@ class RawRelay:
         except OSError as exc:
             self._refuse(OpenErrorCode.UNREACHABLE, f"connect failed: {exc.strerror or exc}")
             return
+        except Exception:
+            log.exception("tcp relay: dial failed")
+            self._refuse(OpenErrorCode.INTERNAL, "agent error")
+            return
         if self._closed:
             if sock.transport is not None:
                 sock.transport.abort()
