@@ -427,3 +427,14 @@ async def test_https_service_needs_a_ca_unless_explicitly_insecure(upstream: Ups
     stream.send_eof()
     await stream.wait_done()
     assert stream.response()[0] == 200
+
+
+async def test_pool_limit_is_a_typed_overload_refusal(agent: Agent) -> None:
+    agent.pool.max_connections = 1
+    watch = open_stream(agent, KubeAPITarget(), identity_metadata(), get("/watch"))
+    watch.send_eof()
+    await watch.wait(lambda: b"ADDED" in watch.received)
+    second = open_stream(agent, KubeAPITarget(), identity_metadata(), get("/echo/2"))
+    await second.wait_done()
+    assert second.refused is not None and second.refused[0] == OpenErrorCode.OVERLOAD
+    watch.client_reset()
