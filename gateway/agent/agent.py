@@ -25,13 +25,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tunnel.errors import OpenErrorCode, OpenRefused
-from tunnel.targets import KubeAPITarget, ServiceTarget, TCPTarget
-
 from gateway.agent.exchange import HttpExchange, Route
 from gateway.agent.kubeapi import KubeAPIAccess
 from gateway.agent.pool import UpstreamKey, UpstreamPool
 from gateway.agent.tcp import RawRelay, Refusal
+from tunnel.errors import OpenErrorCode, OpenRefused
+from tunnel.targets import KubeAPITarget, ServiceTarget, TCPTarget
 
 log = logging.getLogger(__name__)
 
