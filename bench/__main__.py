@@ -1,0 +1,21 @@
+"""``python -m bench <name> [options]``: run one benchmark (modules imported only when chosen)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+BENCHMARKS = {"tunnel": "bench.tunnel", "gateway": "bench.gateway"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] not in BENCHMARKS:
+        print(f"usage: python -m bench {{{','.join(BENCHMARKS)}}} [options]", file=sys.stderr)
+        return 2
+    module = importlib.import_module(BENCHMARKS[argv[0]])
+    return int(module.main(argv[1:]) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
