@@ -291,9 +291,14 @@ class Session:
                 self._forget(st)
                 self.events.append(OpenFailed(st.id, code, msg))
         elif t == f.RESET:
-            self._rate("reset", self.config.max_resets_per_second)
-            self._check_id_known(fr.stream_id)
             st = self.streams.get(fr.stream_id)
+            if st is None or (not self._is_local(st.id) and not st.acked):
+                # Only resets that waste our work count as a flood: for streams already gone,
+                # or opened by the peer and reset before we accepted them (rapid reset). A
+                # reset of an established stream is a client going away; thousands of them at
+                # once (an agent draining, a load balancer dropping watchers) are legitimate.
+                self._rate("reset", self.config.max_resets_per_second)
+            self._check_id_known(fr.stream_id)
             if st is not None:
                 if not self._is_local(st.id) and not st.acked:
                     self._pending_in -= 1

@@ -250,6 +250,19 @@ def test_control_floods_are_protocol_errors(frame, attr):
         feed(agent, frame * 7)
 
 
+def test_mass_cancellation_of_accepted_streams_is_not_a_flood():
+    """A hub dropping thousands of established watches at once must not kill the session."""
+    agent = fresh_agent(SessionConfig(max_resets_per_second=5))
+    sids = range(1, 41, 2)
+    feed(agent, b"".join(f.encode_open(sid, KubeAPITarget(), b"") for sid in sids))
+    for sid in sids:
+        agent.accept(sid)
+    feed(agent, b"".join(f.encode_reset(sid, 1) for sid in sids))
+    assert not any(sid in agent.streams for sid in sids)
+    with pytest.raises(FloodError):  # resets of streams already gone still count
+        feed(agent, b"".join(f.encode_reset(sid, 1) for sid in sids))
+
+
 def test_refused_open_flood_is_protocol_error():
     agent = fresh_agent(SessionConfig(max_pending_opens=1, max_refused_per_second=3))
     feed(agent, f.encode_open(1, KubeAPITarget(), b""))
