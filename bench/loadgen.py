@@ -106,7 +106,8 @@ def wrk(target: Target, path: str, *, connections: int, threads: int, seconds: f
     threads = max(1, min(threads, connections))
     script = workdir / f"wrk-{os.getpid()}-{time.monotonic_ns()}.lua"
     script.write_text(wrk_script(target.token, paths))
-    args = [WRK, f"-t{threads}", f"-c{connections}", f"-d{seconds:g}s", "--timeout", "10s",
+    seconds = max(1, round(seconds))  # wrk takes whole seconds
+    args = [WRK, f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--timeout", "10s",
             "-s", str(script), target.url(path)]
     try:
         code, out, err, wall, cpu = run_timed(args, seconds + 30)

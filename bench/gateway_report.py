@@ -1,0 +1,242 @@
+"""Figures, ratios, goals and the readable table of ``python -m bench gateway``."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+HUB = "hubproxy"
+GOALS_TEXT = {
+    "large_body_vs_nginx": ("large body >= 0.6 x nginx", 0.6, ">="),
+    "large_body_vs_kubectl_proxy": ("large body >= 0.7 x kubectl proxy", 0.7, ">="),
+    "small_get_c16_vs_kubectl_proxy": ("small GET c=16 >= 1.0 x kubectl proxy", 1.0, ">="),
+    "p50_added_ms_c1": ("c=1 p50 added over direct <= 0.4 ms", 0.4, "<="),
+    "p99_added_ms_c1": ("c=1 p99 added over direct <= 1.5 ms", 1.5, "<="),
+    "idle_watches_gateway_rss_10k_mib": ("10,000 idle watches <= 150 MiB gateway RSS", 150.0,
+                                         "<="),
+    "soak_gateway_rss_drift_pct": ("gateway RSS flat (+-5%) over the soak", 5.0, "abs<="),
+}
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def summarize(raw: dict[str, Any], body_bytes: int) -> dict[str, Any]:
+    """One configuration's figures from its raw runs."""
+    out: dict[str, Any] = {"note": raw["note"], "small_get": {}}
+    for key, runs in raw["small_get_runs"].items():
+        out["small_get"][key] = {
+            "rps": _median([r["rps"] for r in runs]),
+            "p50_ms": _median([r["p50_ms"] for r in runs]),
+            "p99_ms": _median([r["p99_ms"] for r in runs]),
+            "errors": sum(r["errors"] for r in runs),
+            "client_cpu_util_max": max(r["client_cpu_util"] for r in runs),
+        }
+    body = raw["body_runs"]
+    out["large_body"] = {
+        "mb_s": _median([r["speed"] / 1e6 for r in body]),
+        "samples_mb_s": [round(r["speed"] / 1e6, 1) for r in body],
+        "bytes": body_bytes,
+        "client_cpu_util_max": max((r["client_cpu_util"] for r in body), default=None),
+    }
+    watch = raw["watch_runs"]
+    out["watch"] = {"events_per_s": _median([r["events_per_s"] for r in watch]),
+                    "samples": [round(r["events_per_s"]) for r in watch]}
+    ttfb = raw["ttfb_runs"]
+    out["ttfb"] = {
+        "ms": _median([r["ttfb"] * 1000 for r in ttfb]),
+        "after_handshake_ms": _median([(r["ttfb"] - r["appconnect"]) * 1000 if r["appconnect"]
+                                       else (r["ttfb"] - r["connect"]) * 1000 for r in ttfb]),
+        "samples": len(ttfb),
+    }
+    # CPU per role: per 10k requests from the c=16 runs, per GB from the body runs.
+    c16 = raw["small_get_runs"].get("c16", [])
+    requests = sum(r["requests"] for r in c16)
+    moved = sum(r["size"] for r in body)
+    cpu: dict[str, dict[str, float | None]] = {}
+    for role in raw["roles"]:
+        req_cpu = sum(r["cpu_s"].get(role, 0.0) for r in c16)
+        body_cpu = sum(r["cpu_s"].get(role, 0.0) for r in body)
+        cpu[role] = {"s_per_10k_requests": 1e4 * req_cpu / requests if requests else None,
+                     "s_per_gb": 1e9 * body_cpu / moved if moved else None}
+    total = {k: sum(v[k] or 0.0 for v in cpu.values()) if cpu else None
+             for k in ("s_per_10k_requests", "s_per_gb")}
+    out["cpu"] = {**cpu, "total": total}
+    out["peak_rss_mib"] = raw.get("peak_rss_mib", {})
+    return out
+
+
+def _get(cfgs: dict[str, Any], name: str, *path: str) -> float | None:
+    node: Any = cfgs.get(name)
+    for key in path:
+        if not isinstance(node, dict):
+            return None
+        node = node.get(key)
+    return node if isinstance(node, int | float) else None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a is not None and b else None
+
+
+def ratios(cfgs: dict[str, Any]) -> dict[str, float | None]:
+    """hubproxy against the others (and the relay against direct: the framing cost)."""
+    out: dict[str, float | None] = {}
+    body = ("large_body", "mb_s")
+    for other, key in (("direct", "direct"), ("nginx", "nginx"),
+                       ("kubectl-proxy", "kubectl_proxy")):
+        out[f"large_body_vs_{key}"] = _ratio(_get(cfgs, HUB, *body), _get(cfgs, other, *body))
+        for conc in ("c1", "c16", "c64"):
+            out[f"small_get_{conc}_vs_{key}"] = _ratio(_get(cfgs, HUB, "small_get", conc, "rps"),
+                                                      _get(cfgs, other, "small_get", conc, "rps"))
+        out[f"watch_vs_{key}"] = _ratio(_get(cfgs, HUB, "watch", "events_per_s"),
+                                        _get(cfgs, other, "watch", "events_per_s"))
+    for q in ("p50", "p99"):
+        hub = _get(cfgs, HUB, "small_get", "c1", f"{q}_ms")
+        direct = _get(cfgs, "direct", "small_get", "c1", f"{q}_ms")
+        out[f"{q}_added_ms_c1"] = round(hub - direct, 3) if hub is not None and direct is not None \
+            else None
+    out["relay_large_body_vs_direct"] = _ratio(_get(cfgs, "relay", *body),
+                                               _get(cfgs, "direct", *body))
+    out["relay_small_get_c16_vs_direct"] = _ratio(_get(cfgs, "relay", "small_get", "c16", "rps"),
+                                                  _get(cfgs, "direct", "small_get", "c16", "rps"))
+    out["large_body_vs_relay"] = _ratio(_get(cfgs, HUB, *body), _get(cfgs, "relay", *body))
+    return out
+
+
+def goals(result: dict[str, Any]) -> dict[str, Any]:
+    values = dict(result.get("ratios", {}))
+    idle = result.get("idle_watches") or {}
+    values["idle_watches_gateway_rss_10k_mib"] = idle.get("gateway_rss_at_10k_mib")
+    values["soak_gateway_rss_drift_pct"] = (result.get("soak") or {}).get("gateway_rss_drift_pct")
+    out = {}
+    for key, (text, limit, op) in GOALS_TEXT.items():
+        value = values.get(key)
+        if value is None:
+            out[key] = {"goal": text, "value": None, "limit": limit, "pass": None}
+            continue
+        ok = (value >= limit if op == ">=" else value <= limit if op == "<="
+              else abs(value) <= limit)
+        out[key] = {"goal": text, "value": round(value, 3), "limit": limit, "pass": ok}
+    return out
+
+
+def _fmt(value: float | None, digits: int = 0) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.{digits}f}"
+
+
+def table(result: dict[str, Any]) -> str:
+    cfgs: dict[str, Any] = result.get("configs", {})
+    names = [n for n in ("direct", "nginx", "nginx-auto", "kubectl-proxy", "hubproxy", "relay")
+             if n in cfgs]
+
+    def row(label: str, path: tuple[str, ...], digits: int = 0,
+            higher_better: bool = True) -> list[str]:
+        cells = [_fmt(_get(cfgs, n, *path), digits) for n in names]
+        hub = _get(cfgs, HUB, *path)
+        ratio_cells = []
+        for other in ("direct", "nginx", "kubectl-proxy"):
+            ratio_cells.append(_fmt(_ratio(hub, _get(cfgs, other, *path)), 2))
+        return [label, *cells, *ratio_cells]
+
+    rows = []
+    for conc in ("c1", "c16", "c64"):
+        if any(conc in cfgs[n]["small_get"] for n in names):
+            rows.append(row(f"small GET req/s {conc}", ("small_get", conc, "rps")))
+            rows.append(row(f"  p50 ms {conc}", ("small_get", conc, "p50_ms"), 3))
+            rows.append(row(f"  p99 ms {conc}", ("small_get", conc, "p99_ms"), 3))
+    rows += [
+        row("large body MB/s (median)", ("large_body", "mb_s"), 1),
+        row("watch events/s (median)", ("watch", "events_per_s")),
+        row("TTFB ms (new conn, median)", ("ttfb", "ms"), 2),
+        row("TTFB ms after handshake", ("ttfb", "after_handshake_ms"), 2),
+        row("proxy CPU s / 10k req", ("cpu", "total", "s_per_10k_requests"), 2),
+        row("proxy CPU s / GB", ("cpu", "total", "s_per_gb"), 2),
+    ]
+    headers = ["", *names, "hub/direct", "hub/nginx", "hub/kubectl"]
+    widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
+    lines = ["  ".join(str(c).rjust(w) if i else str(c).ljust(w)
+                       for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+             for r in [headers, *rows]]
+    lines.append("(direct's CPU row is the upstream's own; kubectl-proxy is plain HTTP on the "
+                 "client side)")
+
+    hub = cfgs.get(HUB)
+    if hub:
+        lines.append("")
+        lines.append("hubproxy processes:")
+        for role in ("gateway", "agent"):
+            c = hub["cpu"].get(role, {})
+            lines.append(f"  {role:<8} CPU {_fmt(c.get('s_per_10k_requests'), 2)} s/10k req, "
+                         f"{_fmt(c.get('s_per_gb'), 2)} s/GB, peak RSS "
+                         f"{_fmt(hub['peak_rss_mib'].get(role), 1)} MiB")
+        idle = result.get("idle_watches")
+        if idle and "error" not in idle:
+            est = " (extrapolated)" if idle.get("extrapolated") else ""
+            lines.append(
+                f"  idle watches: {idle['open']}/{idle['requested']} open {idle['outcomes']}; "
+                f"gateway {idle['rss_before_mib']['gateway']:.1f} -> "
+                f"{idle['rss_with_watches_mib']['gateway']:.1f} MiB "
+                f"({idle['gateway_bytes_per_watch']:.0f} B/watch), agent "
+                f"{idle['rss_before_mib']['agent']:.1f} -> "
+                f"{idle['rss_with_watches_mib']['agent']:.1f} MiB "
+                f"({idle['agent_bytes_per_watch']:.0f} B/watch); gateway RSS at 10k{est}: "
+                f"{idle['gateway_rss_at_10k_mib']:.1f} MiB")
+        elif idle:
+            lines.append(f"  idle watches: FAILED {idle['error'][:300]}")
+        soak = result.get("soak")
+        if soak:
+            lines.append(f"  soak {soak['seconds']:g}s: {soak['requests']} mixed requests "
+                         f"({soak['errors']} errors), gateway RSS "
+                         f"{soak['gateway_rss_baseline_mib']:.1f} -> "
+                         f"{soak['gateway_rss_end_mib']:.1f} MiB "
+                         f"(drift {soak['gateway_rss_drift_pct']:+.1f}%, span "
+                         f"{soak['gateway_rss_span_pct']:.1f}%)")
+    if "relay" in cfgs:
+        r = result.get("ratios", {})
+        lines.append(f"relay only (tunnel framing, no HTTP): large body "
+                     f"{_fmt(r.get('relay_large_body_vs_direct'), 2)} x direct, small GET c=16 "
+                     f"{_fmt(r.get('relay_small_get_c16_vs_direct'), 2)} x direct")
+
+    check = result.get("upstream_check") or {}
+    if check:
+        parts = [f"{k} {v['rps']:,.0f} req/s" for k, v in check.items()]
+        lines.append("upstream check, 1 KiB file c=16: " + ", ".join(parts))
+    clients = []
+    for n in names:
+        c = cfgs[n]
+        wrk_util = max((v["client_cpu_util_max"] for v in c["small_get"].values()), default=0)
+        curl_util = c["large_body"]["client_cpu_util_max"] or 0
+        clients.append(f"{n} wrk {wrk_util:.0%} curl {curl_util:.0%}")
+    lines.append("client CPU use (max; < 100% = not saturated): " + ", ".join(clients))
+    for name, why in (result.get("skipped") or {}).items():
+        lines.append(f"skipped {name}: {why.splitlines()[0][:200]}")
+
+    lines.append("")
+    lines.append("goals (issue 5):")
+    for g in (result.get("goals") or {}).values():
+        verdict = "n/a " if g["pass"] is None else "PASS" if g["pass"] else "MISS"
+        lines.append(f"  {verdict}  {g['goal']} (measured {_fmt(g['value'], 3)})")
+    prof = result.get("profile")
+    if prof:
+        lines.append("")
+        lines.append(f"profiles in {prof['dir']}:")
+        for label in ("small_get", "large_body"):
+            p = prof.get(label) or {}
+            if "skipped" in p:
+                lines.append(f"  {label}: {p['skipped']}")
+                continue
+            for role, top in (p.get("top") or {}).items():
+                hot = "; ".join(f"{f} {pct}%" for f, pct in top["self_pct"][:6])
+                lines.append(f"  {label} {role} ({top['samples']} samples) self: {hot}")
+    m = result.get("machine", {})
+    if m:
+        lines.append("")
+        lines.append(f"machine: {m.get('nproc')} cpu, {m.get('cpu_model')}, Python "
+                     f"{m.get('python')}, uvloop {m.get('uvloop')}, {m.get('openssl')}; "
+                     f"nginx {m.get('nginx')}; {m.get('wrk')}; kubectl {m.get('kubectl')}")
+    lines.append(f"mode {result.get('mode')}, {result.get('elapsed_s')} s")
+    return "\n".join(lines)
