@@ -1,7 +1,10 @@
 """One structured audit line per request, and stream start/end events (pure formatting).
 
 Records are compact JSON objects logged at INFO on the logger ``hubproxy.audit``; a deployment
-routes that logger wherever its audit trail lives. Fields (absent when unknown)::
+routes that logger wherever its audit trail lives. The ``hubproxy gateway`` command instead
+installs an :class:`AuditWriter` (see :func:`install_writer`): the same lines, bare JSON, written
+straight to its stream once per event-loop turn, because a ``logging`` record and a write per
+request cost a fifth of the gateway's time on small requests. Fields (absent when unknown)::
 
     {"event":"request","ts":"2026-11-23T01:02:03.456Z","request_id":"...","user":"<hub user>",
      "cluster":"c1","method":"GET","path":"/api/v1/pods?watch=1","status":200,
@@ -20,11 +23,12 @@ never tokens; extra keyword fields are allowed but must not carry secrets either
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
 import time
-from typing import Any
+from typing import Any, TextIO
 from urllib.parse import unquote_to_bytes
 
 AUDIT_LOGGER = "hubproxy.audit"
@@ -61,8 +65,15 @@ def redact_target(target: bytes) -> str:
     return text if len(text) <= MAX_PATH else text[: MAX_PATH - 3] + "..."
 
 
+_second: tuple[int, str] = (-1, "")
+
+
 def _timestamp(now: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}Z"
+    global _second
+    whole = int(now)
+    if _second[0] != whole:  # one strftime per second, not per request
+        _second = (whole, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)))
+    return f"{_second[1]}.{int(now * 1000) % 1000:03d}Z"
 
 
 def audit_record(
@@ -114,10 +125,60 @@ def format_record(record: dict[str, Any]) -> str:
     return json.dumps(record, separators=(",", ":"), ensure_ascii=True, default=str)
 
 
+class AuditWriter:
+    """Audit lines to a text stream, batched: one write and flush per event-loop turn.
+
+    Outside a running loop (start-up, shutdown, tests) each line is written at once. Nothing is
+    held longer than the current loop turn, so a crash loses at most that turn's lines.
+    """
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self._pending: list[str] = []
+        self._scheduled = False
+
+    def write(self, line: str) -> None:
+        self._pending.append(line)
+        if self._scheduled:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.flush()
+            return
+        self._scheduled = True
+        loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        self._scheduled = False
+        if not self._pending:
+            return
+        lines, self._pending = self._pending, []
+        try:
+            self.stream.write("\n".join(lines) + "\n")
+            self.stream.flush()
+        except (OSError, ValueError) as exc:  # a closed or broken stream: say so once per batch
+            logger.error("cannot write %d audit lines: %s", len(lines), exc)
+
+
+_writer: AuditWriter | None = None
+
+
+def install_writer(writer: AuditWriter | None) -> None:
+    """Send audit lines to ``writer`` instead of the ``hubproxy.audit`` logger (None: back)."""
+    global _writer
+    if _writer is not None:
+        _writer.flush()
+    _writer = writer
+
+
 def emit(event: str, **kwargs: Any) -> str:
     """Build, format and log one record on ``hubproxy.audit``; returns the line."""
     line = format_record(audit_record(event, **kwargs))
-    logger.info(line)
+    if _writer is not None:
+        _writer.write(line)
+    else:
+        logger.info(line)
     return line
 
 

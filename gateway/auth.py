@@ -142,6 +142,14 @@ class CoalescingCache(Generic[K, V]):
         while len(self._entries) > self.max_entries:
             self._entries.popitem(last=False)
 
+    def peek(self, key: K) -> V | None:
+        """The fresh cached *success* for ``key``, else None (no I/O: for a synchronous fast path
+        that falls back to :meth:`get`)."""
+        hit = self._lookup(key)
+        if hit is None or hit[1] is not None:
+            return None
+        return hit[0]
+
     async def get(self, key: K, compute: Callable[[], Awaitable[V]]) -> V:
         hit = self._lookup(key)
         if hit is not None:
@@ -225,6 +233,12 @@ class TokenAuthenticator:
         return hmac.new(
             self._hmac_key, self._key_prefix + token.encode("utf-8"), hashlib.sha256
         ).digest()
+
+    def cached(self, token: str) -> UserInfo | None:
+        """The user of a token whose review succeeded within the TTL, else None."""
+        if not token or len(token) > MAX_TOKEN_BYTES:
+            return None
+        return self.cache.peek(self.cache_key(token))
 
     async def authenticate(self, token: str) -> UserInfo:
         if not token:

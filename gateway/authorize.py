@@ -45,6 +45,9 @@ class NoAuthorizer:
     async def authorize(self, user: UserInfo, cluster: str) -> None:
         return None
 
+    def allowed_cached(self, user: UserInfo, cluster: str) -> bool:
+        return True
+
 
 def denial_message(user: UserInfo, cluster: str) -> str:
     return (
@@ -86,6 +89,10 @@ class SarAuthorizer:
             separators=(",", ":"),
         )
         return hashlib.sha256(material.encode("utf-8")).digest()
+
+    def allowed_cached(self, user: UserInfo, cluster: str) -> bool:
+        """True when an allow for (user, cluster) is cached; False means "ask" (not "denied")."""
+        return self.cache.peek(self.cache_key(user, cluster)) is True
 
     async def authorize(self, user: UserInfo, cluster: str) -> None:
         await self.cache.get(self.cache_key(user, cluster), lambda: self._decide(user, cluster))

@@ -44,6 +44,7 @@ from gateway.headers import HeaderRefused, rewrite_request_headers
 from gateway.http1 import (
     NO_BODY,
     BodyTracker,
+    Headers,
     HTTPError,
     Limits,
     RequestHead,
@@ -145,8 +146,19 @@ def cluster_unavailable(gw: Gateway, cluster: str) -> Refusal:
     return Refusal(404, f'cluster "{cluster}" is not known to this gateway')
 
 
-async def admit(gw: Gateway, head: RequestHead, client_ip: str, request_id: str) -> Admitted:
-    """Decide whether and how a request crosses; raises :class:`Refusal`."""
+@dataclass(slots=True)
+class Prepared:
+    """What admission learns from the request alone, before asking the hub anything."""
+
+    route: ClusterRoute
+    upgrade: bool
+    bearer: Any  # gateway.bearer.ExtractedBearer
+    token: str
+    headers: Headers
+
+
+def prepare(head: RequestHead, client_ip: str) -> Prepared:
+    """Route, upgrade check, bearer and header rules: pure; raises :class:`Refusal`."""
     try:
         cluster_route = route(head.target)
     except RouteError as exc:
@@ -164,13 +176,36 @@ async def admit(gw: Gateway, head: RequestHead, client_ip: str, request_id: str)
         raise Refusal(exc.status, str(exc)) from None
     if bearer.token is None:
         raise Refusal(401, "a bearer token is required")
+    return Prepared(cluster_route, upgrade, bearer, bearer.token, headers)
 
+
+def admit_cached(gw: Gateway, head: RequestHead, prepared: Prepared, request_id: str
+                 ) -> Admitted | None:
+    """Admission without awaiting, when the token's review and the user's authorization are both
+    cached (the common case): saves a task and two loop turns per request. None means "not
+    cached": run :func:`admit`. The decision is the same either way."""
+    cached = getattr(gw.authenticator, "cached", None)
+    allowed = getattr(gw.authorizer, "allowed_cached", None)
+    if cached is None or allowed is None:
+        return None
+    user = cached(prepared.token)
+    if user is None or not allowed(user, prepared.route.cluster):
+        return None
+    gw.metrics.auth_lookups += 1
+    return _admitted(gw, head, prepared, user, False, request_id)
+
+
+async def admit(gw: Gateway, head: RequestHead, client_ip: str, request_id: str,
+                prepared: Prepared | None = None) -> Admitted:
+    """Decide whether and how a request crosses; raises :class:`Refusal`."""
+    if prepared is None:
+        prepared = prepare(head, client_ip)
+    bearer = prepared.bearer
     config = gw.config
-    cluster = cluster_route.cluster
     passthrough = False
-    user_name = ""
+    user: Any = None
     try:
-        user = await gw.authenticate(bearer.token)
+        user = await gw.authenticate(prepared.token)
     except Unauthenticated as exc:
         # A token the hub accepted for another audience is still a hub token: it must never
         # leave the hub, so only a plain "not a valid token" answer passes through.
@@ -182,21 +217,32 @@ async def admit(gw: Gateway, head: RequestHead, client_ip: str, request_id: str)
     except AuthUnavailable:
         raise Refusal(503, "hub authentication is unavailable, retry later",
                       retry_after=5) from None
-
-    if passthrough:
-        metadata = Identity(user="", groups=(), uid="", request_id=request_id,
-                            passthrough=True).to_metadata()
-        # The caller's own managed-cluster token, untouched (the hub said it is not a hub token).
-        headers.append((b"Authorization", b"Bearer " + bearer.token.encode("ascii")))
-    else:
-        user_name = user.username
+    if not passthrough:
         try:
-            await gw.authorizer.authorize(user, cluster)
+            await gw.authorizer.authorize(user, prepared.route.cluster)
         except NotAuthorized as exc:
             raise Refusal(403, str(exc)) from None
         except AuthUnavailable:
             raise Refusal(503, "hub authorization is unavailable, retry later",
                           retry_after=5) from None
+    return _admitted(gw, head, prepared, user, passthrough, request_id)
+
+
+def _admitted(gw: Gateway, head: RequestHead, prepared: Prepared, user: Any, passthrough: bool,
+              request_id: str) -> Admitted:
+    """The rest of admission once the hub has spoken (authenticated and authorized)."""
+    config = gw.config
+    cluster_route = prepared.route
+    cluster = cluster_route.cluster
+    headers = prepared.headers
+    user_name = ""
+    if passthrough:
+        metadata = Identity(user="", groups=(), uid="", request_id=request_id,
+                            passthrough=True).to_metadata()
+        # The caller's own managed-cluster token, untouched (the hub said it is not a hub token).
+        headers.append((b"Authorization", b"Bearer " + prepared.token.encode("ascii")))
+    else:
+        user_name = user.username
         try:
             metadata = gw.identities.metadata(user, config.identity_prefix, request_id)
         except IdentityError as exc:
@@ -219,7 +265,8 @@ async def admit(gw: Gateway, head: RequestHead, client_ip: str, request_id: str)
         )
     except ValueError:
         raise Refusal(400, "request cannot be forwarded") from None
-    return Admitted(cluster, session, target, metadata, head_bytes, user_name, upgrade)
+    return Admitted(cluster, session, target, metadata, head_bytes, user_name,
+                    prepared.upgrade)
 
 
 class IdentityCache:

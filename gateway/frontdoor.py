@@ -6,10 +6,12 @@ buffer is bounded (``max_buffer``); past it the connection stops reading, so TCP
 the client instead of memory growing.
 
 Per request: the head is found and parsed strictly (``gateway.http1``; 400/414/431/417/501/505
-as ``Status``), then :func:`gateway.forward.admit` decides (one task per request, none per
-chunk), a tunnel stream is opened with the rewritten head as its 0-RTT data, and the request
-body is relayed verbatim as it arrives (Content-Length or chunked bytes; the tracker only finds
-where it ends). The :class:`gateway.forward.Exchange` relays the response.
+as ``Status``), then admission decides: synchronously when the token's review and the
+authorization are cached (:func:`gateway.forward.admit_cached`), else in one task per request
+(:func:`gateway.forward.admit`); never anything per chunk. A tunnel stream is opened with the
+rewritten head as its 0-RTT data, and the request body is relayed verbatim as it arrives
+(Content-Length or chunked bytes; the tracker only finds where it ends). The
+:class:`gateway.forward.Exchange` relays the response.
 
 ``Expect: 100-continue``: the gateway answers ``100 Continue`` itself once the request has been
 admitted (token verified, access authorized, header rules passed, cluster connected) and its
@@ -32,7 +34,15 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from gateway.forward import Admitted, Exchange, Refusal, admit, new_request_id
+from gateway.forward import (
+    Admitted,
+    Exchange,
+    Refusal,
+    admit,
+    admit_cached,
+    new_request_id,
+    prepare,
+)
 from gateway.http1 import (
     NO_BODY,
     BodyTracker,
@@ -245,7 +255,23 @@ class FrontDoor(asyncio.Protocol):
         self._counted = True
         self.phase = ADMITTING
         self._check_buffer()
-        self._task = asyncio.ensure_future(admit(gw, head, self.client_ip, self.request_id))
+        try:
+            prepared = prepare(head, self.client_ip)
+            admitted = admit_cached(gw, head, prepared, self.request_id)
+        except Refusal as exc:
+            self._refuse(exc.status, exc.message, retry_after=exc.retry_after,
+                         extra_headers=exc.extra_headers)
+            return
+        except Exception as exc:  # a bug must answer 500, as it does on the task path
+            log.error("request %s: admission failed: %s", self.request_id, type(exc).__name__,
+                      exc_info=exc)
+            self._refuse(500, "internal error in the gateway")
+            return
+        if admitted is not None:
+            self._open(admitted)
+            return
+        self._task = asyncio.ensure_future(
+            admit(gw, head, self.client_ip, self.request_id, prepared))
         self._task.add_done_callback(self._admitted)
 
     def _admitted(self, task: asyncio.Task[Admitted]) -> None:

@@ -26,6 +26,7 @@ import os
 import signal
 import sys
 
+from gateway import audit
 from gateway.clusterprofile import component as clusterprofile
 from gateway.config import FrontDoorLimits, GatewayConfig, parse_address, parse_duration
 from gateway.http1 import Limits
@@ -117,8 +118,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="on SIGTERM, wait this long for in-flight requests (default: 25s)")
     parser.add_argument("--log-level", default="info",
                         choices=("debug", "info", "warning", "error"),
-                        help="log level (default: %(default)s); audit lines are INFO on "
-                        "the hubproxy.audit logger")
+                        help="log level of diagnostics on stderr (default: %(default)s); the "
+                        "audit trail (one JSON line per request) always goes to stdout")
     clusterprofile.add_arguments(parser)
 
 
@@ -195,6 +196,7 @@ async def serve(config: GatewayConfig, args: argparse.Namespace | None = None) -
         for task in extras:
             task.cancel()
         await gateway.close()
+        audit.install_writer(None)  # flushes the last lines
         with contextlib.suppress(Exception):
             await api_client.close()
     return 0
@@ -207,6 +209,7 @@ def run(args: argparse.Namespace) -> int:
         stream=sys.stderr,
     )
     logging.getLogger("hubproxy.audit").setLevel(logging.INFO)
+    audit.install_writer(audit.AuditWriter(sys.stdout))
     try:
         config = config_from_args(args)
     except ValueError as exc:

@@ -79,6 +79,9 @@ class MemoryBudget:
         self.used = max(0, self.used - n)
 
 
+# Queued writes of one stream smaller than this are joined into one DATA frame.
+COALESCE_BELOW = 16 * 1024
+
 PROCESS_BUDGET = MemoryBudget(int(os.environ.get("HUBPROXY_TUNNEL_MEMORY_BUDGET", 1 << 30)))
 
 
@@ -629,6 +632,16 @@ class Session:
                 n = min(len(chunk), allowance, max_frame)
                 if n == len(chunk):
                     buf.popleft()
+                    if buf and n < COALESCE_BELOW:
+                        # Small writes queued together (a response head, then its body)
+                        # leave as one frame: the peer then makes one write, not several.
+                        parts = [chunk]
+                        room = min(allowance, max_frame, COALESCE_BELOW)
+                        while buf and n + len(buf[0]) <= room:
+                            parts.append(buf.popleft())
+                            n += len(parts[-1])
+                        if len(parts) > 1:
+                            chunk = memoryview(b"".join(parts))
                 else:
                     buf[0] = chunk[n:]
                     chunk = chunk[:n]

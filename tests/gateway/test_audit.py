@@ -5,6 +5,7 @@ import logging
 
 import pytest
 
+from gateway import audit
 from gateway.audit import (
     AUDIT_LOGGER,
     REDACTED,
@@ -100,3 +101,55 @@ def test_one_json_line_per_event_on_the_audit_logger(caplog: pytest.LogCaptureFi
     for line in (start, end, done):
         assert "\n" not in line
         assert "t0k" not in line
+
+
+def test_writer_batches_lines_of_one_loop_turn_into_one_write():
+    import asyncio
+    import io
+
+    class CountingStream(io.StringIO):
+        writes = 0
+
+        def write(self, s: str) -> int:
+            CountingStream.writes += 1
+            return super().write(s)
+
+    stream = CountingStream()
+    writer = audit.AuditWriter(stream)
+
+    async def burst() -> None:
+        audit.install_writer(writer)
+        try:
+            for i in range(5):
+                audit.request_done(request_id=f"r{i}", status=200)
+            assert stream.getvalue() == ""  # nothing before the turn ends
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+        finally:
+            audit.install_writer(None)
+
+    asyncio.run(burst())
+    lines = stream.getvalue().splitlines()
+    assert [json.loads(line)["request_id"] for line in lines] == [f"r{i}" for i in range(5)]
+    assert CountingStream.writes == 1
+
+
+def test_writer_outside_a_loop_writes_at_once_and_uninstall_restores_the_logger(caplog):
+    import io
+
+    stream = io.StringIO()
+    audit.install_writer(audit.AuditWriter(stream))
+    try:
+        audit.request_done(request_id="now", status=200)
+        assert json.loads(stream.getvalue())["request_id"] == "now"
+    finally:
+        audit.install_writer(None)
+    caplog.set_level(logging.INFO, logger=audit.AUDIT_LOGGER)
+    audit.request_done(request_id="logged", status=200)
+    assert any("logged" in r.getMessage() for r in caplog.records)
+
+
+def test_timestamp_keeps_milliseconds_across_the_per_second_cache():
+    assert audit._timestamp(1_700_000_000.123) == "2023-11-14T22:13:20.123Z"
+    assert audit._timestamp(1_700_000_000.999) == "2023-11-14T22:13:20.999Z"
+    assert audit._timestamp(1_700_000_001.0) == "2023-11-14T22:13:21.000Z"

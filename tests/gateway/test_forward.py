@@ -470,3 +470,39 @@ async def test_malformed_chunked_response_body_closes_the_client(gw: Harness) ->
     data = await gw.exchange(get("/c5/api"))  # the gateway closes; nothing after abc
     assert data.endswith(b"3\r\nabc\r\n")
     assert gw.streams("c5")[0].reset_code is not None
+
+
+async def test_cached_admission_decides_like_the_reviewed_one(tls, monkeypatch) -> None:  # noqa: F811
+    from gateway import frontdoor
+    from gateway.authorize import SarAuthorizer
+
+    decisions: list[tuple[str, str]] = []
+
+    async def review(user, cluster) -> bool:
+        decisions.append((user.username, cluster))
+        return cluster == "c1"
+
+    authorizer = SarAuthorizer(None, ttl=60, review=review)
+    async with running(tls, authorizer=authorizer) as h:
+        h.connect_cluster("c1")
+        h.connect_cluster("c2")
+        first = json.loads(parse_raw(await h.exchange(get("/c1/api/v1/pods", close=True)))[2])
+        slow_admit = frontdoor.admit
+
+        async def no_slow_path(*args, **kwargs):
+            raise AssertionError("a cached request took the awaiting path")
+
+        monkeypatch.setattr(frontdoor, "admit", no_slow_path)
+        # Same token and cluster again: answered from the caches, without a task or a review.
+        second = json.loads(parse_raw(await h.exchange(get("/c1/api/v1/pods", close=True)))[2])
+        assert h.reviewer.seen.count(HUB_TOKEN) == 1 and decisions == [(decisions[0][0], "c1")]
+        for meta in (first["metadata"], second["metadata"]):
+            meta.pop("rid")
+        assert first == second
+        monkeypatch.setattr(frontdoor, "admit", slow_admit)
+        # A cached denial is never taken for an allow by the synchronous path.
+        for _ in range(2):
+            status, _obj = status_of(await h.exchange(get("/c2/api", close=True)))
+            assert status == 403
+        assert decisions.count((decisions[0][0], "c2")) == 1
+        assert len(h.streams("c2")) == 0

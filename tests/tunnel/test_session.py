@@ -336,3 +336,33 @@ def test_agent_fin_queued_before_accept_goes_out_on_accept():
     assert wire(agent) == b""
     agent.accept(sid)
     assert wire(agent) == f.encode_open_ack(sid) + f.data_header(sid, 0, True)
+
+
+def test_small_writes_queued_together_leave_as_one_frame():
+    hub, agent, _ = pair()
+    sid = hub.open_stream(KubeAPITarget(), b"id", b"head", fin=True)
+    feed(agent, wire(hub))
+    agent.accept(sid)
+    wire(agent)
+    agent.send_data(sid, b"HTTP/1.1 200 OK\r\n\r\n")
+    agent.send_data(sid, b"{}")
+    agent.send_eof(sid)
+    out = wire(agent)
+    frames = [fr for fr, _end in f.decode_frames(memoryview(out), 1 << 20)]
+    assert [(fr.type, fr.flags & f.FLAG_FIN, bytes(fr.payload)) for fr in frames] == [
+        (f.DATA, f.FLAG_FIN, b"HTTP/1.1 200 OK\r\n\r\n{}")]
+    assert feed(hub, out)[0] == ss.DataReceived(sid, b"HTTP/1.1 200 OK\r\n\r\n{}", True)
+
+
+def test_large_writes_are_not_joined():
+    hub, agent, _ = pair()
+    sid = hub.open_stream(KubeAPITarget(), b"id", b"head", fin=True)
+    feed(agent, wire(hub))
+    agent.accept(sid)
+    wire(agent)
+    big = b"x" * ss.COALESCE_BELOW
+    agent.send_data(sid, b"small")
+    agent.send_data(sid, big)
+    frames = [fr for fr, _end in f.decode_frames(memoryview(wire(agent)), 1 << 20)]
+    sizes = [len(fr.payload) for fr in frames if fr.type == f.DATA]
+    assert sizes == [5, len(big)]
