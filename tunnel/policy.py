@@ -81,6 +81,14 @@ class TargetPolicy:
     )
     cluster_domain: str = "cluster.local"
 
+    def resolve_now(self, target: Target) -> ResolvedTarget | None:
+        """What :meth:`resolve` answers when that needs no lookup (the kube-apiserver, dialled as
+        configured); None when it may (Services, TCP targets) or would refuse."""
+        if isinstance(target, KubeAPITarget) and self.kube_api is not None:
+            host, port = self.kube_api
+            return ResolvedTarget(host, port, host, True)
+        return None
+
     async def resolve(self, target: Target) -> ResolvedTarget:
         if isinstance(target, KubeAPITarget):
             if self.kube_api is None:

@@ -34,6 +34,8 @@ from tunnel.targets import KubeAPITarget, ServiceTarget, TCPTarget
 
 log = logging.getLogger(__name__)
 
+IDENTITY_CACHE_ENTRIES = 4096  # distinct hub identities remembered (cleared when full)
+
 
 @dataclass
 class AgentStats:
@@ -74,6 +76,7 @@ class Agent:
         self._service_ctx: ssl.SSLContext | None = None
         self._service_ca = service_ca or (kube.ca_file if kube else None)
         self._identity_cls, self._impersonation_headers = _identity_api()
+        self._identities: dict[bytes, tuple[bool, list[tuple[bytes, bytes]]]] = {}
 
     # ---------------------------------------------------------------- tunnel callback ----
     def on_open(self, request: Any) -> Any:
@@ -93,11 +96,38 @@ class Agent:
         log.info("refusing stream: %s %s", code.name, message)
         return Refusal(code, message)
 
+    def _identity(self, metadata: bytes) -> tuple[bool, list[tuple[bytes, bytes]], str]:
+        """(passthrough, impersonation headers, request id) of OPEN metadata; raises ValueError.
+
+        Requests of one hub user differ only in the request id, which the gateway writes as the
+        last field (``,"rid":"<hex>"}``). Everything before it keys a cache of the decoded,
+        validated identity and its headers, so a user's later requests skip the JSON decode and
+        the checks; metadata of any other shape is decoded in full every time.
+        """
+        prefix, sep, tail = bytes(metadata).rpartition(b',"rid":"')
+        rid = tail[:-2]
+        if sep and tail.endswith(b'"}') and rid.isalnum() and rid.isascii():
+            hit = self._identities.get(prefix)
+            if hit is not None:
+                return hit[0], hit[1], rid.decode("ascii")
+        else:
+            prefix = b""
+        identity = self._identity_cls.from_metadata(metadata)
+        passthrough = _passthrough(identity)
+        headers = [] if passthrough else list(self._impersonation_headers(identity))
+        if not passthrough and not any(name.lower() == b"impersonate-user" for name, _ in headers):
+            raise ValueError("identity without a user")
+        if prefix:
+            if len(self._identities) >= IDENTITY_CACHE_ENTRIES:
+                self._identities.clear()
+            self._identities[prefix] = (passthrough, headers)
+        return passthrough, headers, getattr(identity, "request_id", "")
+
     def _kube_exchange(self, request: Any) -> Any:
         if self.kube is None:
             return self._refusal(OpenErrorCode.DENIED, "this agent serves no kube-apiserver")
         try:
-            identity = self._identity_cls.from_metadata(request.metadata)
+            passthrough, identity_headers, request_id = self._identity(request.metadata)
         except (ValueError, TypeError) as exc:
             # Never name the metadata content: it could carry anything.
             return self._refusal(
@@ -105,12 +135,6 @@ class Agent:
                 f"a kube-apiserver request needs a hub-verified identity ({type(exc).__name__})",
             )
         kube = self.kube
-        passthrough = _passthrough(identity)
-        identity_headers = [] if passthrough else list(self._impersonation_headers(identity))
-        if not passthrough and not any(
-            name.lower() == b"impersonate-user" for name, _ in identity_headers
-        ):
-            return self._refusal(OpenErrorCode.NO_IDENTITY, "identity without a user")
         target = request.target
 
         async def route() -> Route:
@@ -125,9 +149,22 @@ class Agent:
                 passthrough=passthrough,
             )
 
+        known = None
+        resolve_now = getattr(self.policy, "resolve_now", None)
+        resolved = resolve_now(target) if resolve_now is not None else None
+        if resolved is not None:
+            known = Route(
+                key=UpstreamKey(resolved.host_ip, resolved.port, kube.server_hostname, True),
+                ssl_context=kube.ssl_context,
+                authority=_authority(kube.host, kube.port),
+                label="kube-apiserver",
+                credential=kube.authorization,
+                identity_headers=identity_headers,
+                passthrough=passthrough,
+            )
         self.stats.active += 1
-        return HttpExchange(route, self.pool, request_id=getattr(identity, "request_id", ""),
-                            on_done=self._done)
+        return HttpExchange(route, self.pool, request_id=request_id, on_done=self._done,
+                            known_route=known)
 
     def _service_exchange(self, target: ServiceTarget) -> Any:
         insecure = (target.namespace, target.name, target.port) in self.insecure_services

@@ -140,8 +140,11 @@ class HttpExchange:
         request_id: str = "",
         head_timeout: float = HEAD_TIMEOUT,
         on_done: Callable[[HttpExchange], None] | None = None,
+        known_route: Route | None = None,
     ) -> None:
         self._route_factory = route
+        # A route known without any lookup (the apiserver) allows the synchronous fast path.
+        self._known_route = known_route
         self.pool = pool
         self.request_id = request_id
         self.head_timeout = head_timeout
@@ -180,7 +183,13 @@ class HttpExchange:
     # ------------------------------------------------------------------ StreamProtocol ----
     def connection_made(self, stream: Any) -> None:
         self.stream = stream
-        self._task = asyncio.get_running_loop().create_task(self._setup())
+        # The head normally rides in the OPEN and arrives right after this call; the setup
+        # task starts only if it cannot be finished synchronously by then (see _setup_now).
+        asyncio.get_running_loop().call_soon(self._start_setup_task)
+
+    def _start_setup_task(self) -> None:
+        if self._task is None and self.state == self.SETUP and not self._closed:
+            self._task = asyncio.get_running_loop().create_task(self._setup())
 
     def data_received(self, data: bytes | memoryview) -> None:
         if self._discard_input or self.state == self.DONE:
@@ -257,6 +266,27 @@ class HttpExchange:
             self._buffer_early(rest)
         if not self._head_ready.done():
             self._head_ready.set_result(None)
+        if self._task is None:
+            self._setup_now()
+
+    def _setup_now(self) -> None:
+        """The setup of :meth:`_setup` without a task, when the route is known and the pool has
+        an idle connection (the common case for apiserver requests)."""
+        route = self._known_route
+        if route is None or self.request is None or self._closed or self.state != self.SETUP:
+            return
+        try:
+            head_bytes = rewrite_request_head(self.request, route)
+        except Exception:
+            return  # the setup task meets the same problem and refuses the stream, typed
+        conn = self.pool.acquire_idle(route.key, self)
+        if conn is None:
+            return  # a dial is needed: the setup task does it
+        self.route = route
+        self.conn = conn
+        self._conn_reused = conn.requests > 0
+        self.stream.accept()
+        self._start_request(head_bytes)
 
     def _buffer_early(self, data: bytes) -> None:
         self._early.append(data)

@@ -173,6 +173,18 @@ class UpstreamPool:
     def idle(self) -> int:
         return sum(len(q) for q in self._idle.values())
 
+    def acquire_idle(self, key: UpstreamKey, user: UpstreamUser) -> UpstreamConnection | None:
+        """An idle keep-alive connection for ``key`` now, or None (then :meth:`acquire`)."""
+        queue = self._idle.get(key)
+        while queue:
+            conn = queue.pop()  # most recently used first: least likely to be timed out
+            if conn.usable:
+                conn.user = user
+                conn.resume_reading()
+                return conn
+            self._all.discard(conn)
+        return None
+
     async def acquire(
         self,
         key: UpstreamKey,
@@ -181,14 +193,10 @@ class UpstreamPool:
         *,
         fresh: bool = False,
     ) -> UpstreamConnection:
-        queue = None if fresh else self._idle.get(key)
-        while queue:
-            conn = queue.pop()  # most recently used first: least likely to be timed out
-            if conn.usable:
-                conn.user = user
-                conn.resume_reading()
-                return conn
-            self._all.discard(conn)
+        if not fresh:
+            idle = self.acquire_idle(key, user)
+            if idle is not None:
+                return idle
         if len(self._all) + self._dialling >= self.max_connections:
             raise PoolExhausted(f"{self.max_connections} upstream connections in use")
         self._dialling += 1

@@ -109,6 +109,16 @@ async def test_rule4_policy_default_deny_and_typed_refusals() -> None:
         "127.0.0.1", 19090, True, "prometheus.monitoring.svc")
 
 
+async def test_resolve_now_answers_only_what_needs_no_lookup() -> None:
+    policy = TargetPolicy(kube_api=("10.0.0.1", 443),
+                          allow_services=[ServiceRule.parse("monitoring/prometheus:9090")],
+                          allow_tcp=[("10.0.0.5", 22)])
+    assert policy.resolve_now(KubeAPITarget()) == await policy.resolve(KubeAPITarget())
+    for target in (ServiceTarget("monitoring", "prometheus", 9090), TCPTarget("10.0.0.5", 22)):
+        assert policy.resolve_now(target) is None
+    assert TargetPolicy(kube_api=None).resolve_now(KubeAPITarget()) is None
+
+
 async def test_policy_resolves_once_to_the_dialled_address() -> None:
     policy = TargetPolicy(kube_api=None, allow_tcp=[("localhost", 5000)], allow_loopback=True)
     resolved = await policy.resolve(TCPTarget("localhost", 5000))
