@@ -26,7 +26,7 @@ import os
 import signal
 import sys
 
-from gateway import audit
+from gateway import audit, gctune
 from gateway.clusterprofile import component as clusterprofile
 from gateway.config import FrontDoorLimits, GatewayConfig, parse_address, parse_duration
 from gateway.http1 import Limits
@@ -183,6 +183,7 @@ async def serve(config: GatewayConfig, args: argparse.Namespace | None = None) -
     extras: list[asyncio.Task[None]] = []
     try:
         await gateway.start()
+        gctune.settle()
         print(f"hubproxy gateway ready: front door port {gateway.front_port}, tunnel port "
               f"{gateway.tunnel_port}, health port {gateway.health_port or 'off'}",
               file=sys.stderr, flush=True)

@@ -221,6 +221,9 @@ async def serve(args: argparse.Namespace) -> int:
              cluster, hub_host, hub_port, kube.describe(),
              ", ".join(f"{n}/{s}:{p}" for n, s, p in args.allow_service) or "none")
 
+    from gateway import gctune
+
+    gctune.settle()
     health = None
     if args.health_listen and args.health_listen != "off":
         host, port = _host_port(args.health_listen)
