@@ -389,7 +389,7 @@ class HttpExchange:
             self.conn.write(data)
 
     # ------------------------------------------------------------------ UpstreamUser ------
-    def upstream_data(self, data: bytes) -> None:
+    def upstream_data(self, data: bytes | memoryview) -> None:
         if self.state == self.UPGRADED:
             self._to_stream(data)
             return
@@ -400,7 +400,7 @@ class HttpExchange:
             return
         self._response_body(data)
 
-    def _response_head(self, data: bytes) -> None:
+    def _response_head(self, data: bytes | memoryview) -> None:
         assert self.request is not None
         self._resp_buf += data
         while True:
