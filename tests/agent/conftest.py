@@ -205,7 +205,8 @@ async def upstream(ca: trustme.CA, tmp_path: Any) -> AsyncIterator[Upstream]:
 
     async def big(request: web.Request) -> web.Response:
         record(request)
-        return web.Response(body=b"x" * int(request.query.get("n", "1000000")))
+        fill = request.query.get("fill", "x").encode()[:1]
+        return web.Response(body=fill * int(request.query.get("n", "1000000")))
 
     async def ws(request: web.Request) -> web.WebSocketResponse:
         record(request)

@@ -274,6 +274,22 @@ async def test_large_response_relayed_intact(agent: Agent) -> None:
     assert status == 200 and len(body) == 3_000_000 == int(headers["content-length"])
 
 
+async def test_concurrent_large_responses_never_mix_through_the_shared_read_buffer(
+    agent: Agent,
+) -> None:
+    fills = "abcd"
+    streams = [open_stream(agent, KubeAPITarget(), identity_metadata(),
+                           get(f"/big?n=2000000&fill={fill}")) for fill in fills]
+    for stream in streams:
+        stream.send_eof()
+    await asyncio.gather(*(stream.wait_done(15) for stream in streams))
+    assert agent.pool.dials == len(fills)  # four connections read at the same time
+    for fill, stream in zip(fills, streams, strict=True):
+        status, _, body = stream.response()
+        assert status == 200 and len(body) == 2_000_000
+        assert body.count(fill.encode()) == len(body)
+
+
 def ws_frame(payload: bytes, opcode: int = 1) -> bytes:
     mask = os.urandom(4)
     masked = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
