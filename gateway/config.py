@@ -7,6 +7,7 @@ is safe for a production hub; every timeout is in seconds.
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass, field
 
 from gateway.http1 import Limits
@@ -21,6 +22,13 @@ def parse_address(value: str, default_host: str = "0.0.0.0") -> tuple[str, int]:
     if not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ValueError(f"{value!r}: port must be a number from 0 to 65535")
     return host, int(port)
+
+
+def positive_int(value: str) -> int:
+    """argparse type for counts and limits."""
+    if not value.strip().isdigit() or int(value) <= 0:
+        raise argparse.ArgumentTypeError(f"{value!r}: expected a positive integer")
+    return int(value)
 
 
 def parse_duration(value: str) -> float:

@@ -28,8 +28,15 @@ import sys
 
 from gateway import audit, gctune
 from gateway.clusterprofile import component as clusterprofile
-from gateway.config import FrontDoorLimits, GatewayConfig, parse_address, parse_duration
+from gateway.config import (
+    FrontDoorLimits,
+    GatewayConfig,
+    parse_address,
+    parse_duration,
+    positive_int,
+)
 from gateway.http1 import Limits
+from gateway.rlimits import raise_open_file_limit
 
 log = logging.getLogger("hubproxy.gateway")
 
@@ -46,12 +53,6 @@ def _duration(value: str) -> float:
         return parse_duration(value)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _positive_int(value: str) -> int:
-    if not value.strip().isdigit() or int(value) <= 0:
-        raise argparse.ArgumentTypeError(f"{value!r}: expected a positive integer")
-    return int(value)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -92,11 +93,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="forward a token the hub cleanly rejects, untouched and without "
                      "impersonation (for managed-cluster tokens); off by default")
     lim = parser.add_argument_group("limits and timeouts")
-    lim.add_argument("--max-header-bytes", type=_positive_int, default=64 * 1024,
+    lim.add_argument("--max-header-bytes", type=positive_int, default=64 * 1024,
                      help="request head size limit (431 beyond; default: %(default)s)")
-    lim.add_argument("--max-headers", type=_positive_int, default=128,
+    lim.add_argument("--max-headers", type=positive_int, default=128,
                      help="header field count limit (431 beyond; default: %(default)s)")
-    lim.add_argument("--max-request-line", type=_positive_int, default=16 * 1024,
+    lim.add_argument("--max-request-line", type=positive_int, default=16 * 1024,
                      help="request line length limit (414 beyond; default: %(default)s)")
     lim.add_argument("--header-timeout", type=_duration, default=30.0, metavar="DURATION",
                      help="time to receive a request head (408 beyond; default: 30s)")
@@ -106,9 +107,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      metavar="DURATION",
                      help="time from request to response head (504 beyond; 0: none; "
                      "default: 120s). There is no total timeout: watches last")
-    lim.add_argument("--max-connections", type=_positive_int, default=10000,
+    lim.add_argument("--max-connections", type=positive_int, default=10000,
                      help="client connections at once (default: %(default)s)")
-    lim.add_argument("--max-inflight", type=_positive_int, default=10000,
+    lim.add_argument("--max-inflight", type=positive_int, default=10000,
                      help="requests in progress at once (429 beyond; default: %(default)s)")
     lim.add_argument("--unknown-cluster-grace", type=_duration, default=60.0,
                      metavar="DURATION",
@@ -220,6 +221,8 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         print(f"hubproxy gateway: {problem}", file=sys.stderr)
         return 2
+    # Client connections, plus agent sessions and hub connections.
+    raise_open_file_limit(config.limits.max_connections + 1024)
     try:
         import uvloop
     except ImportError:

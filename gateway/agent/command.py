@@ -27,6 +27,8 @@ from typing import Any
 from certs.identity import validate_cluster_name
 from certs.tls import TLS1_3, ReloadingContext, client_context
 from gateway.agent.kubeapi import KubeAPIAccess, KubeAPIConfigError, load
+from gateway.config import positive_int
+from gateway.rlimits import raise_open_file_limit
 
 log = logging.getLogger("hubproxy.agent")
 
@@ -97,6 +99,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          type=_service_address, metavar="NS/NAME:PORT=HOST:PORT",
                          help="dial this address for a Service instead of resolving it (tests)")
 
+    parser.add_argument("--max-upstream-connections", type=positive_int, default=2048,
+                        metavar="N",
+                        help="connections to the apiserver and Services at once (default: "
+                        "%(default)s). Each request in progress holds one, and a watch or "
+                        "logs -f holds it while it is open, about 50 KiB each: raise this "
+                        "together with the memory limit. Beyond it requests are answered 429")
     parser.add_argument("--health-listen", default="0.0.0.0:8000", metavar="ADDR",
                         help="/healthz and /readyz ('off' to disable)")
     parser.add_argument("--log-level", default="info",
@@ -205,7 +213,8 @@ async def serve(args: argparse.Namespace) -> int:
     from tunnel.dialer import AgentDialer
 
     policy = build_policy(args, kube)
-    pool = UpstreamPool()
+    raise_open_file_limit(args.max_upstream_connections + 256)
+    pool = UpstreamPool(max_connections=args.max_upstream_connections)
     agent = Agent(cluster=cluster, policy=policy, kube=kube, pool=pool,
                   service_ca=args.service_ca, insecure_services=frozenset(insecure))
 

@@ -63,13 +63,13 @@ async def sim(tmp_path: Path) -> Any:
 
 
 def start_agent(processes: ProcessGroup, pki: Path, port: int, sim: RunningKubeSim,
-                tmp_path: Path, health: int, cluster: str = "cluster1") -> Any:
+                tmp_path: Path, health: int, cluster: str = "cluster1", *extra: str) -> Any:
     token = write_private(tmp_path / "agent-token", AGENT_TOKEN)
     kc = write_private(tmp_path / "agent-kc", __import__("yaml").safe_dump(
         agent_kubeconfig(sim.url, sim.ca_file, str(token))))
     return processes.hubproxy(*agent_args(pki, cluster, hub=f"127.0.0.1:{port}",
                                           kubeconfig=kc, health_listen=f"127.0.0.1:{health}"),
-                              "--allow-loopback-targets")
+                              "--allow-loopback-targets", *extra)
 
 
 async def wait_session(registry: Any, cluster: str, timeout: float = 20) -> Any:
@@ -133,6 +133,43 @@ async def test_agent_serves_streams_probes_and_drains_on_sigterm(
     assert rc == 0, agent.output[-2000:]
     assert follow.data.startswith(b"HTTP/1.1 200")
     assert AGENT_TOKEN not in agent.output
+
+
+@pytest.mark.slow
+async def test_upstream_connection_limit_is_a_typed_overload(
+    processes: ProcessGroup, hub: Any, sim: RunningKubeSim, tmp_path: Path
+) -> None:
+    from tunnel.errors import OpenErrorCode, OpenRefused
+    from tunnel.targets import KubeAPITarget
+
+    pki, port, registry = hub
+    agent = start_agent(processes, pki, port, sim, tmp_path, free_port(), "cluster1",
+                        "--max-upstream-connections", "1")
+    session = await wait_session(registry, "cluster1")
+    metadata = Identity(USER, (), "uid-1", request_id="r1").to_metadata()
+
+    def send(head: bytes) -> Collect:
+        collect = Collect()
+        session.open_stream(KubeAPITarget(), metadata, collect, initial_data=head)
+        collect.stream.write_eof()
+        return collect
+
+    watch = send(b"GET /api/v1/namespaces/default/configmaps?watch=1 HTTP/1.1\r\nHost: gw\r\n\r\n")
+    async with asyncio.timeout(10):
+        while not watch.data.startswith(b"HTTP/1.1 200"):  # the one connection is now held
+            await asyncio.sleep(0.02)
+    second = send(b"GET /api/v1/namespaces HTTP/1.1\r\nHost: gw\r\n\r\n")
+    refused = await asyncio.wait_for(second.done, 10)
+    assert isinstance(refused, OpenRefused) and refused.code == OpenErrorCode.OVERLOAD, (
+        refused, agent.output[-2000:])
+    watch.stream.reset()  # the client goes away: its connection is freed for the next request
+    async with asyncio.timeout(10):
+        while True:
+            third = send(b"GET /api/v1/namespaces HTTP/1.1\r\nHost: gw\r\n\r\n")
+            if await asyncio.wait_for(third.done, 10) is None:
+                break
+            await asyncio.sleep(0.05)
+    assert third.data.startswith(b"HTTP/1.1 200")
 
 
 def test_agent_help_and_refusals(tmp_path: Path) -> None:
