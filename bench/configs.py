@@ -222,7 +222,7 @@ def start_hub_stub(lab: Lab) -> Proc:
     return proc
 
 
-def start_hubproxy(lab: Lab, log_level: str = "info") -> Config:
+def start_hubproxy(lab: Lab, log_level: str = "info", upstream_connections: int = 2048) -> Config:
     """``hubproxy gateway`` + ``hubproxy agent`` (cluster bench), exactly as deployed."""
     hub = start_hub_stub(lab)
     front, tunnel = free_port(), free_port()
@@ -239,7 +239,7 @@ def start_hubproxy(lab: Lab, log_level: str = "info") -> Config:
         "agent", "--hub", f"{LOOPBACK}:{tunnel}", "--cluster", CLUSTER,
         "--tls-dir", str(lab.pki / "agents" / CLUSTER),
         "--kubeconfig", str(lab.upstream_kubeconfig()), "--health-listen", "off",
-        "--log-level", log_level))
+        "--max-upstream-connections", str(upstream_connections), "--log-level", log_level))
     cfg = Config("hubproxy", Target(f"https://{LOOPBACK}:{front}/{CLUSTER}",
                                     str(lab.pki / "gateway" / "ca.crt"), lab.bench_token),
                  "client -> gateway (TLS, bearer, TokenReview cached, --authorize none) -> "

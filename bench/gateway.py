@@ -29,6 +29,7 @@ import contextlib
 import json
 import os
 import platform
+import select
 import shutil
 import ssl
 import statistics
@@ -168,7 +169,11 @@ def idle_watches(cfg: Config, count: int, hold_timeout: float) -> dict[str, Any]
         line = ""
         assert proc.stdout is not None and proc.stdin is not None
         while time.monotonic() < deadline:
-            line = proc.stdout.readline()  # the client prints IDLEJSON when all are open
+            # The client prints IDLEJSON once every watch is open or refused.
+            ready, _, _ = select.select([proc.stdout], [], [], deadline - time.monotonic())
+            if not ready:
+                break
+            line = proc.stdout.readline()
             if not line or line.startswith("IDLEJSON "):
                 break
         if not line.startswith("IDLEJSON "):
@@ -263,7 +268,7 @@ def run_profile(cfg: Config, plan: Plan, outdir: Path, work: Path) -> dict[str, 
 # Orchestration --------------------------------------------------------------------------------
 
 def start_configs(lab: Lab, wanted: set[str], skipped: dict[str, str], log_level: str,
-                  workers: int) -> tuple[list[Config], Target | None]:
+                  workers: int, idle_watches: int = 0) -> tuple[list[Config], Target | None]:
     cfgs: list[Config] = []
     static = None
     missing = configs.missing_tools()
@@ -271,7 +276,9 @@ def start_configs(lab: Lab, wanted: set[str], skipped: dict[str, str], log_level
     starters = {
         "nginx": lambda: configs.start_nginx(lab),
         "kubectl-proxy": lambda: configs.start_kubectl_proxy(lab),
-        "hubproxy": lambda: configs.start_hubproxy(lab, log_level),
+        # Each idle watch holds an apiserver connection in the agent (default cap 2048).
+        "hubproxy": lambda: configs.start_hubproxy(
+            lab, log_level, upstream_connections=max(2048, idle_watches + 1024)),
         "relay": lambda: configs.start_relay(lab),
     }
     for name in ORDER[1:]:
@@ -328,8 +335,9 @@ def run_all(args: argparse.Namespace, plan: Plan) -> dict[str, Any]:
     out: dict[str, Any] = {"skipped": skipped, "logs": str(root)}
     try:
         lab.make_certs()
+        count = args.idle_watches if args.idle_watches is not None else plan.idle_watches
         cfgs, static = start_configs(lab, wanted, skipped, args.log_level,
-                                     plan.upstream_workers)
+                                     plan.upstream_workers, count)
         results: dict[str, Any] = {
             c.name: {"note": c.note, "roles": {r: list(p) for r, p in c.roles.items()},
                      "small_get_runs": {}, "body_runs": [], "watch_runs": [], "ttfb_runs": []}
@@ -350,14 +358,6 @@ def run_all(args: argparse.Namespace, plan: Plan) -> dict[str, Any]:
                 role: sum(peak_rss_mib(p) for p in pids) for role, pids in cfg.roles.items()}
         hub = next((c for c in cfgs if c.name == "hubproxy"), None)
         if hub is not None:
-            count = args.idle_watches if args.idle_watches is not None else plan.idle_watches
-            if count > 0:
-                log(f"idle watches: {count} through the gateway and one agent:")
-                try:
-                    out["idle_watches"] = idle_watches(hub, count, 240)
-                except Exception as exc:
-                    out["idle_watches"] = {"error": str(exc)[:2000]}
-                log(f"  {json.dumps({k: v for k, v in out['idle_watches'].items()})[:600]}")
             seconds = args.soak_seconds if args.soak_seconds is not None else plan.soak_seconds
             if seconds > 0:
                 log(f"soak: {seconds:g}s mixed traffic through hubproxy, sampling RSS:")
@@ -365,6 +365,15 @@ def run_all(args: argparse.Namespace, plan: Plan) -> dict[str, Any]:
                 s = out["soak"]
                 log(f"  {s['requests']} requests, gateway RSS {s['gateway_rss_baseline_mib']:.1f}"
                     f" -> {s['gateway_rss_end_mib']:.1f} MiB ({s['gateway_rss_drift_pct']:+.1f}%)")
+            # After the soak: the watches' memory, once freed, would otherwise leave the heap
+            # room that hides growth during the soak.
+            if count > 0:
+                log(f"idle watches: {count} through the gateway and one agent:")
+                try:
+                    out["idle_watches"] = idle_watches(hub, count, 240)
+                except Exception as exc:
+                    out["idle_watches"] = {"error": str(exc)[:2000]}
+                log(f"  {json.dumps({k: v for k, v in out['idle_watches'].items()})[:600]}")
             results["hubproxy"]["peak_rss_after_idle_and_soak_mib"] = {
                 role: peak_rss_mib(pids[0]) for role, pids in hub.roles.items()}
             if args.profile:

@@ -170,6 +170,8 @@ async def _open_watch(host: str, port: int, ctx: ssl.SSLContext | None, head: by
         buf = b""
         deadline = time.monotonic() + timeout
         while b"MODIFIED" not in buf:
+            if b"\r\n\r\n" in buf and not buf.startswith(b"HTTP/1.1 200 "):
+                break  # refused (e.g. 429): no event will come on this connection
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError
