@@ -40,6 +40,7 @@ sets its own for the kube-apiserver). ``Expect`` is kept for the gateway server 
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 
 from gateway.bearer import strip_token_subprotocols
@@ -116,14 +117,21 @@ def is_upgrade(headers: Headers) -> bytes | None:
     """The ``Upgrade`` value when ``Connection`` nominates ``upgrade``, else None."""
     if b"upgrade" not in connection_tokens(headers):
         return None
+    return _upgrade_value(headers)
+
+
+def _upgrade_value(headers: Headers) -> bytes | None:
     for name, value in headers:
         if name.lower() == b"upgrade":
             return value or None
     return None
 
 
-def check_client_headers(headers: Headers) -> None:
-    """Raise :class:`HeaderRefused` for any header a client may not send (see module doc)."""
+def check_client_headers(headers: Headers, tokens: list[bytes] | None = None) -> None:
+    """Raise :class:`HeaderRefused` for any header a client may not send (see module doc).
+
+    ``tokens``: the request's :func:`connection_tokens`, when the caller has them already.
+    """
     for name, _ in headers:
         lname = name.lower()
         if lname.startswith(_IMPERSONATE):
@@ -138,7 +146,7 @@ def check_client_headers(headers: Headers) -> None:
                 f"header {_printable(name)} is refused: with '_' read as '-' it names a "
                 "security-relevant header"
             )
-    for token in connection_tokens(headers):
+    for token in connection_tokens(headers) if tokens is None else tokens:
         if token in _CONNECTION_OPTIONS:
             continue
         if _is_sensitive(token.replace(b"_", b"-")) or token.startswith(b"sec-websocket-"):
@@ -147,6 +155,7 @@ def check_client_headers(headers: Headers) -> None:
             )
 
 
+@functools.lru_cache(maxsize=4096)  # a client keeps its address across requests
 def _format_ip(client_ip: str) -> tuple[bytes, bytes]:
     """(X-Forwarded-For value, Forwarded for= value) for an IP literal."""
     try:
@@ -168,11 +177,12 @@ def rewrite_request_headers(
     headers: Headers, *, client_ip: str, proto: str = "https", host: bytes | str
 ) -> Headers:
     """The headers to forward for a client request. Raises :class:`HeaderRefused`."""
-    check_client_headers(headers)
+    tokens = connection_tokens(headers)
+    check_client_headers(headers, tokens)
     host_b = host.encode("ascii") if isinstance(host, str) else host
     proto_b = proto.encode("ascii")
-    upgrade = is_upgrade(headers)
-    nominated = {t for t in connection_tokens(headers) if t not in _CONNECTION_OPTIONS}
+    upgrade = _upgrade_value(headers) if b"upgrade" in tokens else None
+    nominated = {t for t in tokens if t not in _CONNECTION_OPTIONS}
     headers, _, _ = strip_token_subprotocols(headers)
     out: Headers = []
     upgrade_kept = False

@@ -47,6 +47,7 @@ validates with ``bytes.translate`` (one C-level pass per field, no regex per hea
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -211,23 +212,31 @@ def _parse_fields(lines: list[bytes], status: int, limits: Limits) -> tuple[Head
     if len(lines) - 1 > limits.max_headers:
         raise HTTPError("too many header fields", 431 if status == 400 else status)
     headers: Headers = []
-    names: list[bytes] = []
     too_long = 431 if status == 400 else status
+    raw_names: list[bytes] = []
     for line in lines[1:]:
         if len(line) > limits.max_field_line:
             raise HTTPError("header field too large", too_long)
         name, colon, value = line.partition(b":")
-        if not colon:
-            if line[:1] in (b" ", b"\t"):
-                raise HTTPError("obsolete line folding in header", status)
-            raise HTTPError("header line without a colon", status)
-        if not name or name.translate(None, _TCHAR):
-            if line[:1] in (b" ", b"\t"):
-                raise HTTPError("obsolete line folding in header", status)
-            raise HTTPError("invalid header name", status)
+        if not colon or not name:
+            _bad_field_line(line, status)
+        raw_names.append(name)
         headers.append((name, value.strip(b" \t")))
-        names.append(name.lower())
+    # One C pass over every name (each byte is judged alone); the loop only finds the culprit.
+    if b"".join(raw_names).translate(None, _TCHAR):
+        for line, name in zip(lines[1:], raw_names, strict=True):
+            if name.translate(None, _TCHAR):
+                _bad_field_line(line, status)
+    names = [name.lower() for name in raw_names]
     return headers, names
+
+
+def _bad_field_line(line: bytes, status: int) -> NoReturn:
+    if line[:1] in (b" ", b"\t"):
+        raise HTTPError("obsolete line folding in header", status)
+    if b":" not in line:
+        raise HTTPError("header line without a colon", status)
+    raise HTTPError("invalid header name", status)
 
 
 def _content_length(values: list[bytes], status: int) -> int:
@@ -597,6 +606,12 @@ def framing_for_response(head: ResponseHead, request_method: bytes) -> BodyTrack
 
 
 def _check_fields(headers: Headers) -> None:
+    # Two C passes over all names and all values (each byte is judged alone, so joining them
+    # changes nothing); the per-field loop only runs to name the culprit.
+    names = [name for name, _ in headers]
+    if (all(names) and not b"".join(names).translate(None, _TCHAR)
+            and not b"".join([value for _, value in headers]).translate(None, _EXT_OK)):
+        return
     for name, value in headers:
         if not name or name.translate(None, _TCHAR) or value.translate(None, _EXT_OK):
             raise ValueError(f"refusing to serialize an invalid header {name[:64]!r}")

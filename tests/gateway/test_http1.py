@@ -567,3 +567,19 @@ def test_serializer_refuses_bad_request_line() -> None:
 def test_parse_speed_is_in_the_documented_range() -> None:
     # The docstring quotes ~7 µs; allow for a loaded CI machine but catch a 10x regression.
     assert _bench(2000) < 60.0
+
+
+@pytest.mark.parametrize("position", [0, 5, 11])
+def test_one_bad_field_among_many_is_found_wherever_it_is(position: int) -> None:
+    good = [(b"X-Field-%d" % i, b"value %d" % i) for i in range(12)]
+    bads = [(b"X Bad", b"v"), (b"X-Bad", b"v\r\nInjected: 1"), (b"", b"v"), (b"X-Bad", b"\x00")]
+    for bad in bads:
+        headers = list(good)
+        headers[position] = bad
+        with pytest.raises(ValueError, match="invalid header"):
+            serialize_request_head(b"GET", b"/", headers)
+    lines = [b"%s: %s" % pair for pair in good]
+    lines[position] = b"X(Bad): v"
+    raw = b"GET / HTTP/1.1\r\nHost: h\r\n" + b"\r\n".join(lines) + b"\r\n\r\n"
+    with pytest.raises(HTTPError, match="invalid header name"):
+        parse_request_head(raw)
