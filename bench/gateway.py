@@ -147,7 +147,8 @@ def upstream_check(lab: Lab, static: Target | None, plan: Plan, work: Path) -> d
         run = wrk(target, path, connections=16, threads=2, seconds=plan.wrk_seconds, workdir=work)
         out[name] = {"rps": run["rps"], "p50_ms": run["p50_ms"], "p99_ms": run["p99_ms"],
                      "client_cpu_util": run["client_cpu_util"], "errors": run["errors"]}
-        log(f"  {name:<14} {run['rps']:9.0f} req/s (c=16)")
+        log(f"  {name:<14} {run['rps']:9.0f} req/s (c=16)"
+            + (f"  ERRORS {run['errors']} (not a valid comparison)" if run["errors"] else ""))
     return out
 
 

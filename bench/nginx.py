@@ -6,6 +6,8 @@ to 127.0.0.1; runs in the foreground (``daemon off``) so the harness owns its PI
 
 from __future__ import annotations
 
+import os
+import pwd
 import shutil
 import subprocess
 from pathlib import Path
@@ -34,7 +36,11 @@ def write_config(prefix: Path, *, workers: str, proxy_port: int, static_port: in
     from bench.upstream import POD
 
     (prefix / "html" / "bench.json").write_bytes(POD)
+    # Started as root, nginx runs its workers as "nobody", which cannot enter our private temp
+    # folder: the static check then measured 403s. Keep the workers as the invoking user.
+    user = f"user {pwd.getpwuid(os.geteuid()).pw_name};" if os.geteuid() == 0 else ""
     conf = f"""
+{user}
 worker_processes {workers};
 daemon off;
 master_process on;
