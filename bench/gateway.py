@@ -204,6 +204,20 @@ def idle_watches(cfg: Config, count: int, hold_timeout: float) -> dict[str, Any]
     return info
 
 
+def tls_floor(lab: Lab, count: int) -> dict[str, Any]:
+    """``bench.tlsfloor`` with the gateway's certificate: what TLS alone costs per connection."""
+    front = lab.pki / "gateway"
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "bench.tlsfloor", "--count", str(count),
+             "--cert", str(front / "tls.crt"), "--key", str(front / "tls.key"),
+             "--cafile", str(front / "ca.crt")],
+            capture_output=True, text=True, timeout=600, start_new_session=True)
+        return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+    except (subprocess.TimeoutExpired, ValueError, IndexError) as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"[:2000]}
+
+
 def soak(cfg: Config, seconds: float, work: Path) -> dict[str, Any]:
     """Mixed traffic (GETs, watches, 1 MiB logs) for ``seconds``, gateway/agent RSS every 0.5 s."""
     prefix = urlsplit(cfg.target.base).path  # wrk's Lua paths are absolute: /<cluster>/...
@@ -375,6 +389,9 @@ def run_all(args: argparse.Namespace, plan: Plan) -> dict[str, Any]:
                 except Exception as exc:
                     out["idle_watches"] = {"error": str(exc)[:2000]}
                 log(f"  {json.dumps({k: v for k, v in out['idle_watches'].items()})[:600]}")
+                log(f"idle TLS floor: {count} connections to a bare uvloop TLS server:")
+                out["tls_floor"] = tls_floor(lab, count)
+                log(f"  {json.dumps(out['tls_floor'])[:300]}")
             results["hubproxy"]["peak_rss_after_idle_and_soak_mib"] = {
                 role: peak_rss_mib(pids[0]) for role, pids in hub.roles.items()}
             if args.profile:

@@ -187,6 +187,14 @@ def table(result: dict[str, Any]) -> str:
                 f"{idle['gateway_rss_at_10k_mib']:.1f} MiB")
         elif idle:
             lines.append(f"  idle watches: FAILED {idle['error'][:300]}")
+        floor = result.get("tls_floor")
+        if floor and "error" not in floor:
+            lines.append(
+                f"  floor: a bare uvloop TLS server holds {floor['bytes_per_connection']:.0f} B "
+                f"per idle connection ({floor['connections']} connections, one small request "
+                "answered each)")
+        elif floor:
+            lines.append(f"  floor: FAILED {floor['error'][:300]}")
         soak = result.get("soak")
         if soak:
             lines.append(f"  soak {soak['seconds']:g}s: {soak['requests']} mixed requests "

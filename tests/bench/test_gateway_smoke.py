@@ -57,6 +57,8 @@ def test_smoke_run_measures_hubproxy_against_direct(tmp_path: Path) -> None:
     idle = result["idle_watches"]
     assert idle["open"] == idle["requested"] == result["plan"]["idle_watches"]
     assert idle["outcomes"] == {"200": idle["requested"]}
+    floor = result["tls_floor"]
+    assert floor["connections"] == idle["requested"] and floor["bytes_per_connection"] > 0
     assert result["soak"]["requests"] > 0 and result["soak"]["errors"] == 0
     assert set(result["goals"]) >= {"p50_added_ms_c1", "idle_watches_gateway_rss_10k_mib"}
     assert result["machine"]["nproc"] >= 1 and result["machine"]["wrk"]
