@@ -475,6 +475,8 @@ class Exchange:
             buf.clear()
             self.head_sent = True
             self.door.response_started(self)
+            if self.streaming:
+                head.headers, head.names = [], []  # only its parsed flags are used from here
             self.bytes_out += len(raw)
             if self._state == _RAW:
                 self.transport.write(raw)  # verbatim: the agent relays the apiserver's head

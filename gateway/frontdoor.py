@@ -385,17 +385,27 @@ class FrontDoor(asyncio.Protocol):
         if b"watch=" in target or b"follow=" in target:
             exchange.streaming = True
             self.gw.audit_stream_start(self, exchange)
+            self._slim(exchange)
 
     def upgraded(self, exchange: Exchange) -> None:
         """A real 101: splice. Client bytes that waited for it go first."""
         self.phase = RAW
         exchange.streaming = True
         self.gw.audit_stream_start(self, exchange)
+        self._slim(exchange)
         if self.buf:
             data = bytes(self.buf)
             self.buf.clear()
             exchange.send(data)
         self.resume_reading("buffer")
+
+    def _slim(self, exchange: Exchange) -> None:
+        """A watch, ``logs -f`` or upgrade may stay open for hours: drop what only admission and
+        the response head needed (header lists, the forwarded head, the identity metadata).
+        Method, target and the parsed flags stay for the audit line and the connection's end."""
+        if self.head is not None:
+            self.head.headers, self.head.names = [], []
+        exchange.admitted.head = exchange.admitted.metadata = b""
 
     def request_complete(self) -> bool:
         return self.phase != BODY

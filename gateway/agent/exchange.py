@@ -421,6 +421,11 @@ class HttpExchange:
         buffered, self._resp_buf = bytes(self._resp_buf), bytearray()
         self.response = response
         self.status = response.status
+        # A watch or logs -f may stay open for hours: keep only the parsed flags of both heads.
+        # The request bytes were kept for one retry, which is only possible before this point.
+        self._request_bytes = None
+        self.request.headers, self.request.names = [], []
+        response.headers, response.names = [], []
         if response.is_switching:
             if not self.request.upgrade:
                 self._upstream_failed("101 to a request that did not ask to upgrade")

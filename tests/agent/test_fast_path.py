@@ -123,3 +123,17 @@ def exchange_of(stream: Any) -> HttpExchange:
     protocol = stream.protocol
     assert isinstance(protocol, HttpExchange)
     return protocol
+
+
+async def test_an_open_watch_keeps_only_the_parsed_flags_of_its_heads(agent: Agent) -> None:
+    stream = open_stream(agent, KubeAPITarget(), metadata("cluster:hub:alice", "0a"),
+                         get("/watch", "X-Padding: " + "p" * 2000))
+    stream.send_eof()
+    exchange = exchange_of(stream)
+    await stream.wait(lambda: stream.received.count(b"ADDED") >= 2, 10)
+    assert exchange.request.headers == [] and exchange.response.headers == []
+    assert exchange._request_bytes is None
+    assert exchange.request.method == b"GET" and exchange.response.status == 200
+    stream.client_reset()  # the client leaves: the upstream watch is cancelled as before
+    await stream.wait(lambda: agent.pool.in_use == 0, 10)
+    assert exchange.outcome == "cancelled"
