@@ -135,18 +135,21 @@ class Gateway:
         loop = asyncio.get_running_loop()
         config = self.config
         host, port = config.listen
+        shared = config.workers > 1  # the kernel spreads connections over the workers
         self._front = await loop.create_server(
             lambda: FrontDoor(self), host, port, ssl=self.front_ssl, backlog=1024,
             ssl_handshake_timeout=config.limits.header_timeout if self.front_ssl else None,
+            reuse_port=shared or None,
         )
         self.front_port = int(self._front.sockets[0].getsockname()[1])
         if self.tunnel_ssl is not None:
             thost, tport = config.tunnel_listen
             self._tunnel = await start_tunnel_listener(
-                thost, tport, self.tunnel_ssl, self.registry, self.session_config
+                thost, tport, self.tunnel_ssl, self.registry, self.session_config,
+                reuse_port=shared,
             )
             self.tunnel_port = int(self._tunnel.port)
-        if config.health_listen is not None:
+        if config.health_listen is not None and config.worker_index == 0:
             self._health = HealthServer(self.readiness, self.metrics.render)
             self.health_port = await self._health.start(*config.health_listen)
         self.readiness.listeners_up = True
@@ -258,7 +261,8 @@ async def build_gateway(config: GatewayConfig) -> tuple[Gateway, Any]:
     )
     # Hub-side session settings are the tunnel's defaults; concurrency toward an agent is
     # bounded by what that agent advertises, and by --max-inflight here.
-    session_config = SessionConfig()
+    session_config = SessionConfig(hub_instance=config.hub_instance,
+                                   hub_instances=config.replicas * config.workers)
     probe = token_review_probe(lambda token: reviewer.review(token, authenticator.audiences))
     gateway = Gateway(
         config,

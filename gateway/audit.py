@@ -32,6 +32,7 @@ from typing import Any, TextIO
 from urllib.parse import unquote_to_bytes
 
 AUDIT_LOGGER = "hubproxy.audit"
+ATOMIC_WRITE = 4096  # PIPE_BUF on Linux
 logger = logging.getLogger(AUDIT_LOGGER)
 
 REDACTED = "REDACTED"
@@ -132,8 +133,11 @@ class AuditWriter:
     held longer than the current loop turn, so a crash loses at most that turn's lines.
     """
 
-    def __init__(self, stream: TextIO) -> None:
+    def __init__(self, stream: TextIO, *, atomic: bool = False) -> None:
         self.stream = stream
+        # Several processes writing one pipe (gateway workers): a write of at most PIPE_BUF
+        # bytes is never interleaved with another's, so batches are cut at line ends below it.
+        self.max_write = ATOMIC_WRITE if atomic else 0
         self._pending: list[str] = []
         self._scheduled = False
 
@@ -155,10 +159,28 @@ class AuditWriter:
             return
         lines, self._pending = self._pending, []
         try:
-            self.stream.write("\n".join(lines) + "\n")
-            self.stream.flush()
+            for chunk in self._chunks(lines):
+                self.stream.write(chunk)
+                self.stream.flush()
         except (OSError, ValueError) as exc:  # a closed or broken stream: say so once per batch
             logger.error("cannot write %d audit lines: %s", len(lines), exc)
+
+
+    def _chunks(self, lines: list[str]) -> list[str]:
+        if not self.max_write:
+            return ["\n".join(lines) + "\n"]
+        chunks: list[str] = []
+        current: list[str] = []
+        size = 0
+        for line in lines:  # JSON lines are ASCII (ensure_ascii): characters are bytes
+            if current and size + len(line) + 1 > self.max_write:
+                chunks.append("\n".join(current) + "\n")
+                current, size = [], 0
+            current.append(line)
+            size += len(line) + 1
+        if current:
+            chunks.append("\n".join(current) + "\n")
+        return chunks
 
 
 _writer: AuditWriter | None = None

@@ -67,6 +67,10 @@ class GatewayConfig:
     listen: tuple[str, int] = ("0.0.0.0", 9092)
     tunnel_listen: tuple[str, int] = ("0.0.0.0", 8091)
     health_listen: tuple[str, int] | None = ("0.0.0.0", 8000)
+    workers: int = 1  # processes sharing the front door and tunnel ports (SO_REUSEPORT)
+    worker_index: int = 0  # which of them this is; worker 0 also serves health and metrics
+    replicas: int = 1  # gateway pods sharing the tunnel address
+    hub_instance: int = 0  # this process's id in the tunnel's SETTINGS (0: not announced)
     tls_dir: str | None = None  # tls.crt / tls.key of the front door
     tunnel_tls_dir: str | None = None  # tls.crt / tls.key of the tunnel listener
     agent_ca: str | None = None  # CA that issued agent client certificates (required)

@@ -37,6 +37,7 @@ from gateway.config import (
 )
 from gateway.http1 import Limits
 from gateway.rlimits import raise_open_file_limit
+from gateway.workers import instance_id as workers_instance_id
 
 log = logging.getLogger("hubproxy.gateway")
 
@@ -115,6 +116,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      metavar="DURATION",
                      help="after start, answer 503 (not 404) for clusters not seen yet, while "
                      "agents reconnect (default: 60s)")
+    lim.add_argument("--replicas", type=positive_int, default=1, metavar="N",
+                     help="gateway pods sharing the tunnel address, i.e. the Deployment's "
+                     "replicas (default: %(default)s). Agents keep one session to each of "
+                     "replicas x workers gateway processes, so keep it equal to the real count")
+    lim.add_argument("--workers", type=positive_int, default=1, metavar="N",
+                     help="gateway processes sharing the front door and tunnel ports "
+                     "(default: %(default)s). Agents keep one session to each. Each worker "
+                     "uses one core and its own memory; worker 0 alone serves health and "
+                     "metrics (its own figures) and writes ClusterProfiles")
     lim.add_argument("--shutdown-timeout", type=_duration, default=25.0, metavar="DURATION",
                      help="on SIGTERM, wait this long for in-flight requests (default: 25s)")
     parser.add_argument("--log-level", default="info",
@@ -170,6 +180,9 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         limits=limits,
         unknown_cluster_grace=args.unknown_cluster_grace,
         shutdown_timeout=args.shutdown_timeout,
+        workers=args.workers,
+        replicas=args.replicas,
+        hub_instance=workers_instance_id(),
     )
 
 
@@ -188,7 +201,8 @@ async def serve(config: GatewayConfig, args: argparse.Namespace | None = None) -
         print(f"hubproxy gateway ready: front door port {gateway.front_port}, tunnel port "
               f"{gateway.tunnel_port}, health port {gateway.health_port or 'off'}",
               file=sys.stderr, flush=True)
-        if args is not None and getattr(args, "clusterprofiles", None) is not None:
+        if (args is not None and getattr(args, "clusterprofiles", None) is not None
+                and config.worker_index == 0):
             extras.append(asyncio.ensure_future(
                 clusterprofile.run(args, api_client, gateway.registry)))
         await stop.wait()
@@ -223,6 +237,19 @@ def run(args: argparse.Namespace) -> int:
         return 2
     # Client connections, plus agent sessions and hub connections.
     raise_open_file_limit(config.limits.max_connections + 1024)
+    if config.workers > 1:
+        if config.listen[1] == 0 or config.tunnel_listen[1] == 0:
+            print("hubproxy gateway: --workers needs fixed --listen and --tunnel-listen ports",
+                  file=sys.stderr)
+            return 2
+        from gateway import workers
+
+        audit.install_writer(audit.AuditWriter(sys.stdout, atomic=True))
+        return workers.run(config, lambda worker: _serve_in_loop(worker, args))
+    return _serve_in_loop(config, args)
+
+
+def _serve_in_loop(config: GatewayConfig, args: argparse.Namespace) -> int:
     try:
         import uvloop
     except ImportError:

@@ -211,6 +211,7 @@ class TunnelSession(asyncio.BufferedProtocol):
         self._start = 0
         self._end = 0
         self._flush_scheduled = False
+        self._settings_fut: asyncio.Future[None] | None = None
         self._transport_paused = False
         self._timer: asyncio.TimerHandle | None = None
         self._last_rtt_probe = 0.0
@@ -260,6 +261,28 @@ class TunnelSession(asyncio.BufferedProtocol):
             protocol.pause_writing()
         self._schedule_flush()
         return stream
+
+    @property
+    def hub_instance(self) -> int:
+        """The hub process this session reached (0 until its SETTINGS say, or if they don't)."""
+        return self._core.peer_hub_instance
+
+    @property
+    def hub_instances(self) -> int:
+        """How many hub processes share the address this session dialled."""
+        return self._core.peer_hub_instances
+
+    async def wait_peer_settings(self, timeout: float) -> bool:
+        """Until the peer's first SETTINGS arrived (True) or ``timeout`` (False)."""
+        if self._core.peer_settings_received:
+            return True
+        if self._settings_fut is None:
+            self._settings_fut = asyncio.get_running_loop().create_future()
+        try:
+            await asyncio.wait_for(asyncio.shield(self._settings_fut), timeout)
+        except TimeoutError:
+            return False
+        return True
 
     def ping(self) -> None:
         self._core.ping()
@@ -389,6 +412,9 @@ class TunnelSession(asyncio.BufferedProtocol):
                     self._lose(stream, OpenRefused(_open_code(ev.code), ev.message))
             elif t is ss.GoAwayReceived or t is ss.DrainReceived:
                 self.draining = True
+            elif (t is ss.SettingsReceived and self._settings_fut is not None
+                  and not self._settings_fut.done()):
+                self._settings_fut.set_result(None)
 
     def _after_core(self) -> None:
         """Dispatch events produced by local calls (e.g. a stream closing on accept)."""

@@ -8,6 +8,12 @@
 * Certificate rotation: when the context factory hands out a new context (files changed on
   disk), a new session is opened with it and the old one is drained.
 * ``drain(deadline)`` (SIGTERM): DRAIN to the hub, in-flight streams finish up to the deadline.
+
+Several hub processes may share one address (gateway workers, hub replicas behind a Service);
+each serves only the agents that hold a session to it. :class:`HubFanout` keeps one session to
+each: the hub's SETTINGS name its instance and how many there are, a dial that reaches an
+instance already served is closed and redialled after a short random delay (connections are
+spread by the kernel or the load balancer), and dialers are added until every instance has one.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import ssl
 import time
 from collections.abc import Callable
@@ -27,6 +34,12 @@ log = logging.getLogger("hubproxy.tunnel")
 OnOpen = Callable[[OpenRequest], StreamProtocol | None]
 WATCH_INTERVAL = 0.5
 OLD_SESSION_DEADLINE = 300.0  # how long a replaced session may keep its in-flight streams
+SETTINGS_TIMEOUT = 5.0  # a hub that sends no SETTINGS by then is taken as a single instance
+# After reaching an instance that another session already serves: a random delay in this range,
+# doubled for each such dial in a row (up to the cap), so a hub that announces more instances
+# than it has costs a redial every half minute, not a storm.
+REDIAL_DELAY = (0.05, 0.3)
+REDIAL_DELAY_CAP = 30.0
 
 
 class AgentDialer:
@@ -41,6 +54,7 @@ class AgentDialer:
         *,
         backoff: Backoff | None = None,
         handshake_timeout: float = 10.0,
+        fanout: HubFanout | None = None,
     ) -> None:
         self.hub_host = hub_host
         self.hub_port = hub_port
@@ -53,6 +67,8 @@ class AgentDialer:
         self.session: TunnelSession | None = None
         self.retiring: set[TunnelSession] = set()
         self.connects = 0
+        self.fanout = fanout
+        self._duplicates = 0  # dials in a row that reached an instance already served
         self._stopping = asyncio.Event()
         self._caching_factory = False
 
@@ -72,10 +88,22 @@ class AgentDialer:
             if session is None:
                 await self._sleep(self.backoff.next_delay())
                 continue
+            if self.fanout is not None and not await self.fanout.admit(self, session):
+                session.close("this hub instance is already served by another session")
+                if self.fanout.surplus(self):
+                    return  # the hub has fewer instances than we have dialers
+                self._duplicates += 1
+                low, high = REDIAL_DELAY
+                scale = 2 ** min(self._duplicates - 1, 10)
+                await self._sleep(min(REDIAL_DELAY_CAP, random.uniform(low, high) * scale))
+                continue
+            self._duplicates = 0
             self.session = session
             self.backoff.connected(time.monotonic())
             reason = await self._watch(session, context)
             self.session = None
+            if self.fanout is not None:
+                self.fanout.release(self, session)
             self.backoff.disconnected(time.monotonic())
             if reason == "closed":
                 log.warning("hub session ended: %s", session.close_reason or "closed")
@@ -153,3 +181,91 @@ class AgentDialer:
         self._stopping.set()
         sessions = [s for s in (self.session, *self.retiring) if s is not None and not s.closed]
         await asyncio.gather(*(s.drain(deadline) for s in sessions), return_exceptions=True)
+
+
+class HubFanout:
+    """One :class:`AgentDialer` per hub instance behind the address (see the module docstring).
+
+    ``make_dialer(fanout)`` builds a dialer that reports to this fan-out. The first dialer runs
+    at once; more are added as the hub's SETTINGS announce more instances.
+    """
+
+    def __init__(self, make_dialer: Callable[[HubFanout], AgentDialer]) -> None:
+        self.make_dialer = make_dialer
+        self.dialers: list[AgentDialer] = []
+        self.instances = 1  # as the hub last announced
+        self._served: dict[int, AgentDialer] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._changed = asyncio.Event()
+        self._stopping = False
+
+    @property
+    def connected(self) -> bool:
+        return any(d.connected for d in self.dialers)
+
+    @property
+    def sessions(self) -> list[TunnelSession]:
+        return [d.session for d in self.dialers if d.session is not None]
+
+    @property
+    def connects(self) -> int:
+        return sum(d.connects for d in self.dialers)
+
+    async def admit(self, dialer: AgentDialer, session: TunnelSession) -> bool:
+        """May ``dialer`` keep ``session``? False when another dialer serves its hub instance."""
+        await session.wait_peer_settings(SETTINGS_TIMEOUT)
+        instance = session.hub_instance
+        if instance == 0:  # a single hub process: nothing to fan out
+            return True
+        holder = self._served.get(instance)
+        if holder is not None and holder is not dialer:
+            return False
+        self._served[instance] = dialer
+        self.instances = session.hub_instances
+        self._grow()
+        return True
+
+    def release(self, dialer: AgentDialer, session: TunnelSession) -> None:
+        if self._served.get(session.hub_instance) is dialer:
+            del self._served[session.hub_instance]
+
+    def surplus(self, dialer: AgentDialer) -> bool:
+        """Should ``dialer`` stop because the hub now has fewer instances than dialers?"""
+        if len(self.dialers) > self.instances and dialer is self.dialers[-1]:
+            self.dialers.pop()
+            log.info("the hub has %d instance(s): one session fewer", self.instances)
+            return True
+        return False
+
+    def _grow(self) -> None:
+        while not self._stopping and len(self.dialers) < self.instances:
+            self._start(self.make_dialer(self))
+            log.info("the hub has %d instances: dialling session %d", self.instances,
+                     len(self.dialers))
+
+    def _start(self, dialer: AgentDialer) -> None:
+        self.dialers.append(dialer)
+        task = asyncio.get_running_loop().create_task(dialer.run())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        self._changed.set()
+
+    async def run(self) -> None:
+        """Run every dialer until :meth:`drain`; a dialer's error ends the whole fan-out."""
+        if not self.dialers:
+            self._start(self.make_dialer(self))
+        while self._tasks:
+            self._changed.clear()
+            changed = asyncio.ensure_future(self._changed.wait())
+            done, _ = await asyncio.wait({*self._tasks, changed},
+                                         return_when=asyncio.FIRST_COMPLETED)
+            changed.cancel()
+            for task in done:
+                if task is not changed and not task.cancelled() and task.exception():
+                    raise task.exception()  # type: ignore[misc]
+            if self._stopping and not self._tasks:
+                return
+
+    async def drain(self, deadline: float) -> None:
+        self._stopping = True
+        await asyncio.gather(*(d.drain(deadline) for d in self.dialers), return_exceptions=True)

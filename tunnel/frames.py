@@ -43,6 +43,10 @@ ALLOWED_FLAGS = {SETTINGS: FLAG_ACK, OPEN: FLAG_FIN, DATA: FLAG_FIN}
 
 # Settings identifiers.
 S_INITIAL_WINDOW, S_MAX_FRAME_SIZE, S_MAX_CONCURRENT_STREAMS, S_MAX_METADATA_SIZE = 1, 2, 3, 4
+# Sent by the hub only: which hub process this session reached, and how many share its address
+# (several gateway workers or replicas): an agent keeps one session to each.
+S_HUB_INSTANCE, S_HUB_INSTANCES = 5, 6
+MAX_HUB_INSTANCES = 64
 MAX_WINDOW = 2**31 - 1
 MIN_FRAME_SIZE, MAX_FRAME_SIZE_LIMIT = 16 * 1024, 16 * 1024 * 1024
 DEFAULT_INITIAL_WINDOW = 256 * 1024
@@ -214,6 +218,10 @@ def check_setting(key: int, value: int) -> None:
         ok = value <= 1_000_000
     elif key == S_MAX_METADATA_SIZE:
         ok = 256 <= value <= 1024 * 1024
+    elif key == S_HUB_INSTANCE:
+        ok = value != 0
+    elif key == S_HUB_INSTANCES:
+        ok = 1 <= value <= MAX_HUB_INSTANCES
     else:
         ok = True  # unknown settings are ignored, so later versions can add some
     if not ok:

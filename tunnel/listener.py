@@ -119,6 +119,7 @@ async def start_tunnel_listener(
     config: SessionConfig | None = None,
     *,
     handshake_timeout: float = HANDSHAKE_TIMEOUT,
+    reuse_port: bool = False,
 ) -> TunnelListener:
     if ssl_context.verify_mode != ssl.CERT_REQUIRED:
         raise ValueError("the tunnel listener needs an SSL context that requires client certs")
@@ -131,5 +132,6 @@ async def start_tunnel_listener(
         ssl=ssl_context,
         ssl_handshake_timeout=handshake_timeout,
         backlog=1024,
+        reuse_port=reuse_port or None,  # several hub processes on one port (gateway workers)
     )
     return listener

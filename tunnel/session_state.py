@@ -58,6 +58,9 @@ class SessionConfig:
     max_settings_per_second: int = 10
     max_resets_per_second: int = 2000
     max_refused_per_second: int = 2000
+    # Hub side only (0 / 1: not sent): this hub process's id and how many share its address.
+    hub_instance: int = 0
+    hub_instances: int = 1
 
 
 class MemoryBudget:
@@ -238,12 +241,19 @@ class Session:
         self.goaway_sent = False       # we accept no new streams from the peer
         self.goaway_received: int | None = None  # peer's last stream id
         self.drain_received = False
-        self._control.append(f.encode_settings({
+        settings = {
             f.S_INITIAL_WINDOW: cfg.initial_window,
             f.S_MAX_FRAME_SIZE: cfg.max_frame_size,
             f.S_MAX_CONCURRENT_STREAMS: cfg.max_concurrent_streams,
             f.S_MAX_METADATA_SIZE: cfg.max_metadata_size,
-        }))
+        }
+        if cfg.hub_instance:
+            settings[f.S_HUB_INSTANCE] = cfg.hub_instance
+            settings[f.S_HUB_INSTANCES] = cfg.hub_instances
+        self._control.append(f.encode_settings(settings))
+        self.peer_settings_received = False
+        self.peer_hub_instance = 0  # 0: the hub did not say (a single hub process)
+        self.peer_hub_instances = 1
 
     # Receiving ------------------------------------------------------------------------------
 
@@ -331,6 +341,9 @@ class Session:
         self.peer_max_frame = settings.get(f.S_MAX_FRAME_SIZE, self.peer_max_frame)
         self.peer_max_streams = settings.get(f.S_MAX_CONCURRENT_STREAMS, self.peer_max_streams)
         self.peer_max_metadata = settings.get(f.S_MAX_METADATA_SIZE, self.peer_max_metadata)
+        self.peer_hub_instance = settings.get(f.S_HUB_INSTANCE, self.peer_hub_instance)
+        self.peer_hub_instances = settings.get(f.S_HUB_INSTANCES, self.peer_hub_instances)
+        self.peer_settings_received = True
         self._control.append(f.encode_settings_ack())
         self.events.append(SettingsReceived(settings))
 

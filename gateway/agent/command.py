@@ -210,7 +210,7 @@ async def serve(args: argparse.Namespace) -> int:
     from gateway.agent.health import start_health_server
     from gateway.agent.pool import UpstreamPool
     from tunnel.connection import SessionConfig
-    from tunnel.dialer import AgentDialer
+    from tunnel.dialer import AgentDialer, HubFanout
 
     policy = build_policy(args, kube)
     raise_open_file_limit(args.max_upstream_connections + 256)
@@ -223,8 +223,10 @@ async def serve(args: argparse.Namespace) -> int:
         [cert, key, hub_ca],
     )
     hub_host, hub_port = args.hub
-    dialer = AgentDialer(hub_host, hub_port, hub_tls.current, agent.on_open, SessionConfig(),
-                         server_hostname=args.hub_server_name or hub_host)
+    # One session to each hub process behind the address (gateway workers, hub replicas).
+    dialer = HubFanout(lambda fanout: AgentDialer(
+        hub_host, hub_port, hub_tls.current, agent.on_open, SessionConfig(),
+        server_hostname=args.hub_server_name or hub_host, fanout=fanout))
     readiness = Readiness(dialer, kube)
     log.info("agent for cluster %s: hub %s:%d, apiserver %s, services allowed: %s",
              cluster, hub_host, hub_port, kube.describe(),

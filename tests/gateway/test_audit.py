@@ -153,3 +153,26 @@ def test_timestamp_keeps_milliseconds_across_the_per_second_cache():
     assert audit._timestamp(1_700_000_000.123) == "2023-11-14T22:13:20.123Z"
     assert audit._timestamp(1_700_000_000.999) == "2023-11-14T22:13:20.999Z"
     assert audit._timestamp(1_700_000_001.0) == "2023-11-14T22:13:21.000Z"
+
+
+def test_atomic_writer_never_writes_more_than_pipe_buf_unless_one_line_is_longer():
+    import io
+
+    class Recording(io.StringIO):
+        def __init__(self) -> None:
+            super().__init__()
+            self.writes: list[str] = []
+
+        def write(self, s: str) -> int:
+            self.writes.append(s)
+            return super().write(s)
+
+    stream = Recording()
+    writer = audit.AuditWriter(stream, atomic=True)
+    lines = [f'{{"n":{i},"pad":"{"x" * 700}"}}' for i in range(20)] + ["y" * 5000]
+    writer._pending = list(lines)
+    writer.flush()
+    assert stream.getvalue().splitlines() == lines  # nothing lost, order kept
+    assert all(w.endswith("\n") for w in stream.writes)  # cut only at line ends
+    assert all(len(w) <= audit.ATOMIC_WRITE for w in stream.writes[:-1])
+    assert stream.writes[-1] == "y" * 5000 + "\n"

@@ -366,3 +366,20 @@ def test_large_writes_are_not_joined():
     frames = [fr for fr, _end in f.decode_frames(memoryview(wire(agent)), 1 << 20)]
     sizes = [len(fr.payload) for fr in frames if fr.type == f.DATA]
     assert sizes == [5, len(big)]
+
+
+def test_hub_announces_its_instance_and_how_many_share_its_address():
+    _hub, agent, _ = pair(hub_cfg=SessionConfig(hub_instance=0xBEEF, hub_instances=3))
+    assert (agent.peer_hub_instance, agent.peer_hub_instances) == (0xBEEF, 3)
+    assert agent.peer_settings_received
+    # A single hub process sends neither setting; the agent sees the defaults.
+    _, plain_agent, _ = pair()
+    assert (plain_agent.peer_hub_instance, plain_agent.peer_hub_instances) == (0, 1)
+
+
+@pytest.mark.parametrize(("key", "value"), [(f.S_HUB_INSTANCE, 0), (f.S_HUB_INSTANCES, 0),
+                                            (f.S_HUB_INSTANCES, f.MAX_HUB_INSTANCES + 1)])
+def test_hub_instance_settings_out_of_range_are_refused(key, value):
+    agent = fresh_agent()
+    with pytest.raises(ProtocolError):
+        feed(agent, f.encode_settings({key: value}))
