@@ -222,30 +222,40 @@ def start_hub_stub(lab: Lab) -> Proc:
     return proc
 
 
-def start_hubproxy(lab: Lab, log_level: str = "info", upstream_connections: int = 2048) -> Config:
+def start_hubproxy(lab: Lab, log_level: str = "info", upstream_connections: int = 2048,
+                   workers: int = 1, name: str = "hubproxy") -> Config:
     """``hubproxy gateway`` + ``hubproxy agent`` (cluster bench), exactly as deployed."""
     hub = start_hub_stub(lab)
     front, tunnel = free_port(), free_port()
-    gateway = lab.procs.start("gateway", _hubproxy(
+    suffix = "" if name == "hubproxy" else f"-{name}"
+    gateway = lab.procs.start(f"gateway{suffix}", _hubproxy(
         "gateway", "--listen", f"{LOOPBACK}:{front}", "--tunnel-listen", f"{LOOPBACK}:{tunnel}",
         "--health-listen", f"{LOOPBACK}:{free_port()}", "--tls-dir", str(lab.pki / "gateway"),
         "--tunnel-tls-dir", str(lab.pki / "tunnel-server"),
         "--agent-ca", str(lab.pki / "tunnel-ca" / "ca.crt"),
         "--hub-kubeconfig", str(lab.hub_kubeconfig),
         "--authorize", "none", "--token-cache-ttl", "1h", "--max-connections", "30000",
-        "--max-inflight", "30000", "--log-level", log_level))
+        "--max-inflight", "30000", "--workers", str(workers), "--log-level", log_level))
     gateway.wait_for_line("hubproxy gateway ready", 30)
-    agent = lab.procs.start("agent", _hubproxy(
+    agent = lab.procs.start(f"agent{suffix}", _hubproxy(
         "agent", "--hub", f"{LOOPBACK}:{tunnel}", "--cluster", CLUSTER,
         "--tls-dir", str(lab.pki / "agents" / CLUSTER),
         "--kubeconfig", str(lab.upstream_kubeconfig()), "--health-listen", "off",
         "--max-upstream-connections", str(upstream_connections), "--log-level", log_level))
-    cfg = Config("hubproxy", Target(f"https://{LOOPBACK}:{front}/{CLUSTER}",
-                                    str(lab.pki / "gateway" / "ca.crt"), lab.bench_token),
+    cfg = Config(name, Target(f"https://{LOOPBACK}:{front}/{CLUSTER}",
+                              str(lab.pki / "gateway" / "ca.crt"), lab.bench_token),
                  "client -> gateway (TLS, bearer, TokenReview cached, --authorize none) -> "
-                 f"tunnel (mTLS 1.3) -> agent -> upstream (TLS); log level {log_level}",
-                 {"gateway": [gateway.pid], "agent": [agent.pid]}, [hub, gateway, agent])
-    _wait_ok(cfg)
+                 f"tunnel (mTLS 1.3) -> agent -> upstream (TLS); log level {log_level}"
+                 + (f"; --workers {workers}, one agent holding a session to each"
+                    if workers > 1 else ""),
+                 {"gateway": [gateway.pid], "agent": [agent.pid]}, [hub, gateway, agent],
+                 extra=name != "hubproxy")
+    if workers > 1:
+        agent.wait_for_line(f"dialling session {workers}", 30)
+    # Every worker must have its session before measuring: a few requests on fresh connections.
+    for _ in range(4 * workers):
+        _wait_ok(cfg)
+    cfg.roles["gateway"] = tree(gateway.pid)  # the parent and its workers
     return cfg
 
 

@@ -315,6 +315,13 @@ def start_configs(lab: Lab, wanted: set[str], skipped: dict[str, str], log_level
             if "nginx-auto" in wanted:
                 with contextlib.suppress(Exception):
                     cfgs.append(configs.start_nginx(lab, "auto", "nginx-auto")[0])
+        elif name == "hubproxy" and "hubproxy-2w" in wanted:
+            cfgs.append(started)  # type: ignore[arg-type]
+            try:
+                cfgs.append(configs.start_hubproxy(lab, log_level, workers=2,
+                                                   name="hubproxy-2w"))
+            except Exception as exc:
+                skipped["hubproxy-2w"] = f"did not start: {str(exc)[:2000]}"
         else:
             cfgs.append(started)  # type: ignore[arg-type]
         log(f"started {cfgs[-1].name}: {cfgs[-1].note}")
@@ -339,7 +346,8 @@ def machine_info() -> dict[str, Any]:
 
 
 def run_all(args: argparse.Namespace, plan: Plan) -> dict[str, Any]:
-    wanted = set(args.only.split(",")) if args.only else set(ORDER) | {"nginx-auto"}
+    wanted = (set(args.only.split(",")) if args.only
+              else set(ORDER) | {"nginx-auto", "hubproxy-2w"})
     if args.smoke and not args.only:
         wanted = {"direct", "hubproxy"}
     raise_nofile()
@@ -421,7 +429,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--idle-watches", type=int,
                         help="idle watches to hold open (default 10000, --quick 2000)")
     parser.add_argument("--only", metavar="NAMES",
-                        help=f"comma-separated subset of {','.join(ORDER)},nginx-auto")
+                        help=f"comma-separated subset of {','.join(ORDER)},nginx-auto,"
+                        "hubproxy-2w (gateway --workers 2)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning"],
                         help="gateway/agent log level (default info: production, audit lines)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder (logs)")

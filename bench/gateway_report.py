@@ -102,6 +102,13 @@ def ratios(cfgs: dict[str, Any]) -> dict[str, float | None]:
     out["relay_small_get_c16_vs_direct"] = _ratio(_get(cfgs, "relay", "small_get", "c16", "rps"),
                                                   _get(cfgs, "direct", "small_get", "c16", "rps"))
     out["large_body_vs_relay"] = _ratio(_get(cfgs, HUB, *body), _get(cfgs, "relay", *body))
+    two = "hubproxy-2w"  # gateway --workers 2 (measured on small GETs and bodies)
+    for other, key in (("nginx", "nginx"), ("kubectl-proxy", "kubectl_proxy")):
+        out[f"workers2_small_get_c16_vs_{key}"] = _ratio(
+            _get(cfgs, two, "small_get", "c16", "rps"),
+            _get(cfgs, other, "small_get", "c16", "rps"))
+        out[f"workers2_large_body_vs_{key}"] = _ratio(_get(cfgs, two, *body),
+                                                      _get(cfgs, other, *body))
     return out
 
 
@@ -130,8 +137,8 @@ def _fmt(value: float | None, digits: int = 0) -> str:
 
 def table(result: dict[str, Any]) -> str:
     cfgs: dict[str, Any] = result.get("configs", {})
-    names = [n for n in ("direct", "nginx", "nginx-auto", "kubectl-proxy", "hubproxy", "relay")
-             if n in cfgs]
+    names = [n for n in ("direct", "nginx", "nginx-auto", "kubectl-proxy", "hubproxy",
+                         "hubproxy-2w", "relay") if n in cfgs]
 
     def row(label: str, path: tuple[str, ...], digits: int = 0,
             higher_better: bool = True) -> list[str]:
