@@ -137,8 +137,7 @@ class Agent:
         kube = self.kube
         target = request.target
 
-        async def route() -> Route:
-            resolved = await self.policy.resolve(target)
+        def kube_route(resolved: Any) -> Route:
             return Route(
                 key=UpstreamKey(resolved.host_ip, resolved.port, kube.server_hostname, True),
                 ssl_context=kube.ssl_context,
@@ -149,19 +148,12 @@ class Agent:
                 passthrough=passthrough,
             )
 
-        known = None
+        async def route() -> Route:
+            return kube_route(await self.policy.resolve(target))
+
         resolve_now = getattr(self.policy, "resolve_now", None)
         resolved = resolve_now(target) if resolve_now is not None else None
-        if resolved is not None:
-            known = Route(
-                key=UpstreamKey(resolved.host_ip, resolved.port, kube.server_hostname, True),
-                ssl_context=kube.ssl_context,
-                authority=_authority(kube.host, kube.port),
-                label="kube-apiserver",
-                credential=kube.authorization,
-                identity_headers=identity_headers,
-                passthrough=passthrough,
-            )
+        known = kube_route(resolved) if resolved is not None else None
         self.stats.active += 1
         return HttpExchange(route, self.pool, request_id=request_id, on_done=self._done,
                             known_route=known)
