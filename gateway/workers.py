@@ -36,6 +36,18 @@ def instance_id() -> int:
 def run(config: GatewayConfig, serve_one: Callable[[GatewayConfig], int]) -> int:
     """Fork ``config.workers`` workers that each run ``serve_one``; supervise them."""
     children: dict[int, int] = {}
+    stopping = False
+
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        nonlocal stopping
+        stopping = True
+        for child in children:
+            _signal(child, signum)
+
+    # Before forking: a SIGTERM that arrives while workers start must reach them, not kill the
+    # parent and orphan them. Each worker resets both signals for its own event loop.
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
     for index in range(config.workers):
         pid = os.fork()
         if pid == 0:  # the worker
@@ -48,16 +60,8 @@ def run(config: GatewayConfig, serve_one: Callable[[GatewayConfig], int]) -> int
             finally:
                 os._exit(code)
         children[pid] = index
-    stopping = False
-
-    def forward(signum: int, _frame: FrameType | None) -> None:
-        nonlocal stopping
-        stopping = True
-        for child in children:
-            _signal(child, signum)
-
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
+        if stopping:  # asked to stop while forking: the new worker too
+            _signal(pid, signal.SIGTERM)
     rc = 0
     while children:
         pid, status = os.wait()

@@ -36,9 +36,10 @@ WATCH_INTERVAL = 0.5
 OLD_SESSION_DEADLINE = 300.0  # how long a replaced session may keep its in-flight streams
 SETTINGS_TIMEOUT = 5.0  # a hub that sends no SETTINGS by then is taken as a single instance
 # After reaching an instance that another session already serves: a random delay in this range,
-# doubled for each such dial in a row (up to the cap), so a hub that announces more instances
-# than it has costs a redial every half minute, not a storm.
+# doubled for each further such dial in a row (up to the cap), so a hub that announces more
+# instances than it has costs a redial every half minute, not a storm.
 REDIAL_DELAY = (0.05, 0.3)
+REDIAL_FREE = 3  # duplicates in a row before the delay starts doubling
 REDIAL_DELAY_CAP = 30.0
 
 
@@ -89,12 +90,18 @@ class AgentDialer:
                 await self._sleep(self.backoff.next_delay())
                 continue
             if self.fanout is not None and not await self.fanout.admit(self, session):
-                session.close("this hub instance is already served by another session")
+                # The hub may already route a stream here: drain (no new streams, the hub
+                # stops picking it) rather than close under a request.
+                log.debug("hub instance %d already has a session: draining this one",
+                          session.hub_instance)
+                self._retire(session)
                 if self.fanout.surplus(self):
                     return  # the hub has fewer instances than we have dialers
                 self._duplicates += 1
                 low, high = REDIAL_DELAY
-                scale = 2 ** min(self._duplicates - 1, 10)
+                # The first few are what spreading over N instances costs; beyond that the
+                # hub is probably announcing more instances than it has.
+                scale = 2 ** min(max(0, self._duplicates - REDIAL_FREE), 10)
                 await self._sleep(min(REDIAL_DELAY_CAP, random.uniform(low, high) * scale))
                 continue
             self._duplicates = 0
