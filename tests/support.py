@@ -69,6 +69,12 @@ class BackgroundProcess:
     def output(self) -> str:
         return "\n".join(self.lines)
 
+    def final_output(self, timeout: float = 5.0) -> str:
+        """Everything the process printed, once it has exited and its pipe is read to the end."""
+        self.popen.wait(timeout)
+        self._reader.join(timeout)
+        return self.output
+
     def wait_for_line(self, needle: str, timeout: float = 30.0) -> str:
         deadline = time.monotonic() + timeout
         with self._changed:

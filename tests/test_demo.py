@@ -76,4 +76,4 @@ def check_demo(demo: BackgroundProcess, tmp_path: Path) -> None:
     while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [p for p in pids if alive(p)]
-    assert "hubproxy demo: stopped" in demo.output
+    assert "hubproxy demo: stopped" in demo.final_output()

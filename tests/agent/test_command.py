@@ -132,7 +132,7 @@ async def test_agent_serves_streams_probes_and_drains_on_sigterm(
     rc = await asyncio.to_thread(agent.popen.wait, 15)
     assert rc == 0, agent.output[-2000:]
     assert follow.data.startswith(b"HTTP/1.1 200")
-    assert AGENT_TOKEN not in agent.output
+    assert AGENT_TOKEN not in agent.final_output()
 
 
 @pytest.mark.slow

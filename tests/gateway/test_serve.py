@@ -129,9 +129,10 @@ def test_gateway_process_against_kubesim_hub(pki: Path, tmp_path: Path) -> None:
             assert status == 404 and b'"kind":"Status"' in body  # no agent ever connected
             metrics = _get(f"http://127.0.0.1:{health}/metrics")[1].decode()
             assert 'code="401"' in metrics and user_token not in metrics
-            assert user_token not in proc.output and bad not in proc.output
             proc.signal(signal.SIGTERM)
             assert proc.popen.wait(15) == 0
+            output = proc.final_output()
+            assert user_token not in output and bad not in output
         finally:
             group.stop_all()
 
