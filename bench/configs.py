@@ -177,6 +177,23 @@ def start_kubectl_proxy(lab: Lab) -> Config:
     return cfg
 
 
+def start_aiohttp_proxy(lab: Lab) -> Config:
+    """``bench.naiveproxy``: the single-hop aiohttp proxy anyone would write first."""
+    port = free_port()
+    gw = lab.pki / "gateway"
+    proc = lab.procs.start("aiohttp-proxy", [
+        sys.executable, "-m", "bench.naiveproxy", "--listen", f"{LOOPBACK}:{port}",
+        "--cert", str(gw / "tls.crt"), "--key", str(gw / "tls.key"),
+        "--upstream", f"https://{LOOPBACK}:{lab.upstream_port}",
+        "--upstream-ca", lab.upstream_ca])
+    proc.wait_for_line("naiveproxy ready", 30)
+    cfg = Config("aiohttp-proxy", Target(f"https://{LOOPBACK}:{port}", str(gw / "ca.crt")),
+                 "naive aiohttp reverse proxy (uvloop, one keep-alive ClientSession, streamed), "
+                 "TLS both sides", {"aiohttp": [proc.pid]}, [proc], extra=True)
+    _wait_ok(cfg)
+    return cfg
+
+
 def _hubproxy(*args: str) -> list[str]:
     return [sys.executable, "-m", "gateway.cli", *args]
 

@@ -9,6 +9,8 @@ One run starts, on 127.0.0.1, one fast TLS upstream (``bench.upstream``) and in 
 - ``nginx``: nginx as a TLS-terminating reverse proxy (1 worker; ``nginx-auto`` = worker_processes
   auto is also measured on small GETs and large bodies);
 - ``kubectl-proxy``: ``kubectl proxy`` (plain HTTP on the client side, as users run it);
+- ``aiohttp-proxy``: a naive single-hop aiohttp reverse proxy (``bench.naiveproxy``), measured on
+  small GETs at c=16 and large bodies;
 - ``hubproxy``: ``hubproxy gateway`` (bearer token, TokenReview against a kubesim hub, cached;
   ``--authorize none``) -> tunnel -> ``hubproxy agent`` -> upstream: the production path;
 - ``relay``: the same tunnel and agent with raw TCP relays at both ends (``bench.relayhub`` +
@@ -53,7 +55,7 @@ from bench.procstats import CpuMeter, peak_rss_mib, rss_mib
 MiB = 1024 * 1024
 LOG_PATH = "/api/v1/namespaces/default/pods/bench/log?bytes={n}"
 WATCH_PATH = "/api/v1/namespaces/default/pods?watch=1&events={n}"
-ORDER = ("direct", "nginx", "kubectl-proxy", "hubproxy", "relay")
+ORDER = ("direct", "nginx", "kubectl-proxy", "aiohttp-proxy", "hubproxy", "relay")
 
 
 @dataclass
@@ -291,6 +293,7 @@ def start_configs(lab: Lab, wanted: set[str], skipped: dict[str, str], log_level
     starters = {
         "nginx": lambda: configs.start_nginx(lab),
         "kubectl-proxy": lambda: configs.start_kubectl_proxy(lab),
+        "aiohttp-proxy": lambda: configs.start_aiohttp_proxy(lab),
         # Each idle watch holds an apiserver connection in the agent (default cap 2048).
         "hubproxy": lambda: configs.start_hubproxy(
             lab, log_level, upstream_connections=max(2048, idle_watches + 1024)),

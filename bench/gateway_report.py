@@ -10,6 +10,8 @@ GOALS_TEXT = {
     "large_body_vs_nginx": ("large body >= 0.6 x nginx", 0.6, ">="),
     "large_body_vs_kubectl_proxy": ("large body >= 0.7 x kubectl proxy", 0.7, ">="),
     "small_get_c16_vs_kubectl_proxy": ("small GET c=16 >= 1.0 x kubectl proxy", 1.0, ">="),
+    "small_get_c16_vs_aiohttp_proxy": ("small GET c=16 >= 2.0 x a naive aiohttp proxy", 2.0,
+                                       ">="),
     "p50_added_ms_c1": ("c=1 p50 added over direct <= 0.4 ms", 0.4, "<="),
     "p99_added_ms_c1": ("c=1 p99 added over direct <= 1.5 ms", 1.5, "<="),
     "idle_watches_gateway_rss_10k_mib": ("10,000 idle watches <= 150 MiB gateway RSS", 150.0,
@@ -102,6 +104,10 @@ def ratios(cfgs: dict[str, Any]) -> dict[str, float | None]:
     out["relay_small_get_c16_vs_direct"] = _ratio(_get(cfgs, "relay", "small_get", "c16", "rps"),
                                                   _get(cfgs, "direct", "small_get", "c16", "rps"))
     out["large_body_vs_relay"] = _ratio(_get(cfgs, HUB, *body), _get(cfgs, "relay", *body))
+    naive = "aiohttp-proxy"  # measured on small GETs at c=16 and bodies
+    out["small_get_c16_vs_aiohttp_proxy"] = _ratio(_get(cfgs, HUB, "small_get", "c16", "rps"),
+                                                   _get(cfgs, naive, "small_get", "c16", "rps"))
+    out["large_body_vs_aiohttp_proxy"] = _ratio(_get(cfgs, HUB, *body), _get(cfgs, naive, *body))
     two = "hubproxy-2w"  # gateway --workers 2 (measured on small GETs and bodies)
     for other, key in (("nginx", "nginx"), ("kubectl-proxy", "kubectl_proxy")):
         out[f"workers2_small_get_c16_vs_{key}"] = _ratio(
@@ -137,8 +143,8 @@ def _fmt(value: float | None, digits: int = 0) -> str:
 
 def table(result: dict[str, Any]) -> str:
     cfgs: dict[str, Any] = result.get("configs", {})
-    names = [n for n in ("direct", "nginx", "nginx-auto", "kubectl-proxy", "hubproxy",
-                         "hubproxy-2w", "relay") if n in cfgs]
+    names = [n for n in ("direct", "nginx", "nginx-auto", "kubectl-proxy", "aiohttp-proxy",
+                         "hubproxy", "hubproxy-2w", "relay") if n in cfgs]
 
     def row(label: str, path: tuple[str, ...], digits: int = 0,
             higher_better: bool = True) -> list[str]:
@@ -196,10 +202,12 @@ def table(result: dict[str, Any]) -> str:
             lines.append(f"  idle watches: FAILED {idle['error'][:300]}")
         floor = result.get("tls_floor")
         if floor and "error" not in floor:
+            ossl = floor.get("openssl_bytes_per_connection")
+            of_which = f", of which OpenSSL's own state {ossl:.0f} B" if ossl else ""
             lines.append(
                 f"  floor: a bare uvloop TLS server holds {floor['bytes_per_connection']:.0f} B "
-                f"per idle connection ({floor['connections']} connections, one small request "
-                "answered each)")
+                f"per idle connection{of_which} ({floor['connections']} connections, one small "
+                "request answered each)")
         elif floor:
             lines.append(f"  floor: FAILED {floor['error'][:300]}")
         soak = result.get("soak")
