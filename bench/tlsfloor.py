@@ -5,13 +5,15 @@
 The server (this process: uvloop, the ``certs`` package's server context, a protocol that keeps
 nothing but its transport) accepts ``count`` connections from a client child process; each
 client sends one small request and gets one small answer, as an idle watch does, then stays
-open. Prints one JSON line: RSS before and after, bytes per connection.
+open. Prints one JSON line: RSS before and after, bytes per connection, and how many of those
+bytes OpenSSL's own per-connection state takes (measured apart, in memory).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import ssl
@@ -78,7 +80,73 @@ async def serve(count: int, cert: str, key: str, cafile: str) -> dict[str, float
     await child.wait()
     server.close()
     return {"connections": len(held), "rss_before_mib": before, "rss_after_mib": after,
-            "bytes_per_connection": (after - before) * 1024 * 1024 / max(1, len(held))}
+            "bytes_per_connection": (after - before) * 1024 * 1024 / max(1, len(held)),
+            "openssl_bytes_per_connection": openssl_bytes_per_connection(cert, key, cafile)}
+
+
+def openssl_bytes_per_connection(cert: str, key: str, cafile: str,
+                                 count: int = 500) -> float | None:
+    """Heap bytes OpenSSL keeps per server connection after a handshake and one exchange.
+
+    In memory (``MemoryBIO`` pairs, no sockets, no event loop) and counted with glibc's
+    ``mallinfo2``, so only OpenSSL's and ``ssl``'s allocations are in it: the part of the floor
+    that no event loop or proxy code can remove. None where ``mallinfo2`` is missing.
+    """
+    import ctypes
+    import gc
+
+    from certs.tls import server_context
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+            "fordblks", "keepcost")]
+
+    try:
+        mallinfo2 = ctypes.CDLL("libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return None
+    mallinfo2.restype = MallInfo2
+
+    def in_use() -> int:
+        info = mallinfo2()
+        return int(info.uordblks + info.hblkhd)
+
+    server_ctx = server_context(cert, key, None)
+    client_ctx = ssl.create_default_context(cafile=cafile)
+
+    def connect() -> tuple[ssl.SSLObject, ssl.SSLObject, list[ssl.MemoryBIO]]:
+        bios = [ssl.MemoryBIO() for _ in range(4)]  # server in/out, client in/out
+        server = server_ctx.wrap_bio(bios[0], bios[1], server_side=True)
+        client = client_ctx.wrap_bio(bios[2], bios[3], server_hostname="localhost")
+
+        def pump() -> None:
+            bios[0].write(bios[3].read())
+            bios[2].write(bios[1].read())
+
+        for _ in range(8):  # the handshake, then the tickets
+            for side in (client, server):
+                with contextlib.suppress(ssl.SSLWantReadError):
+                    side.do_handshake()
+            pump()
+        client.write(ANSWER)
+        pump()
+        server.read(len(ANSWER))
+        server.write(ANSWER)
+        pump()
+        client.read(len(ANSWER))
+        return server, client, bios
+
+    connect()  # one-time allocations (ciphers, providers) out of the figure
+    gc.collect()
+    before = in_use()
+    pairs = [connect() for _ in range(count)]
+    servers = [(server, bios[:2]) for server, _, bios in pairs]
+    del pairs  # the client halves go; the servers stay
+    gc.collect()
+    after = in_use()
+    del servers
+    return (after - before) / count
 
 
 def main(argv: list[str] | None = None) -> int:

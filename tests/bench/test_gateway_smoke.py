@@ -17,7 +17,7 @@ import pytest
 
 RATIO_KEYS = ("large_body_vs_direct", "large_body_vs_nginx", "large_body_vs_kubectl_proxy",
               "small_get_c16_vs_kubectl_proxy", "small_get_c16_vs_nginx", "p50_added_ms_c1",
-              "p99_added_ms_c1")
+              "p99_added_ms_c1", "small_get_c16_vs_aiohttp_proxy")
 
 
 @pytest.mark.slow
@@ -38,6 +38,7 @@ def test_smoke_run_measures_hubproxy_against_direct(tmp_path: Path) -> None:
     # Only direct and hubproxy run in smoke mode: the others are absent, not invented.
     assert ratios["large_body_vs_nginx"] is None
     assert ratios["small_get_c16_vs_kubectl_proxy"] is None
+    assert ratios["small_get_c16_vs_aiohttp_proxy"] is None
     assert 0 < ratios["large_body_vs_direct"] < 10
     assert ratios["p50_added_ms_c1"] > 0 and ratios["p99_added_ms_c1"] is not None
 
@@ -59,8 +60,10 @@ def test_smoke_run_measures_hubproxy_against_direct(tmp_path: Path) -> None:
     assert idle["outcomes"] == {"200": idle["requested"]}
     floor = result["tls_floor"]
     assert floor["connections"] == idle["requested"] and floor["bytes_per_connection"] > 0
+    assert 0 < floor["openssl_bytes_per_connection"] < 1_000_000
     assert result["soak"]["requests"] > 0 and result["soak"]["errors"] == 0
-    assert set(result["goals"]) >= {"p50_added_ms_c1", "idle_watches_gateway_rss_10k_mib"}
+    assert set(result["goals"]) >= {"p50_added_ms_c1", "idle_watches_gateway_rss_10k_mib",
+                                    "small_get_c16_vs_aiohttp_proxy"}
     assert result["machine"]["nproc"] >= 1 and result["machine"]["wrk"]
     # The readable table with ratio columns and the PASS/MISS lines go to stdout.
     assert "hub/direct" in proc.stdout and "small GET req/s c16" in proc.stdout
