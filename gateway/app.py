@@ -86,7 +86,7 @@ class Gateway:
 
         self.readiness = Readiness(hub_probe or _no_probe, config.readiness_interval)
         registry.subscribe(self._cluster_changed)
-        self.metrics.connected_clusters = lambda: len(registry.clusters())
+        self.metrics.cluster_names = registry.clusters
         self.metrics.connected_agents = lambda: sum(
             len(list(registry.sessions(c))) for c in registry.clusters()
         )

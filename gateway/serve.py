@@ -36,6 +36,7 @@ from gateway.config import (
     positive_int,
 )
 from gateway.http1 import Limits
+from gateway.metricslink import MetricsLink, PeerSnapshots, SnapshotSender
 from gateway.rlimits import raise_open_file_limit
 from gateway.workers import instance_id as workers_instance_id
 
@@ -123,8 +124,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     lim.add_argument("--workers", type=positive_int, default=1, metavar="N",
                      help="gateway processes sharing the front door and tunnel ports "
                      "(default: %(default)s). Agents keep one session to each. Each worker "
-                     "uses one core and its own memory; worker 0 alone serves health and "
-                     "metrics (its own figures) and writes ClusterProfiles")
+                     "uses one core and its own memory; worker 0 serves health and metrics "
+                     "(the sum of all workers, at most ~1s behind) and writes ClusterProfiles")
     lim.add_argument("--shutdown-timeout", type=_duration, default=25.0, metavar="DURATION",
                      help="on SIGTERM, wait this long for in-flight requests (default: 25s)")
     parser.add_argument("--log-level", default="info",
@@ -186,7 +187,8 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
     )
 
 
-async def serve(config: GatewayConfig, args: argparse.Namespace | None = None) -> int:
+async def serve(config: GatewayConfig, args: argparse.Namespace | None = None,
+                link: MetricsLink | None = None) -> int:
     from gateway.app import build_gateway
 
     gateway, api_client = await build_gateway(config)
@@ -195,8 +197,16 @@ async def serve(config: GatewayConfig, args: argparse.Namespace | None = None) -
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     extras: list[asyncio.Task[None]] = []
+    peers: PeerSnapshots | SnapshotSender | None = None
     try:
         await gateway.start()
+        if link is not None and config.worker_index == 0:
+            peers = link.receiver()
+            peers.start()
+            gateway.metrics.peers = peers.snapshots
+        elif link is not None:
+            peers = link.sender(config.worker_index)
+            peers.start(gateway.metrics.snapshot)
         gctune.settle()
         print(f"hubproxy gateway ready: front door port {gateway.front_port}, tunnel port "
               f"{gateway.tunnel_port}, health port {gateway.health_port or 'off'}",
@@ -211,6 +221,8 @@ async def serve(config: GatewayConfig, args: argparse.Namespace | None = None) -
     finally:
         for task in extras:
             task.cancel()
+        if peers is not None:
+            peers.stop()
         await gateway.close()
         audit.install_writer(None)  # flushes the last lines
         with contextlib.suppress(Exception):
@@ -245,13 +257,14 @@ def run(args: argparse.Namespace) -> int:
         from gateway import workers
 
         audit.install_writer(audit.AuditWriter(sys.stdout, atomic=True))
-        return workers.run(config, lambda worker: _serve_in_loop(worker, args))
+        return workers.run(config, lambda worker, link: _serve_in_loop(worker, args, link))
     return _serve_in_loop(config, args)
 
 
-def _serve_in_loop(config: GatewayConfig, args: argparse.Namespace) -> int:
+def _serve_in_loop(config: GatewayConfig, args: argparse.Namespace,
+                   link: MetricsLink | None = None) -> int:
     try:
         import uvloop
     except ImportError:
-        return asyncio.run(serve(config, args))
-    return uvloop.run(serve(config, args))
+        return asyncio.run(serve(config, args, link))
+    return uvloop.run(serve(config, args, link))

@@ -7,8 +7,9 @@ worker holds, so every worker announces itself in the tunnel's SETTINGS (a rando
 and the count N) and agents keep one session to each (``tunnel.dialer.HubFanout``); the same
 mechanism serves several hub replicas behind one address.
 
-Worker 0 also serves ``/healthz``, ``/readyz`` and ``/metrics`` (its own figures only) and
-writes ClusterProfiles. The parent forwards SIGTERM/SIGINT to the workers and waits for them;
+Worker 0 also serves ``/healthz``, ``/readyz`` and ``/metrics`` and writes ClusterProfiles; the
+other workers send it their figures every second (``gateway.metricslink``), so ``/metrics``
+shows the whole gateway. The parent forwards SIGTERM/SIGINT to the workers and waits for them;
 if one dies on its own, the others are stopped and the parent exits 1, so the pod restarts as a
 whole.
 """
@@ -25,6 +26,7 @@ from collections.abc import Callable
 from types import FrameType
 
 from gateway.config import GatewayConfig
+from gateway.metricslink import MetricsLink
 
 log = logging.getLogger("hubproxy.gateway")
 
@@ -33,9 +35,11 @@ def instance_id() -> int:
     return secrets.randbits(32) or 1  # 0 means "a single process" on the wire
 
 
-def run(config: GatewayConfig, serve_one: Callable[[GatewayConfig], int]) -> int:
+def run(config: GatewayConfig,
+        serve_one: Callable[[GatewayConfig, MetricsLink | None], int]) -> int:
     """Fork ``config.workers`` workers that each run ``serve_one``; supervise them."""
     children: dict[int, int] = {}
+    link = MetricsLink()
     stopping = False
 
     def forward(signum: int, _frame: FrameType | None) -> None:
@@ -56,12 +60,13 @@ def run(config: GatewayConfig, serve_one: Callable[[GatewayConfig], int]) -> int
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
                 code = serve_one(dataclasses.replace(config, worker_index=index,
-                                                     hub_instance=instance_id()))
+                                                     hub_instance=instance_id()), link)
             finally:
                 os._exit(code)
         children[pid] = index
         if stopping:  # asked to stop while forking: the new worker too
             _signal(pid, signal.SIGTERM)
+    link.close()
     rc = 0
     while children:
         pid, status = os.wait()

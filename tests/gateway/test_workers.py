@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,11 @@ async def whoami(front: int, ca: Path, token: str) -> tuple[int, dict]:
     return int(code), json.loads(body) if body.startswith("{") else {}
 
 
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        return response.read().decode()
+
+
 @pytest.mark.slow
 async def test_two_workers_serve_every_request_through_one_agent(pki: Path,
                                                                    tmp_path: Path) -> None:
@@ -70,7 +76,7 @@ async def test_two_workers_serve_every_request_through_one_agent(pki: Path,
         agent_token_file = write_private(tmp_path / "agent-token", agent_token)
         agent_kc = write_private(tmp_path / "agent-kc", yaml.safe_dump(agent_kubeconfig(
             managed.url, managed.ca_file, str(agent_token_file))))
-        front, tunnel = free_port(), free_port()
+        front, tunnel, health = free_port(), free_port(), free_port()
         group = ProcessGroup()
         try:
             gateway = group.hubproxy(
@@ -78,7 +84,7 @@ async def test_two_workers_serve_every_request_through_one_agent(pki: Path,
                 "--tunnel-tls-dir", str(pki / "tunnel-server"),
                 "--agent-ca", str(pki / "tunnel-ca" / "ca.crt"),
                 "--listen", f"127.0.0.1:{front}", "--tunnel-listen", f"127.0.0.1:{tunnel}",
-                "--health-listen", f"127.0.0.1:{free_port()}", "--hub-kubeconfig", str(hub_kc),
+                "--health-listen", f"127.0.0.1:{health}", "--hub-kubeconfig", str(hub_kc),
                 "--workers", "2", "--shutdown-timeout", "3")
             await asyncio.to_thread(gateway.wait_for_line, "hubproxy gateway ready", 30)
             agent = group.hubproxy(*agent_args(pki, "c1", hub=f"127.0.0.1:{tunnel}",
@@ -107,6 +113,19 @@ async def test_two_workers_serve_every_request_through_one_agent(pki: Path,
             except TimeoutError:
                 raise AssertionError(f"{len(audit())} audit lines of 40") from None
             assert {entry["cluster"] for entry in audit()} == {"c1"}
+            # Worker 0 serves /metrics for the whole gateway: the other worker's requests are in
+            # it too (they arrive with its next snapshot, within about a second).
+            counted = 'hubproxy_requests_total{cluster="c1",code="201"} 40'
+            metrics = ""
+            try:
+                async with asyncio.timeout(10):
+                    while counted not in metrics:
+                        metrics = await asyncio.to_thread(scrape, health)
+                        await asyncio.sleep(0.1)
+            except TimeoutError:
+                raise AssertionError(metrics) from None
+            assert "hubproxy_connected_clusters 1" in metrics
+            assert "hubproxy_connected_agents 2" in metrics  # one session to each worker
             gateway.signal(signal.SIGTERM)
             rc = await asyncio.to_thread(gateway.popen.wait, 20)
             assert rc == 0, gateway.output[-3000:]
@@ -195,7 +214,8 @@ import os, signal, sys, time
 from gateway import workers
 from gateway.config import GatewayConfig
 
-def serve_one(config):
+def serve_one(config, link):
+    assert link is not None  # each worker gets the metrics link
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # as serve() does: handle it
     print(f"worker {config.worker_index} instance {config.hub_instance}", flush=True)
     if sys.argv[1] == "crash" and config.worker_index == 1:
