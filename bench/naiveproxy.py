@@ -26,6 +26,9 @@ DROPPED = frozenset({"connection", "keep-alive", "proxy-connection", "te", "trai
                      "transfer-encoding", "upgrade", "host", "content-length"})
 
 
+SESSION = web.AppKey("session", ClientSession)
+
+
 def forwarded_headers(headers: object) -> dict[str, str]:
     return {k: v for k, v in headers.items()  # type: ignore[attr-defined]
             if k.lower() not in DROPPED}
@@ -36,14 +39,14 @@ def make_app(upstream: str, upstream_ca: str) -> web.Application:
 
     async def open_session(app: web.Application) -> None:
         ctx = ssl.create_default_context(cafile=upstream_ca)
-        app["session"] = ClientSession(connector=TCPConnector(ssl=ctx, limit=0),
+        app[SESSION] = ClientSession(connector=TCPConnector(ssl=ctx, limit=0),
                                        auto_decompress=False)
 
     async def close_session(app: web.Application) -> None:
-        await app["session"].close()
+        await app[SESSION].close()
 
     async def proxy(request: web.Request) -> web.StreamResponse:
-        session: ClientSession = request.app["session"]
+        session = request.app[SESSION]
         body = request.content if request.can_read_body else None
         # raw_path: the path and query as sent (path_qs would decode %2F and the like).
         async with session.request(request.method, URL(upstream + request.raw_path, encoded=True),
