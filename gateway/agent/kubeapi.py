@@ -85,9 +85,11 @@ class TokenSource:
         try:
             token = Path(self.path).read_text(encoding="utf-8").strip()
         except (OSError, UnicodeDecodeError) as exc:
+            # Never str(exc): a UnicodeDecodeError quotes a byte of the file, i.e. of the token.
+            why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
             if force:
-                raise KubeAPIConfigError(f"cannot read token file {self.path}: {exc}") from None
-            log.warning("token file %s unreadable, keeping the previous token", self.path)
+                raise KubeAPIConfigError(f"cannot read token file {self.path}: {why}") from None
+            log.warning("token file %s unreadable, keeping the previous token: %s", self.path, why)
             return
         self._signature = signature
         if not token or any(c in token for c in "\r\n\0"):

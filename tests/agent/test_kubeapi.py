@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import logging
 import os
 from pathlib import Path
 
@@ -93,6 +94,33 @@ def test_token_file_rotation_and_bad_replacement_keeps_old(tmp_path: Path) -> No
     assert source.current() == "two"
     path.write_text("")  # a half-written file is not a token
     assert source.current() == "two"
+
+
+def test_token_file_logs_and_errors_never_carry_the_token(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    secret = "s3cr3t-" + os.urandom(8).hex()
+    path = tmp_path / "token"
+    path.write_text(secret + "-one")
+    source = TokenSource(path=str(path), check_interval=0.0)
+    path.write_text(secret + "-two")  # rotated
+    assert source.current() == secret + "-two"
+    for bad in ((secret + "\nline2").encode(),  # not one token
+                secret.encode() + b"\xff\xfe"):  # not text: the decoder would quote a byte
+        path.write_bytes(bad)
+        assert source.current() == secret + "-two"
+    path.unlink()  # gone
+    assert source.current() == secret + "-two"
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("changed" in m for m in messages) and any("unreadable" in m for m in messages)
+    errors = []
+    for content in (secret.encode() + b"\xff", b"\n", (secret + "\0").encode()):
+        path.write_bytes(content)
+        with pytest.raises(KubeAPIConfigError) as caught:
+            TokenSource(path=str(path))
+        errors.append(str(caught.value))
+    for text in [*messages, *errors]:
+        assert secret not in text and "0xff" not in text, text
 
 
 def test_flags_override_address_ca_and_token(tmp_path: Path, ca_file: str) -> None:
