@@ -48,9 +48,10 @@ from urllib.parse import urlsplit
 from bench import configs, profiling
 from bench.configs import POD_PATH, Config, Lab
 from bench.gateway_report import goals, ratios, summarize, table
-from bench.loadgen import WRK, Target, curl, raise_nofile, wrk
+from bench.loadgen import WRK, Target, curl, wrk
 from bench.procs import Procs
 from bench.procstats import CpuMeter, peak_rss_mib, rss_mib
+from gateway.rlimits import raise_open_file_limit
 
 MiB = 1024 * 1024
 LOG_PATH = "/api/v1/namespaces/default/pods/bench/log?bytes={n}"
@@ -353,7 +354,7 @@ def run_all(args: argparse.Namespace, plan: Plan) -> dict[str, Any]:
               else set(ORDER) | {"nginx-auto", "hubproxy-2w"})
     if args.smoke and not args.only:
         wanted = {"direct", "hubproxy"}
-    raise_nofile()
+    raise_open_file_limit()
     skipped: dict[str, str] = {}
     root = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
     procs = Procs(root)

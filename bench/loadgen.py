@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import json
 import os
-import resource
 import shutil
 import ssl
 import subprocess
@@ -23,6 +22,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from gateway.rlimits import raise_open_file_limit
 
 WRK = shutil.which("wrk")
 CURL = shutil.which("curl")
@@ -227,13 +228,6 @@ async def idle_watches(url: str, count: int, cafile: str | None, token: str | No
     print("IDLECLOSED", flush=True)
 
 
-def raise_nofile() -> int:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.loadgen")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -247,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     idle.add_argument("--timeout", type=float, default=30.0, help="per watch")
     idle.add_argument("--hold", type=float, default=120.0, help="at most this long")
     args = parser.parse_args(argv)
-    raise_nofile()
+    raise_open_file_limit()
     token = Path(args.token_file).read_text().strip() if args.token_file else None
     try:
         import uvloop

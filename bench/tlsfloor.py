@@ -19,8 +19,8 @@ import os
 import ssl
 import sys
 
-from bench.loadgen import raise_nofile
 from bench.procstats import rss_mib
+from gateway.rlimits import raise_open_file_limit
 
 ANSWER = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"
 
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cafile", required=True)
     parser.add_argument("--client", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    raise_nofile()
+    raise_open_file_limit()
     import uvloop
 
     if args.client:

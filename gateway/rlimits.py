@@ -14,7 +14,7 @@ import resource
 log = logging.getLogger(__name__)
 
 
-def raise_open_file_limit(wanted: int) -> int:
+def raise_open_file_limit(wanted: int = 0) -> int:
     """Soft ``RLIMIT_NOFILE`` up to the hard limit; returns the new soft limit. Warns when it is
     still below ``wanted`` (what the configured connection limits can use)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
