@@ -6,6 +6,7 @@ exactly those processes (their process groups) and nothing else.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -14,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 LOOPBACK = "127.0.0.1"
@@ -133,3 +134,11 @@ class ProcessGroup:
     def stop_all(self) -> None:
         for proc in reversed(self.started):
             proc.stop()
+
+
+async def eventually(check: Callable[[], object], timeout: float = 10.0) -> None:
+    """Until ``check()`` is true, polling; fails the test after ``timeout`` seconds."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.02)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from typing import Any
 
 import pytest
 
@@ -522,28 +521,24 @@ async def test_a_watch_keeps_only_what_its_audit_line_needs(tls, caplog) -> None
 
     caplog.set_level(logging.INFO, logger=audit.AUDIT_LOGGER)  # before the gateway starts
     async with running(tls) as gw:
-        await _watch_and_check(gw, watch, caplog)
-
-
-async def _watch_and_check(gw: Harness, watch: Any, caplog: Any) -> None:
-    gw.connect_cluster("w", watch)
-    reader, writer = await gw.open()
-    writer.write(get("/w/api/v1/pods?watch=true", extra="X-Padding: " + "p" * 2000 + "\r\n"))
-    async with asyncio.timeout(5):
-        await reader.readuntil(b"1\r\na\r\n")
-    [door] = [d for d in gw.gateway.connections if d.exchange is not None]
-    exchange = door.exchange
-    # Hours-long streams hold no header lists, forwarded head or identity metadata...
-    assert door.head.headers == [] and exchange.response.headers == []
-    assert exchange.admitted.head == b"" and exchange.admitted.metadata == b""
-    # ...and still end with a complete audit line.
-    writer.close()
-    stream = gw.streams("w")[0]
-    await stream.wait(lambda: stream.closed)
-    async with asyncio.timeout(5):
-        while not any('"stream_end"' in r.getMessage() for r in caplog.records):
-            await asyncio.sleep(0.02)
-    [end] = [json.loads(r.getMessage()) for r in caplog.records
-             if '"stream_end"' in r.getMessage()]
-    assert end["method"] == "GET" and end["path"] == "/w/api/v1/pods?watch=true"
-    assert end["cluster"] == "w" and end["status"] == 200
+        gw.connect_cluster("w", watch)
+        reader, writer = await gw.open()
+        writer.write(get("/w/api/v1/pods?watch=true", extra="X-Padding: " + "p" * 2000 + "\r\n"))
+        async with asyncio.timeout(5):
+            await reader.readuntil(b"1\r\na\r\n")
+        [door] = [d for d in gw.gateway.connections if d.exchange is not None]
+        exchange = door.exchange
+        # Hours-long streams hold no header lists, forwarded head or identity metadata...
+        assert door.head.headers == [] and exchange.response.headers == []
+        assert exchange.admitted.head == b"" and exchange.admitted.metadata == b""
+        # ...and still end with a complete audit line.
+        writer.close()
+        stream = gw.streams("w")[0]
+        await stream.wait(lambda: stream.closed)
+        async with asyncio.timeout(5):
+            while not any('"stream_end"' in r.getMessage() for r in caplog.records):
+                await asyncio.sleep(0.02)
+        [end] = [json.loads(r.getMessage()) for r in caplog.records
+                 if '"stream_end"' in r.getMessage()]
+        assert end["method"] == "GET" and end["path"] == "/w/api/v1/pods?watch=true"
+        assert end["cluster"] == "w" and end["status"] == 200

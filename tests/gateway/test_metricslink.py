@@ -10,6 +10,7 @@ import pytest
 
 from gateway.metrics import GatewayMetrics, merge, render
 from gateway.metricslink import MetricsLink, PeerSnapshots, SnapshotSender
+from tests.support import eventually
 
 
 def worker_metrics(clusters: set[str], agents: int) -> GatewayMetrics:
@@ -80,9 +81,8 @@ async def test_snapshots_reach_worker_zero_and_the_latest_wins() -> None:
     try:
         metrics.request("c1", 200, 0, 0)
         metrics.request("c1", 200, 0, 0)
-        async with asyncio.timeout(5):
-            while not peers.snapshots() or peers.snapshots()[0]["requests"] != [["c1", 200, 2]]:
-                await asyncio.sleep(0.01)
+        await eventually(lambda: peers.snapshots()
+                         and peers.snapshots()[0]["requests"] == [["c1", 200, 2]])
         assert len(peers.snapshots()) == 1  # one entry per worker, replaced, not appended
     finally:
         sender.stop()
@@ -98,9 +98,7 @@ async def test_a_malformed_datagram_is_dropped_and_reading_goes_on(
         send.send(b"not json")
         send.send(b'{"worker": 2}')
         send.send(b'{"worker": 3, "metrics": {"bytes_in": 7}}')
-        async with asyncio.timeout(5):
-            while not peers.snapshots():
-                await asyncio.sleep(0.01)
+        await eventually(peers.snapshots)
         assert peers.snapshots() == [{"bytes_in": 7}]
         assert caplog.text.count("dropped a malformed snapshot") == 2
     finally:

@@ -213,33 +213,24 @@ async def test_gateway_process_with_an_agent_on_its_tunnel(pki: Path, tmp_path: 
 
     from gateway.agent.agent import Agent
     from gateway.agent.kubeapi import from_kubeconfig
-    from gateway.demo import managed_rbac
-    from kubesim.testing import run_kubesim
     from tests.agent.test_exchange import FakePolicy
+    from tests.gateway.hubsim import DEMO_USER, hub_and_cluster
     from tunnel.connection import ALPN, TunnelSession
 
-    gateway_token = "gw-" + os.urandom(8).hex()
-    agent_token = "agent-" + os.urandom(8).hex()
-    user = "cluster:hub:system:serviceaccount:demo:demo"
-    async with run_kubesim(tmp_path, name="hub", users=[(gateway_token, GATEWAY_USER, "gw")],
-                           rbac=hub_rbac()) as hub, \
-            run_kubesim(tmp_path, name="c1", users=[(agent_token, "hubproxy-agent", "a")],
-                        rbac=managed_rbac(user)) as managed:
-        token = hub.mint_token("demo", "demo", expiration_seconds=3600)
-        hub_kc = write_private(tmp_path / "hub.kubeconfig",
-                               yaml.safe_dump(hub.kubeconfig(gateway_token)))
+    async with hub_and_cluster(tmp_path) as sims:
+        managed, token = sims.managed, sims.user_token
         front, tunnel, health = free_port(), free_port(), free_port()
         group = ProcessGroup()
         try:
             proc = group.hubproxy(
                 "gateway", *base_flags(pki), "--listen", f"127.0.0.1:{front}",
                 "--tunnel-listen", f"127.0.0.1:{tunnel}", "--health-listen",
-                f"127.0.0.1:{health}", "--hub-kubeconfig", str(hub_kc),
+                f"127.0.0.1:{health}", "--hub-kubeconfig", str(sims.hub_kubeconfig),
                 "--shutdown-timeout", "3")
             await asyncio.to_thread(proc.wait_for_line, "hubproxy gateway ready", 30)
             agent = Agent(cluster="c1", policy=FakePolicy((managed.host, managed.port), {}),
                           kube=from_kubeconfig(str(managed.write_kubeconfig(
-                              tmp_path / "agent-kc", token=agent_token))))
+                              tmp_path / "agent-kc", token=sims.agent_token))))
             ctx = ssl.create_default_context(cafile=str(pki / "agents" / "c1" / "ca.crt"))
             ctx.load_cert_chain(str(pki / "agents" / "c1" / "tls.crt"),
                                 str(pki / "agents" / "c1" / "tls.key"))
@@ -261,7 +252,7 @@ async def test_gateway_process_with_an_agent_on_its_tunnel(pki: Path, tmp_path: 
                     break
                 await asyncio.sleep(0.1)
             info = json.loads(body)["status"]["userInfo"]
-            assert info["username"] == user
+            assert info["username"] == DEMO_USER
             assert all(token not in json.dumps(r.__dict__, default=str)
                        for r in managed.received)
             proc.signal(signal.SIGTERM)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -21,19 +20,12 @@ import pytest
 import yaml
 
 from certs import layout
-from gateway.demo import (
-    GATEWAY_USER,
-    agent_args,
-    agent_kubeconfig,
-    hub_rbac,
-    managed_rbac,
-    write_private,
-)
-from kubesim.testing import run_kubesim
+from gateway.demo import agent_args, agent_kubeconfig, write_private
+from tests.gateway.hubsim import DEMO_USER as USER
+from tests.gateway.hubsim import hub_and_cluster
 from tests.support import ProcessGroup, free_port
 
 pytestmark = pytest.mark.timeout(120)
-USER = "cluster:hub:system:serviceaccount:demo:demo"
 
 
 @pytest.fixture(scope="module")
@@ -64,16 +56,9 @@ def scrape(port: int) -> str:
 @pytest.mark.slow
 async def test_two_workers_serve_every_request_through_one_agent(pki: Path,
                                                                    tmp_path: Path) -> None:
-    gateway_token = "gw-" + os.urandom(8).hex()
-    agent_token = "agent-" + os.urandom(8).hex()
-    async with run_kubesim(tmp_path, name="hub", users=[(gateway_token, GATEWAY_USER, "gw")],
-                           rbac=hub_rbac()) as hub, \
-            run_kubesim(tmp_path, name="c1", users=[(agent_token, "hubproxy-agent", "a")],
-                        rbac=managed_rbac(USER)) as managed:
-        token = hub.mint_token("demo", "demo", expiration_seconds=3600)
-        hub_kc = write_private(tmp_path / "hub.kubeconfig",
-                               yaml.safe_dump(hub.kubeconfig(gateway_token)))
-        agent_token_file = write_private(tmp_path / "agent-token", agent_token)
+    async with hub_and_cluster(tmp_path) as sims:
+        token, managed = sims.user_token, sims.managed
+        agent_token_file = write_private(tmp_path / "agent-token", sims.agent_token)
         agent_kc = write_private(tmp_path / "agent-kc", yaml.safe_dump(agent_kubeconfig(
             managed.url, managed.ca_file, str(agent_token_file))))
         front, tunnel, health = free_port(), free_port(), free_port()
@@ -84,8 +69,9 @@ async def test_two_workers_serve_every_request_through_one_agent(pki: Path,
                 "--tunnel-tls-dir", str(pki / "tunnel-server"),
                 "--agent-ca", str(pki / "tunnel-ca" / "ca.crt"),
                 "--listen", f"127.0.0.1:{front}", "--tunnel-listen", f"127.0.0.1:{tunnel}",
-                "--health-listen", f"127.0.0.1:{health}", "--hub-kubeconfig", str(hub_kc),
-                "--workers", "2", "--shutdown-timeout", "3")
+                "--health-listen", f"127.0.0.1:{health}",
+                "--hub-kubeconfig", str(sims.hub_kubeconfig), "--workers", "2",
+                "--shutdown-timeout", "3")
             await asyncio.to_thread(gateway.wait_for_line, "hubproxy gateway ready", 30)
             agent = group.hubproxy(*agent_args(pki, "c1", hub=f"127.0.0.1:{tunnel}",
                                                kubeconfig=agent_kc, health_listen="off"),

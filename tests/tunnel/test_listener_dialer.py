@@ -19,7 +19,7 @@ import pytest
 from certs.files import cert_pem, write_pair
 from certs.issue import issue_agent
 from certs.tls import TLS1_2, TLS1_3, ReloadingContext, client_context
-from tests.support import free_port
+from tests.support import eventually, free_port
 from tests.tunnel.conftest import Collector
 from tests.tunnel.pki import PKI, make_pki
 from tunnel.backoff import Backoff
@@ -83,13 +83,6 @@ async def dialer(port: int, factory, **kw) -> AsyncIterator[AgentDialer]:
     finally:
         await agent.drain(1.0)
         await asyncio.wait_for(task, 5)
-
-
-async def eventually(check, timeout: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not check():
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.02)
 
 
 async def echo_through(listener: TunnelListener, cluster: str, payload: bytes) -> bytes:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ import trustme
 
 from gateway.clusterprofile.writer import AccessProviderWriter
 from kubesim.testing import CLUSTERPROFILE_CRD, run_kubesim
+from tests.support import eventually
 
 API = "multicluster.x-k8s.io/v1alpha1"
 FOREIGN = {"name": "open-cluster-management", "cluster": {"server": "https://ocm-proxy/c1"}}
@@ -42,14 +43,6 @@ def profile(name: str, status: dict[str, Any] | None = None) -> dict[str, Any]:
     if status is not None:
         obj["status"] = status
     return obj
-
-
-async def eventually(check: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not check():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.05)
 
 
 def providers(sim: Any, name: str) -> list[dict[str, Any]]:
