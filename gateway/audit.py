@@ -165,7 +165,6 @@ class AuditWriter:
         except (OSError, ValueError) as exc:  # a closed or broken stream: say so once per batch
             logger.error("cannot write %d audit lines: %s", len(lines), exc)
 
-
     def _chunks(self, lines: list[str]) -> list[str]:
         if not self.max_write:
             return ["\n".join(lines) + "\n"]

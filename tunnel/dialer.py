@@ -12,8 +12,9 @@
 Several hub processes may share one address (gateway workers, hub replicas behind a Service);
 each serves only the agents that hold a session to it. :class:`HubFanout` keeps one session to
 each: the hub's SETTINGS name its instance and how many there are, a dial that reaches an
-instance already served is closed and redialled after a short random delay (connections are
-spread by the kernel or the load balancer), and dialers are added until every instance has one.
+instance already served is drained and redialled after a short random delay that grows when
+such dials repeat (connections are spread by the kernel or the load balancer), and dialers are
+added until every instance has one.
 """
 
 from __future__ import annotations
