@@ -51,7 +51,7 @@ from bench.gateway_report import goals, ratios, summarize, table
 from bench.loadgen import WRK, Target, curl, wrk
 from bench.procs import Procs
 from bench.procstats import CpuMeter, peak_rss_mib, rss_mib
-from gateway.rlimits import raise_open_file_limit
+from gateway.ops.rlimits import raise_open_file_limit
 
 MiB = 1024 * 1024
 LOG_PATH = "/api/v1/namespaces/default/pods/bench/log?bytes={n}"

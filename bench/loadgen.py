@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gateway.rlimits import raise_open_file_limit
+from gateway.ops.rlimits import raise_open_file_limit
 
 WRK = shutil.which("wrk")
 CURL = shutil.which("curl")

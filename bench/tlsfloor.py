@@ -20,7 +20,7 @@ import ssl
 import sys
 
 from bench.procstats import rss_mib
-from gateway.rlimits import raise_open_file_limit
+from gateway.ops.rlimits import raise_open_file_limit
 
 ANSWER = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"
 

@@ -19,10 +19,11 @@ ENV_PREFIX = "HUBPROXY_"
 
 # name -> (module, one-line help). Modules are imported only when the parser is built.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "gateway": ("gateway.serve", "run the hub-side gateway (front door :9092, tunnel :8091)"),
+    "gateway": ("gateway.hub.serve", "run the hub-side gateway (front door :9092, tunnel :8091)"),
     "agent": ("gateway.agent.command", "run the managed-cluster agent that dials out to the hub"),
     "certs": ("certs.cli", "create CAs and issue gateway, tunnel and agent certificates"),
-    "kubeconfig": ("gateway.kubeconfig", "print a kubeconfig for clusters behind the gateway"),
+    "kubeconfig": ("gateway.access.kubeconfig",
+                   "print a kubeconfig for clusters behind the gateway"),
     "demo": ("gateway.demo", "run hub, two managed clusters, gateway and agents locally"),
     "kubesim": ("kubesim.cli", "run kubesim, a kube-apiserver stand-in for tests (not production)"),
 }

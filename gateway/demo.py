@@ -377,7 +377,7 @@ class Demo:
         raise TimeoutError(f"{cluster} not reachable through the gateway: {last}")
 
     def write_client_files(self) -> None:
-        from gateway.kubeconfig import build_kubeconfig
+        from gateway.access.kubeconfig import build_kubeconfig
 
         ca_pem = (self.pki / "front-ca" / "ca.crt").read_bytes()
         (self.root / "ca.crt").write_bytes(ca_pem)

@@ -5,7 +5,7 @@
 1. The target must pass the agent's own :class:`tunnel.policy.TargetPolicy` (the hub could be
    compromised: it cannot reach what this cluster's operator did not allow-list).
 2. ``KubeAPITarget``: the OPEN metadata must carry a valid hub-verified identity
-   (``gateway.identity.Identity.from_metadata``); none or invalid -> ``NO_IDENTITY``. The
+   (``gateway.wire.identity.Identity.from_metadata``); none or invalid -> ``NO_IDENTITY``. The
    agent's credential can impersonate, so it is never used bare. The request then runs with
    the agent's credential + ``Impersonate-*`` for that identity. If the identity says
    *passthrough* (the gateway's ``--token-passthrough``), the caller's own ``Authorization`` is
@@ -46,13 +46,13 @@ class AgentStats:
 
 
 def _identity_api() -> tuple[Any, Callable[[Any], list[tuple[bytes, bytes]]]]:
-    from gateway.identity import Identity, impersonation_headers
+    from gateway.wire.identity import Identity, impersonation_headers
 
     return Identity, impersonation_headers
 
 
 def _passthrough(identity: Any) -> bool:
-    """Does the gateway ask for token passthrough? (attribute name per gateway.identity)."""
+    """Does the gateway ask for token passthrough? (attribute name per gateway.wire.identity)."""
     return bool(getattr(identity, "passthrough", False))
 
 

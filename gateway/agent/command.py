@@ -27,8 +27,8 @@ from typing import Any
 from certs.identity import validate_cluster_name
 from certs.tls import TLS1_3, ReloadingContext, client_context
 from gateway.agent.kubeapi import KubeAPIAccess, KubeAPIConfigError, load
-from gateway.config import positive_int
-from gateway.rlimits import raise_open_file_limit
+from gateway.ops.flags import positive_int
+from gateway.ops.rlimits import raise_open_file_limit
 
 log = logging.getLogger("hubproxy.agent")
 
@@ -232,7 +232,7 @@ async def serve(args: argparse.Namespace) -> int:
              cluster, hub_host, hub_port, kube.describe(),
              ", ".join(f"{n}/{s}:{p}" for n, s, p in args.allow_service) or "none")
 
-    from gateway import gctune
+    from gateway.ops import gctune
 
     gctune.settle()
     health = None

@@ -41,8 +41,7 @@ from gateway.agent.pool import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
-from gateway.headers import strip_identity_headers
-from gateway.http1 import (
+from gateway.wire.http1 import (
     BodyTracker,
     CloseDelimitedBody,
     Headers,
@@ -57,7 +56,8 @@ from gateway.http1 import (
     parse_response_head,
     serialize_request_head,
 )
-from gateway.status import error_response
+from gateway.wire.identity import strip_identity_headers
+from gateway.wire.status import error_response
 from tunnel.errors import OpenErrorCode, OpenRefused, ResetCode, StreamError
 
 log = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ def rewrite_request_head(head: RequestHead, route: Route) -> bytes:
     """The head sent upstream (see module docstring, step 2)."""
     caller_authorization = [(n, v) for n, v in head.headers if n.lower() == b"authorization"]
     kept: Headers = []
-    # gateway.headers owns the list of identity-bearing headers (incl. "_" aliases).
+    # gateway.hub.admission.headers owns the list of identity-bearing headers (incl. "_" aliases).
     for name, value in strip_identity_headers(head.headers):
         lowered = name.lower()
         if lowered == b"host":

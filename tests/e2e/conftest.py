@@ -27,6 +27,7 @@ import pytest
 import yaml
 
 from certs import layout
+from gateway.access.kubeconfig import build_kubeconfig
 from gateway.demo import (
     AGENT_USER,
     GATEWAY_USER,
@@ -38,7 +39,6 @@ from gateway.demo import (
     sample_pod,
     write_private,
 )
-from gateway.kubeconfig import build_kubeconfig
 from kubesim.testing import RunningKubeSim, run_kubesim_in_thread
 from tests.support import BackgroundProcess, ProcessGroup, free_port, wait_for_port
 

@@ -32,7 +32,7 @@ import pytest
 import yaml
 
 from certs import layout
-from gateway.clusterprofile.access import build_configuration, load_providers
+from gateway.access.clusterprofile import build_configuration, load_providers
 from gateway.demo import (
     AGENT_USER,
     DEMO_USER,
@@ -50,7 +50,7 @@ from tests.support import ProcessGroup, free_port, wait_for_port
 
 API = "multicluster.x-k8s.io/v1alpha1"
 FOREIGN = {"name": "open-cluster-management", "cluster": {"server": "https://ocm-proxy/cluster1"}}
-PLUGIN = [sys.executable, "-m", "gateway.creds"]
+PLUGIN = [sys.executable, "-m", "gateway.access.creds"]
 
 
 @dataclass

@@ -10,8 +10,8 @@ import logging
 
 import pytest
 
-from gateway.config import FrontDoorLimits
-from tests.gateway.test_frontdoor_harness import (
+from gateway.hub.config import FrontDoorLimits
+from tests.gateway.hub.test_frontdoor_harness import (
     HUB_TOKEN,
     OTHER_TOKEN,
     Harness,
@@ -21,7 +21,7 @@ from tests.gateway.test_frontdoor_harness import (
     running,
     tls,  # noqa: F401
 )
-from tests.gateway.test_frontdoor_harness import gw as gw
+from tests.gateway.hub.test_frontdoor_harness import gw as gw
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -198,7 +198,7 @@ async def test_rule7_connection_limit(tls) -> None:  # noqa: F811
 
 
 async def test_rule7_oversize_head_refused_without_buffering_it(tls) -> None:  # noqa: F811
-    from gateway.http1 import Limits
+    from gateway.wire.http1 import Limits
 
     limits = FrontDoorLimits(head=Limits(max_head_bytes=4096, max_request_line=1024))
     async with running(tls, limits=limits) as h:

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from certs import layout
-from gateway.app import front_tls, tunnel_tls
-from gateway.config import GatewayConfig
+from gateway.hub.app import front_tls, tunnel_tls
+from gateway.hub.config import GatewayConfig
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -1,0 +1,218 @@
+"""The admission chain: what crosses the gateway, in one visible order (DESIGN §2).
+
+Each filter is a module of its own and does one thing; this module only runs them in order and
+turns each refusal into a :class:`Refusal` carrying the status the front door answers with as a
+Kubernetes ``Status``. Messages never contain tokens or internal addresses.
+
+1. :func:`gateway.hub.admission.routing.route` -- ``/<cluster>/<rest>``, strict path rules (400);
+2. :func:`gateway.hub.admission.upgrade.check_upgrade` -- only Kubernetes streams upgrade (400);
+3. :func:`gateway.hub.admission.bearer.extract_token` -- one bearer token (401);
+4. :func:`gateway.hub.admission.headers.rewrite_request_headers` -- what crosses (403/400);
+5. authentication on the hub (:class:`gateway.hub.admission.auth.Authenticator`, 401/503);
+6. authorization on the hub (:class:`gateway.hub.admission.authorize.Authorizer`, 403/503);
+7. identity mapping (:class:`gateway.hub.admission.identity.IdentityCache`, 403);
+8. the cluster's session (404 unknown, 503 not connected).
+
+Steps 1-4 need nothing but the request (:func:`prepare`, pure). :func:`admit_cached` runs 5-8
+without awaiting when the hub's answers are cached (the common case), :func:`admit` otherwise;
+the decision is the same either way.
+
+Ordering on purpose: the token is checked before the cluster is looked up, so an anonymous
+caller cannot enumerate which clusters are connected.
+
+Cluster lookup (404 vs 503): the registry only knows connected clusters, so the gateway
+remembers every cluster that connected since it started. Not connected but seen before -> 503
+(``Retry-After``); never seen -> 404, except during ``unknown_cluster_grace`` after start (agents
+of a restarted gateway are still reconnecting), when it is 503 too.
+
+``--token-passthrough``: when the hub *cleanly* rejects an ``Authorization: Bearer`` token (not
+on hub errors, never for the WebSocket-subprotocol form, never for a hub token of another
+audience), the request goes out with the caller's own ``Authorization`` header and a passthrough
+identity (``Identity.passthrough``: no user, no groups); the agent then adds neither identity nor
+its own credential. Hub authorization (SAR) is skipped for such requests: there is no hub
+identity to ask about.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Protocol
+
+from gateway.hub.admission.auth import Authenticator, AuthUnavailable, Unauthenticated, UserInfo
+from gateway.hub.admission.authorize import Authorizer, NotAuthorized
+from gateway.hub.admission.bearer import BearerError, BearerToken, extract_token
+from gateway.hub.admission.headers import HeaderRefused, rewrite_request_headers
+from gateway.hub.admission.identity import IdentityCache
+from gateway.hub.admission.routing import ClusterRoute, RouteError, route
+from gateway.hub.admission.upgrade import UpgradeRefused, check_upgrade
+from gateway.hub.config import GatewayConfig
+from gateway.wire.http1 import Headers, RequestHead, serialize_request_head
+from gateway.wire.identity import Identity, IdentityError
+from tunnel.connection import TunnelSession
+from tunnel.targets import KubeAPITarget, ServiceTarget, Target
+
+
+class Refusal(Exception):
+    """The gateway answers this request itself with a ``Status`` of ``status``."""
+
+    def __init__(self, status: int, message: str, *, retry_after: int | None = None,
+                 extra_headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.retry_after = retry_after
+        self.extra_headers = extra_headers
+
+
+class ClusterSessions(Protocol):
+    """The registry of connected agents, as admission sees it."""
+
+    def pick(self, cluster: str) -> TunnelSession | None:
+        """The least-loaded session of a connected cluster, or None."""
+
+
+class AuthLookups(Protocol):
+    auth_lookups: int
+
+
+class AdmissionContext(Protocol):
+    """What admission needs from the gateway process (``gateway.hub.app.Gateway``)."""
+
+    config: GatewayConfig
+    authenticator: Authenticator
+    authorizer: Authorizer
+    identities: IdentityCache
+    registry: ClusterSessions
+    known_clusters: set[str]
+
+    @property
+    def metrics(self) -> AuthLookups: ...
+
+    def in_startup_grace(self) -> bool: ...
+
+
+@dataclass(slots=True)
+class Admitted:
+    """A request allowed through: where it goes and the exact bytes that start it."""
+
+    cluster: str
+    session: TunnelSession
+    target: Target
+    metadata: bytes
+    head: bytes  # rewritten request head for the agent (initial_data of the OPEN)
+    user: str  # hub user name for the audit line ("" with passthrough)
+    upgrade: bool
+
+
+@dataclass(slots=True)
+class Prepared:
+    """What admission learns from the request alone, before asking the hub anything."""
+
+    route: ClusterRoute
+    upgrade: bool
+    bearer: BearerToken
+    token: str
+    headers: Headers
+
+
+def new_request_id() -> str:
+    return os.urandom(8).hex()
+
+
+def prepare(head: RequestHead, client_ip: str) -> Prepared:
+    """Steps 1-4: route, upgrade check, bearer and header rules. Pure; raises :class:`Refusal`."""
+    try:
+        cluster_route = route(head.target)
+        upgrade = check_upgrade(head, cluster_route)
+        bearer = extract_token(head.headers)
+        headers = rewrite_request_headers(
+            bearer.headers, client_ip=client_ip, host=head.host or b"unknown"
+        )
+    except (RouteError, UpgradeRefused, BearerError, HeaderRefused) as exc:
+        raise Refusal(exc.status, str(exc)) from None
+    if bearer.token is None:
+        raise Refusal(401, "a bearer token is required")
+    return Prepared(cluster_route, upgrade, bearer, bearer.token, headers)
+
+
+def admit_cached(gw: AdmissionContext, head: RequestHead, prepared: Prepared, request_id: str
+                 ) -> Admitted | None:
+    """Steps 5-8 without awaiting, when the token's review and the user's authorization are
+    both cached: saves a task and two loop turns per request. None means "not cached": run
+    :func:`admit`."""
+    user = gw.authenticator.cached(prepared.token)
+    if user is None or not gw.authorizer.allowed_cached(user, prepared.route.cluster):
+        return None
+    gw.metrics.auth_lookups += 1
+    return _admitted(gw, head, prepared, user, request_id)
+
+
+async def admit(gw: AdmissionContext, head: RequestHead, client_ip: str, request_id: str,
+                prepared: Prepared | None = None) -> Admitted:
+    """The whole chain; raises :class:`Refusal`."""
+    if prepared is None:
+        prepared = prepare(head, client_ip)
+    gw.metrics.auth_lookups += 1
+    try:
+        user = await gw.authenticator.authenticate(prepared.token)
+    except Unauthenticated as exc:
+        if (gw.config.token_passthrough and prepared.bearer.source == "authorization"
+                and not exc.hub_token):
+            return _admitted(gw, head, prepared, None, request_id)
+        raise Refusal(401, str(exc) or "invalid bearer token") from None
+    except AuthUnavailable:
+        raise Refusal(503, "hub authentication is unavailable, retry later",
+                      retry_after=5) from None
+    try:
+        await gw.authorizer.authorize(user, prepared.route.cluster)
+    except NotAuthorized as exc:
+        raise Refusal(403, str(exc)) from None
+    except AuthUnavailable:
+        raise Refusal(503, "hub authorization is unavailable, retry later",
+                      retry_after=5) from None
+    return _admitted(gw, head, prepared, user, request_id)
+
+
+def cluster_unavailable(gw: AdmissionContext, cluster: str) -> Refusal:
+    if cluster in gw.known_clusters or gw.in_startup_grace():
+        return Refusal(503, f'cluster "{cluster}" is not connected', retry_after=5)
+    return Refusal(404, f'cluster "{cluster}" is not known to this gateway')
+
+
+def _admitted(gw: AdmissionContext, head: RequestHead, prepared: Prepared,
+              user: UserInfo | None, request_id: str) -> Admitted:
+    """Steps 7-8 once the hub has spoken; ``user`` None means token passthrough."""
+    cluster_route = prepared.route
+    cluster = cluster_route.cluster
+    headers = prepared.headers
+    if user is None:
+        metadata = Identity(user="", groups=(), uid="", request_id=request_id,
+                            passthrough=True).to_metadata()
+        # The caller's own managed-cluster token, untouched (the hub said it is not a hub token).
+        headers.append((b"Authorization", b"Bearer " + prepared.token.encode("ascii")))
+    else:
+        try:
+            metadata = gw.identities.metadata(user, gw.config.identity_prefix, request_id)
+        except IdentityError as exc:
+            raise Refusal(403, f"the hub identity cannot be forwarded: {exc}") from None
+
+    session = gw.registry.pick(cluster)
+    if session is None:
+        raise cluster_unavailable(gw, cluster)
+
+    service = cluster_route.service
+    target: Target = (
+        KubeAPITarget() if service is None
+        else ServiceTarget(service.namespace, service.name, service.port, service.scheme)
+    )
+    # The gateway answers Expect: 100-continue itself (see FrontDoor), so it does not travel.
+    headers = [(n, v) for n, v in headers if n.lower() != b"expect"]
+    try:
+        head_bytes = serialize_request_head(
+            head.method, cluster_route.upstream_target, headers, head.version
+        )
+    except ValueError:
+        raise Refusal(400, "request cannot be forwarded") from None
+    return Admitted(cluster, session, target, metadata, head_bytes,
+                    "" if user is None else user.username, prepared.upgrade)

@@ -1,0 +1,280 @@
+"""The gateway process: listeners, registry, authenticator and authorizer wired together.
+
+:class:`Gateway` owns what the front door needs per request (configuration, the session
+registry, authentication, authorization, metrics, the audit line) and the listeners:
+
+* front door (``config.listen``): TLS >= 1.2 with a reloading certificate, one
+  :class:`gateway.hub.frontdoor.FrontDoor` per connection;
+* tunnel (``config.tunnel_listen``): agents' mTLS sessions (``tunnel.listener``), registered
+  in the :class:`tunnel.registry.SessionRegistry` under the cluster named by their certificate;
+* health (``config.health_listen``): ``/healthz``, ``/readyz``, ``/metrics``.
+
+Graceful shutdown (:meth:`Gateway.shutdown`), in this order and bounded by one deadline:
+``/readyz`` turns 503 and the front door stops accepting; idle keep-alive connections close at
+once and busy ones after their current response; new requests on them get 503; the tunnel
+listener drains agent sessions (GOAWAY, in-flight streams finish) in parallel; at the deadline
+whatever is left is closed.
+
+:func:`build_gateway` makes a production gateway from a :class:`GatewayConfig`; tests build a
+:class:`Gateway` directly with fakes (authenticator, authorizer, registry, no tunnel listener).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import ssl
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from gateway.hub.admission.auth import Authenticator, TokenAuthenticator
+from gateway.hub.admission.authorize import Authorizer
+from gateway.hub.admission.identity import IdentityCache
+from gateway.hub.config import GatewayConfig
+from gateway.hub.exchange import Exchange
+from gateway.hub.frontdoor import FrontDoor
+from gateway.ops import audit
+from gateway.ops.health import HealthServer, Readiness, token_review_probe
+from gateway.ops.metrics import OTHER_CLUSTER, GatewayMetrics
+from tunnel.connection import ALPN, SessionConfig
+from tunnel.listener import start_tunnel_listener
+from tunnel.registry import SessionRegistry
+
+log = logging.getLogger("hubproxy.gateway")
+
+
+class Gateway:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        *,
+        authenticator: Authenticator,
+        authorizer: Authorizer,
+        registry: SessionRegistry,
+        front_ssl: ssl.SSLContext | None,
+        tunnel_ssl: ssl.SSLContext | None = None,
+        hub_probe: Callable[[], Awaitable[None]] | None = None,
+        session_config: SessionConfig | None = None,
+    ) -> None:
+        self.config = config
+        self.authenticator = authenticator
+        self.authorizer = authorizer
+        self.registry = registry
+        self.front_ssl = front_ssl
+        self.tunnel_ssl = tunnel_ssl
+        self.session_config = session_config
+        self.metrics = GatewayMetrics()
+        self.identities = IdentityCache()
+        self.connections: set[FrontDoor] = set()
+        self.inflight = 0
+        self.draining = False
+        self.known_clusters: set[str] = set(registry.clusters())
+        self.started_at = time.monotonic()
+        self._idle = asyncio.Event()
+        self._front: asyncio.base_events.Server | None = None
+        self._tunnel: Any = None
+        self._health: HealthServer | None = None
+        self.front_port = 0
+        self.tunnel_port = 0
+        self.health_port = 0
+
+        async def _no_probe() -> None:
+            return None
+
+        self.readiness = Readiness(hub_probe or _no_probe, config.readiness_interval)
+        registry.subscribe(self._cluster_changed)
+        self.metrics.cluster_names = registry.clusters
+        self.metrics.connected_agents = lambda: sum(
+            len(list(registry.sessions(c))) for c in registry.clusters()
+        )
+        self.metrics.client_connections = lambda: len(self.connections)
+        self.metrics.auth_reviews = lambda: (
+            authenticator.reviews if isinstance(authenticator, TokenAuthenticator) else 0)
+        self._audit = audit.logger.isEnabledFor(logging.INFO)
+
+    # --- per request (called by FrontDoor and the admission chain) -----------------------------
+
+    def in_startup_grace(self) -> bool:
+        return time.monotonic() - self.started_at < self.config.unknown_cluster_grace
+
+    def _cluster_changed(self, cluster: str, connected: bool) -> None:
+        if connected:
+            self.known_clusters.add(cluster)
+        log.info("cluster %s %s", cluster, "connected" if connected else "disconnected")
+
+    def request_done(self, *, request_id: str, user: str | None, cluster: str | None,
+                     method: bytes | None, target: bytes | None, status: int, bytes_in: int,
+                     bytes_out: int, duration: float, stream: bool = False) -> None:
+        label = cluster if cluster in self.known_clusters else OTHER_CLUSTER
+        self.metrics.request(label, status, bytes_in, bytes_out)
+        if self._audit:
+            emit = audit.stream_end if stream else audit.request_done
+            emit(request_id=request_id, user=user or None, cluster=cluster, method=method,
+                 target=target, status=status, bytes_in=bytes_in, bytes_out=bytes_out,
+                 duration=duration)
+
+    def audit_stream_start(self, door: FrontDoor, exchange: Exchange) -> None:
+        if self._audit and door.head is not None:
+            audit.stream_start(request_id=exchange.request_id, user=exchange.admitted.user or None,
+                               cluster=exchange.admitted.cluster, method=door.head.method,
+                               target=door.head.target, status=exchange.status)
+
+    def request_released(self) -> None:
+        if self.inflight <= 0:
+            self._idle.set()
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        config = self.config
+        host, port = config.listen
+        shared = config.workers > 1  # the kernel spreads connections over the workers
+        self._front = await loop.create_server(
+            lambda: FrontDoor(self), host, port, ssl=self.front_ssl, backlog=1024,
+            ssl_handshake_timeout=config.limits.header_timeout if self.front_ssl else None,
+            reuse_port=shared or None,
+        )
+        self.front_port = int(self._front.sockets[0].getsockname()[1])
+        if self.tunnel_ssl is not None:
+            thost, tport = config.tunnel_listen
+            self._tunnel = await start_tunnel_listener(
+                thost, tport, self.tunnel_ssl, self.registry, self.session_config,
+                reuse_port=shared,
+            )
+            self.tunnel_port = int(self._tunnel.port)
+        if config.health_listen is not None and config.worker_index == 0:
+            self._health = HealthServer(self.readiness, self.metrics.render)
+            self.health_port = await self._health.start(*config.health_listen)
+        self.readiness.listeners_up = True
+        self.readiness.start()
+        log.info("gateway listening: front door %s:%d, tunnel %s, health %s", host,
+                 self.front_port, f"{config.tunnel_listen[0]}:{self.tunnel_port}"
+                 if self._tunnel else "off",
+                 f"{config.health_listen[0]}:{self.health_port}" if self._health else "off")
+
+    async def shutdown(self, timeout: float | None = None) -> None:
+        """Stop accepting, let in-flight requests finish (bounded), close everything."""
+        timeout = self.config.shutdown_timeout if timeout is None else timeout
+        self.draining = True
+        self.readiness.draining = True
+        if self._front is not None:
+            self._front.close()
+        for door in list(self.connections):
+            if door.idle:
+                door.close()
+        drain: asyncio.Task[None] | None = None
+        if self._tunnel is not None:
+            drain = asyncio.ensure_future(self._tunnel.drain(timeout))
+        if self.inflight > 0:
+            self._idle.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    while self.inflight > 0:
+                        await self._idle.wait()
+                        self._idle.clear()
+        for door in list(self.connections):
+            door.close()
+        if drain is not None:
+            with contextlib.suppress(Exception):
+                await drain
+        await self.close()
+
+    async def close(self) -> None:
+        """Abort: close listeners and every connection now."""
+        if self._front is not None:
+            self._front.close()
+        for door in list(self.connections):
+            if door.transport is not None:
+                door.transport.abort()
+        if self._tunnel is not None:
+            self._tunnel.close()
+            with contextlib.suppress(Exception):
+                await self._tunnel.wait_closed()
+            self._tunnel = None
+        if self._health is not None:
+            self._health.close()
+        await self.readiness.stop()
+        if self._front is not None:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(2):
+                    await self._front.wait_closed()
+            self._front = None
+
+
+# --- production wiring ------------------------------------------------------------------------
+
+
+def front_tls(config: GatewayConfig) -> ssl.SSLContext:
+    """TLS >= 1.2 for the front door, reloaded when tls.crt/tls.key change."""
+    from certs.tls import TLS1_2, ReloadingContext, reloading_server_context, server_context
+
+    assert config.tls_dir is not None
+    cert = os.path.join(config.tls_dir, "tls.crt")
+    key = os.path.join(config.tls_dir, "tls.key")
+    reloading = ReloadingContext(
+        lambda: server_context(cert, key, None, min_version=TLS1_2,
+                               alpn_protocols=["http/1.1"]),
+        [cert, key],
+    )
+    return reloading_server_context(reloading)
+
+
+def tunnel_tls(config: GatewayConfig) -> ssl.SSLContext:
+    """TLS 1.3 + required agent client certificates verified against --agent-ca only."""
+    from certs.tls import TLS1_3, ReloadingContext, reloading_server_context, server_context
+
+    assert config.tunnel_tls_dir is not None and config.agent_ca is not None
+    cert = os.path.join(config.tunnel_tls_dir, "tls.crt")
+    key = os.path.join(config.tunnel_tls_dir, "tls.key")
+    ca = config.agent_ca
+    alpn = _tunnel_alpn()
+    reloading = ReloadingContext(
+        lambda: server_context(cert, key, ca, min_version=TLS1_3, alpn_protocols=alpn),
+        [cert, key, ca],
+    )
+    return reloading_server_context(reloading)
+
+
+def _tunnel_alpn() -> list[str]:
+    return [ALPN]
+
+
+async def build_gateway(config: GatewayConfig) -> tuple[Gateway, Any]:
+    """A production gateway and its hub ApiClient (close it after the gateway)."""
+    from gateway.hub.admission.auth import (
+        KubeTokenReviewer,
+        TokenAuthenticator,
+        build_hub_api_client,
+    )
+    from gateway.hub.admission.authorize import NoAuthorizer, SarAuthorizer
+
+    api_client = await build_hub_api_client(config.hub_kubeconfig)
+    reviewer = KubeTokenReviewer(api_client)
+    authenticator = TokenAuthenticator(reviewer, ttl=config.token_cache_ttl,
+                                       audiences=config.audiences)
+    authorizer: Authorizer = (
+        SarAuthorizer(api_client, config.token_cache_ttl) if config.authorize == "sar"
+        else NoAuthorizer()
+    )
+    # Hub-side session settings are the tunnel's defaults; concurrency toward an agent is
+    # bounded by what that agent advertises, and by --max-inflight here.
+    session_config = SessionConfig(hub_instance=config.hub_instance,
+                                   hub_instances=config.replicas * config.workers)
+    probe = token_review_probe(lambda token: reviewer.review(token, authenticator.audiences))
+    gateway = Gateway(
+        config,
+        authenticator=authenticator,
+        authorizer=authorizer,
+        registry=SessionRegistry(),
+        front_ssl=front_tls(config),
+        tunnel_ssl=tunnel_tls(config),
+        hub_probe=probe,
+        session_config=session_config,
+    )
+    return gateway, api_client

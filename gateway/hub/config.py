@@ -1,0 +1,52 @@
+"""The gateway's configuration: one frozen object built from the command line (or by tests).
+
+`gateway.hub.serve` turns flags into a :class:`GatewayConfig`; `gateway.hub.app` and the front
+door read only this object, so a test can build a gateway without argparse. Every limit has a
+default that is safe for a production hub; every timeout is in seconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gateway.wire.http1 import Limits
+
+
+@dataclass(frozen=True)
+class FrontDoorLimits:
+    """What one client may make the gateway hold (DESIGN §6 rule 7)."""
+
+    head: Limits = field(default_factory=Limits)
+    header_timeout: float = 30.0  # first byte of a request head -> its end
+    idle_timeout: float = 120.0  # keep-alive connection with no request in progress
+    response_header_timeout: float = 120.0  # request sent -> response head (0: none)
+    max_buffer: int = 256 * 1024  # client bytes held while authenticating / pipelined
+    max_connections: int = 10000
+    max_inflight: int = 10000  # requests between head and response end (429 beyond)
+    write_high_water: int = 512 * 1024  # client transport buffer that pauses the stream
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    listen: tuple[str, int] = ("0.0.0.0", 9092)
+    tunnel_listen: tuple[str, int] = ("0.0.0.0", 8091)
+    health_listen: tuple[str, int] | None = ("0.0.0.0", 8000)
+    workers: int = 1  # processes sharing the front door and tunnel ports (SO_REUSEPORT)
+    worker_index: int = 0  # which of them this is; worker 0 also serves health and metrics
+    replicas: int = 1  # gateway pods sharing the tunnel address
+    hub_instance: int = 0  # this process's id in the tunnel's SETTINGS (0: not announced)
+    tls_dir: str | None = None  # tls.crt / tls.key of the front door
+    tunnel_tls_dir: str | None = None  # tls.crt / tls.key of the tunnel listener
+    agent_ca: str | None = None  # CA that issued agent client certificates (required)
+    hub_kubeconfig: str | None = None  # None: in-cluster service account
+    audiences: tuple[str, ...] = ()
+    token_cache_ttl: float = 10.0
+    identity_prefix: str = "cluster:hub:"
+    authorize: str = "sar"  # "sar" | "none"
+    token_passthrough: bool = False
+    limits: FrontDoorLimits = field(default_factory=FrontDoorLimits)
+    # Clusters never seen connected since start are "unknown" (404) -- except during this grace
+    # after start, while agents are still reconnecting to a restarted gateway (503 then).
+    unknown_cluster_grace: float = 60.0
+    shutdown_timeout: float = 25.0
+    readiness_interval: float = 10.0  # hub auth probe period for /readyz

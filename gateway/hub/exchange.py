@@ -1,0 +1,322 @@
+"""The relay of one admitted request through its tunnel stream (``Exchange``).
+
+:class:`Exchange` is the :class:`tunnel.connection.StreamProtocol` of one request: it receives
+the response from the agent, parses only its head (status for the audit line, ``101``
+detection, framing to know whether the client connection can be reused) and relays every byte
+verbatim to the client. The agent half-closes the stream at the end of the response. Upgrades
+are spliced only after a real ``101``; any other answer to an upgrade request is relayed and
+the client connection closed. Back-pressure runs both ways without buffering: the client's
+transport pausing pauses the stream, the stream's send window pausing pauses the client.
+
+What the request may be, and where it goes, was decided before (``gateway.hub.admission``); the
+client side is the :class:`ClientConnection` (``gateway.hub.frontdoor.FrontDoor``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Protocol
+
+from gateway.hub.admission.chain import Admitted
+from gateway.wire.http1 import (
+    NO_BODY,
+    BodyTracker,
+    HTTPError,
+    Limits,
+    ResponseHead,
+    find_head_end,
+    framing_for_response,
+    parse_response_head,
+)
+from tunnel.connection import TunnelStream
+from tunnel.errors import OpenErrorCode, OpenRefused, SessionClosed, StreamError
+from tunnel.targets import KubeAPITarget
+
+
+class ClientConnection(Protocol):
+    """What an :class:`Exchange` needs from the client's connection."""
+
+    @property
+    def transport(self) -> asyncio.WriteTransport: ...
+
+    def pause_reading(self, reason: str) -> None: ...
+
+    def resume_reading(self, reason: str) -> None: ...
+
+    def response_started(self, exchange: Exchange) -> None: ...
+
+    def upgraded(self, exchange: Exchange) -> None: ...
+
+    def exchange_finished(self, exchange: Exchange, *, keep_alive: bool) -> None: ...
+
+    def exchange_failed(self, exchange: Exchange, status: int, message: str,
+                        retry_after: int | None) -> None: ...
+
+
+RESPONSE_LIMITS = Limits(max_head_bytes=256 * 1024, max_request_line=64 * 1024,
+                         max_field_line=64 * 1024, max_headers=512)
+
+# OPEN refusals from the agent -> what the client sees (DESIGN §2, errors).
+OPEN_STATUS: dict[OpenErrorCode, tuple[int, str]] = {
+    OpenErrorCode.DENIED: (403, "the cluster's agent refused the target"),
+    OpenErrorCode.NO_IDENTITY: (403, "the cluster's agent refused a request without identity"),
+    OpenErrorCode.UNREACHABLE: (502, "the cluster's agent could not reach the target"),
+    OpenErrorCode.TIMEOUT: (504, "the cluster's agent timed out reaching the target"),
+    OpenErrorCode.OVERLOAD: (429, "the cluster's agent is overloaded, retry later"),
+    OpenErrorCode.SHUTTING_DOWN: (503, "the cluster's agent is shutting down, retry"),
+    OpenErrorCode.PROTOCOL: (502, "the cluster's agent rejected the request"),
+    OpenErrorCode.INTERNAL: (502, "the cluster's agent failed"),
+}
+
+
+# Exchange states (response side).
+_HEAD, _BODY, _RAW, _DONE = range(4)
+
+
+class Exchange:
+    """The stream side of one request (a ``StreamProtocol``). See the module docstring."""
+
+    __slots__ = (
+        "_copy_views",
+        "_lost",
+        "_resp_buf",
+        "_state",
+        "admitted",
+        "bytes_in",
+        "bytes_out",
+        "door",
+        "eof_sent",
+        "head_sent",
+        "method",
+        "request_id",
+        "response",
+        "started",
+        "status",
+        "stream",
+        "streaming",
+        "tracker",
+        "transport",
+    )
+
+    def __init__(self, door: ClientConnection, method: bytes, admitted: Admitted,
+                 request_id: str) -> None:
+        self.door = door
+        self.transport = door.transport
+        # Non-TLS transports (uvloop TCP) may keep a reference to what they were given; the
+        # tunnel forbids keeping its memoryviews. TLS transports encrypt during write().
+        self._copy_views = door.transport.get_extra_info("sslcontext") is None
+        self.method = method
+        self.admitted = admitted
+        self.request_id = request_id
+        self.stream: TunnelStream | None = None
+        self._lost = False  # the tunnel ended the stream (connection_lost)
+        self._state = _HEAD
+        self._resp_buf = bytearray()
+        self.response: ResponseHead | None = None
+        self.tracker: BodyTracker = NO_BODY
+        self.head_sent = False  # any response byte reached the client
+        self.eof_sent = False  # we half-closed the stream (request complete)
+        self.status = 0
+        self.streaming = False  # a watch, follow or upgrade: audited as stream_start/_end
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.started = time.monotonic()
+
+    # --- client -> stream ------------------------------------------------------------------
+
+    def send(self, data: bytes | bytearray | memoryview) -> None:
+        if self._state == _DONE:
+            return
+        self.bytes_in += len(data)
+        self.stream.write(data)
+
+    def send_eof(self) -> None:
+        if not self.eof_sent and self._state != _DONE:
+            self.eof_sent = True
+            self.stream.write_eof()
+
+    # --- StreamProtocol ----------------------------------------------------------------------
+
+    def connection_made(self, stream: TunnelStream) -> None:
+        self.stream = stream
+
+    def data_received(self, data: bytes | memoryview) -> None:
+        state = self._state
+        if state == _RAW:
+            self._to_client(data)
+        elif state == _BODY:
+            tracker = self.tracker
+            try:
+                n = tracker.feed(data)
+            except HTTPError:  # broken chunked framing from upstream: never pass it on
+                self._fail(502, "the cluster sent a malformed response body")
+                return
+            if n:
+                self._to_client(data if n == len(data) else data[:n])
+            if n < len(data):
+                # Bytes after the end of the response: the agent broke the stream contract.
+                self._fail(502, "the cluster sent more than one response")
+        elif state == _HEAD:
+            self._resp_buf += data
+            self._parse_head()
+
+    def eof_received(self) -> None:
+        state = self._state
+        if state == _RAW:
+            self._finish(keep_alive=False)
+        elif state == _BODY:
+            try:
+                self.tracker.feed_eof()
+            except HTTPError:
+                self._finish(keep_alive=False)  # truncated: the client must not reuse it
+                return
+            assert self.response is not None
+            self._finish(keep_alive=self.response.keep_alive
+                         and not self.response_was_close_delimited())
+        elif state == _HEAD:
+            self._fail(502, "the cluster closed the request without a response")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost = True
+        if self._state == _DONE:
+            return
+        if exc is None:
+            self.eof_received()
+            if self._state != _DONE:
+                self._finish(keep_alive=False)
+            return
+        if isinstance(exc, OpenRefused):
+            status, message = OPEN_STATUS.get(exc.code, (502, "the cluster's agent failed"))
+            if exc.code == OpenErrorCode.DENIED and self.admitted.target != KubeAPITarget():
+                message = "the cluster's agent does not allow this Service"
+            retry = 5 if status in (429, 503) else None
+            self._fail(status, message, retry_after=retry)
+        elif isinstance(exc, SessionClosed):
+            self._fail(503, "the connection to the cluster was lost", retry_after=5)
+        elif isinstance(exc, StreamError):
+            self._fail(502, "the cluster reset the request")
+        else:
+            self._fail(502, "the cluster's agent failed")
+
+    def pause_writing(self) -> None:
+        self.door.pause_reading("stream")
+
+    def resume_writing(self) -> None:
+        self.door.resume_reading("stream")
+
+    # --- response head ----------------------------------------------------------------------
+
+    def response_was_close_delimited(self) -> bool:
+        return self.response is not None and self.response.close_delimited
+
+    def _parse_head(self) -> None:
+        buf = self._resp_buf
+        while self._state == _HEAD:
+            try:
+                end = find_head_end(buf, max_head_bytes=RESPONSE_LIMITS.max_head_bytes,
+                                    max_request_line=RESPONSE_LIMITS.max_request_line)
+                if end < 0:
+                    return
+                raw = bytes(buf[:end])
+                head = parse_response_head(raw, RESPONSE_LIMITS)
+            except HTTPError:
+                self._fail(502, "the cluster sent a malformed response")
+                return
+            if head.is_interim:  # 100 Continue, 103 Early Hints: relay, the real head follows
+                self.transport.write(raw)
+                del buf[:end]
+                continue
+            self.response = head
+            self.status = head.status
+            upgrade = self.admitted.upgrade
+            if head.is_switching:
+                if not upgrade:
+                    self._fail(502, "the cluster switched protocols without being asked")
+                    return
+                self._state = _RAW
+            else:
+                try:
+                    self.tracker = framing_for_response(head, self.method)
+                except HTTPError:
+                    self._fail(502, "the cluster sent a malformed response")
+                    return
+                self._state = _BODY
+            rest = bytes(buf[end:])
+            buf.clear()
+            self.head_sent = True
+            self.door.response_started(self)
+            if self.streaming:
+                head.headers, head.names = [], []  # only its parsed flags are used from here
+            self.bytes_out += len(raw)
+            if self._state == _RAW:
+                self.transport.write(raw)  # verbatim: the agent relays the apiserver's head
+                self.door.upgraded(self)
+                if rest:
+                    self._to_client(rest)
+                return
+            try:
+                taken = self.tracker.feed(rest) if rest else 0
+            except HTTPError:
+                self.transport.write(raw)
+                self._fail(502, "the cluster sent a malformed response body")
+                return
+            # Head and the body bytes that came with it leave in one write (one TLS record
+            # for a small response instead of two).
+            self.bytes_out += taken
+            self.transport.write(raw + rest[:taken] if taken else raw)
+            if taken < len(rest):
+                self._fail(502, "the cluster sent more than one response")
+            # The agent's EOF ends the exchange.
+
+    # --- helpers ---------------------------------------------------------------------------
+
+    def _to_client(self, data: bytes | memoryview) -> None:
+        self.bytes_out += len(data)
+        if self._copy_views and isinstance(data, memoryview):
+            data = bytes(data)
+        self.transport.write(data)
+
+    def _fail(self, status: int, message: str, *, retry_after: int | None = None) -> None:
+        """End the exchange abnormally: a Status if nothing was sent yet, else close."""
+        if self._state == _DONE:
+            return
+        self._state = _DONE
+        self._reset_stream()
+        self.status = self.status or status
+        if self.head_sent:
+            self.door.exchange_finished(self, keep_alive=False)
+        else:
+            self.status = status
+            self.door.exchange_failed(self, status, message, retry_after)
+
+    def _finish(self, *, keep_alive: bool) -> None:
+        if self._state == _DONE:
+            return
+        self._state = _DONE
+        if not self.eof_sent:  # request body not finished (or an upgrade): nothing more to send
+            self._reset_stream()
+            keep_alive = False
+        self.door.exchange_finished(self, keep_alive=keep_alive)
+
+    def _reset_stream(self) -> None:
+        # Not is_closing(): that is already true once our direction is half-closed, and a
+        # watch whose client left must still be cancelled.
+        if self.stream is not None and not self._lost:
+            self._lost = True
+            self.stream.reset()
+
+    def client_gone(self) -> None:
+        """The client connection closed: cancel the upstream request."""
+        if self._state != _DONE:
+            self._state = _DONE
+            self._reset_stream()
+
+    def timed_out(self) -> None:
+        if self._state == _HEAD:
+            self._fail(504, "the cluster did not answer in time")
+
+    @property
+    def done(self) -> bool:
+        return self._state == _DONE
+

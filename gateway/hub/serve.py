@@ -1,0 +1,266 @@
+"""Run the hub-side gateway: the :9092 front door, the :8091 agent tunnel and the :8000 health port.
+
+Users call https://<gateway>:9092/<cluster>/<kubernetes API path> with a hub bearer token. The
+gateway verifies the token with a hub TokenReview (cached), checks that the hub user may use the
+cluster (SubjectAccessReview on managedclusters/proxy, unless --authorize=none), and forwards
+the request through the cluster's agent tunnel with the user's identity, prefixed
+(--identity-prefix), for the agent to impersonate. Hub tokens never leave the hub.
+
+Agents connect to --tunnel-listen with client certificates issued by --agent-ca; the cluster
+name is taken from the certificate. --agent-ca is required: without it the gateway refuses to
+start (fail closed). Certificates are reloaded when their files change.
+
+Errors are Kubernetes Status JSON: 400 bad request/path, 401 bad token, 403 refused
+(impersonation headers, hub authorization, Service not allowed), 404 unknown cluster, 503 cluster
+not connected or hub auth unavailable, 502/504 upstream unreachable/timeout, 429 overload.
+SIGTERM: stop accepting, finish in-flight requests (up to --shutdown-timeout), then exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+
+from gateway.hub.clusterprofile import component as clusterprofile
+from gateway.hub.config import FrontDoorLimits, GatewayConfig
+from gateway.hub.workers import instance_id as workers_instance_id
+from gateway.ops import audit, gctune
+from gateway.ops.flags import parse_address, parse_duration, positive_int
+from gateway.ops.metricslink import MetricsLink, PeerSnapshots, SnapshotSender
+from gateway.ops.rlimits import raise_open_file_limit
+from gateway.wire.http1 import Limits
+
+log = logging.getLogger("hubproxy.gateway")
+
+
+def _address(value: str) -> tuple[str, int]:
+    try:
+        return parse_address(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _duration(value: str) -> float:
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    net = parser.add_argument_group("listeners")
+    net.add_argument("--listen", type=_address, default=("0.0.0.0", 9092), metavar="HOST:PORT",
+                     help="front door for users, HTTPS (default: 0.0.0.0:9092)")
+    net.add_argument("--tunnel-listen", type=_address, default=("0.0.0.0", 8091),
+                     metavar="HOST:PORT", help="agent tunnel, mTLS 1.3 (default: 0.0.0.0:8091)")
+    net.add_argument("--health-listen", default="0.0.0.0:8000", metavar="HOST:PORT",
+                     help="plain HTTP /healthz /readyz /metrics; 'off' to disable "
+                     "(default: 0.0.0.0:8000)")
+    tls = parser.add_argument_group("certificates (reloaded when the files change)")
+    tls.add_argument("--tls-dir", required=True, metavar="DIR",
+                     help="front-door serving certificate: DIR/tls.crt, DIR/tls.key")
+    tls.add_argument("--tunnel-tls-dir", required=True, metavar="DIR",
+                     help="tunnel serving certificate: DIR/tls.crt, DIR/tls.key")
+    tls.add_argument("--agent-ca", required=True, metavar="FILE",
+                     help="CA bundle that issued agent client certificates (REQUIRED: the "
+                     "gateway refuses to start without it)")
+    hub = parser.add_argument_group("hub authentication and authorization")
+    hub.add_argument("--hub-kubeconfig", metavar="FILE",
+                     help="kubeconfig for the hub API (TokenReview, SubjectAccessReview); "
+                     "default: in-cluster service account")
+    hub.add_argument("--audience", action="append", default=[], metavar="AUD",
+                     help="accept only tokens for this audience (repeatable)")
+    hub.add_argument("--token-cache-ttl", type=_duration, default=10.0, metavar="DURATION",
+                     help="cache TokenReview/SubjectAccessReview outcomes this long "
+                     "(default: 10s; 0 disables)")
+    hub.add_argument("--identity-prefix", default="cluster:hub:", metavar="PREFIX",
+                     help="prefix for every hub user and group on managed clusters "
+                     "(default: %(default)s)")
+    hub.add_argument("--authorize", choices=("sar", "none"), default="sar",
+                     help="sar: hub SubjectAccessReview 'get managedclusters/proxy <cluster>' "
+                     "(group cluster.open-cluster-management.io); none: any authenticated hub "
+                     "user (default: %(default)s)")
+    hub.add_argument("--token-passthrough", action="store_true",
+                     help="forward a token the hub cleanly rejects, untouched and without "
+                     "impersonation (for managed-cluster tokens); off by default")
+    lim = parser.add_argument_group("limits and timeouts")
+    lim.add_argument("--max-header-bytes", type=positive_int, default=64 * 1024,
+                     help="request head size limit (431 beyond; default: %(default)s)")
+    lim.add_argument("--max-headers", type=positive_int, default=128,
+                     help="header field count limit (431 beyond; default: %(default)s)")
+    lim.add_argument("--max-request-line", type=positive_int, default=16 * 1024,
+                     help="request line length limit (414 beyond; default: %(default)s)")
+    lim.add_argument("--header-timeout", type=_duration, default=30.0, metavar="DURATION",
+                     help="time to receive a request head (408 beyond; default: 30s)")
+    lim.add_argument("--idle-timeout", type=_duration, default=120.0, metavar="DURATION",
+                     help="close keep-alive connections idle this long (default: 120s)")
+    lim.add_argument("--response-header-timeout", type=_duration, default=120.0,
+                     metavar="DURATION",
+                     help="time from request to response head (504 beyond; 0: none; "
+                     "default: 120s). There is no total timeout: watches last")
+    lim.add_argument("--max-connections", type=positive_int, default=10000,
+                     help="client connections at once (default: %(default)s)")
+    lim.add_argument("--max-inflight", type=positive_int, default=10000,
+                     help="requests in progress at once (429 beyond; default: %(default)s)")
+    lim.add_argument("--unknown-cluster-grace", type=_duration, default=60.0,
+                     metavar="DURATION",
+                     help="after start, answer 503 (not 404) for clusters not seen yet, while "
+                     "agents reconnect (default: 60s)")
+    lim.add_argument("--replicas", type=positive_int, default=1, metavar="N",
+                     help="gateway pods sharing the tunnel address, i.e. the Deployment's "
+                     "replicas (default: %(default)s). Agents keep one session to each of "
+                     "replicas x workers gateway processes, so keep it equal to the real count")
+    lim.add_argument("--workers", type=positive_int, default=1, metavar="N",
+                     help="gateway processes sharing the front door and tunnel ports "
+                     "(default: %(default)s). Agents keep one session to each. Each worker "
+                     "uses one core and its own memory; worker 0 serves health and metrics "
+                     "(the sum of all workers, at most ~1s behind) and writes ClusterProfiles")
+    lim.add_argument("--shutdown-timeout", type=_duration, default=25.0, metavar="DURATION",
+                     help="on SIGTERM, wait this long for in-flight requests (default: 25s)")
+    parser.add_argument("--log-level", default="info",
+                        choices=("debug", "info", "warning", "error"),
+                        help="log level of diagnostics on stderr (default: %(default)s); the "
+                        "audit trail (one JSON line per request) always goes to stdout")
+    clusterprofile.add_arguments(parser)
+
+
+def config_from_args(args: argparse.Namespace) -> GatewayConfig:
+    """A validated :class:`GatewayConfig`; ValueError with a clear message otherwise."""
+    from gateway.hub.admission.identity import validate_prefix
+    from gateway.wire.identity import IdentityError
+
+    if not args.agent_ca:
+        raise ValueError("--agent-ca is required: agents must be verified against a CA "
+                         "(refusing to start without one)")
+    if not os.path.isfile(args.agent_ca):
+        raise ValueError(f"--agent-ca {args.agent_ca}: no such file (refusing to start)")
+    for flag, directory in (("--tls-dir", args.tls_dir), ("--tunnel-tls-dir",
+                                                          args.tunnel_tls_dir)):
+        for name in ("tls.crt", "tls.key"):
+            if not os.path.isfile(os.path.join(directory, name)):
+                raise ValueError(f"{flag} {directory}: {name} is missing")
+    try:
+        validate_prefix(args.identity_prefix)
+    except IdentityError as exc:
+        raise ValueError(f"--identity-prefix: {exc}") from None
+    health = None if args.health_listen in ("", "off") else parse_address(args.health_listen)
+    head = Limits(max_head_bytes=args.max_header_bytes, max_request_line=args.max_request_line,
+                  max_field_line=min(args.max_header_bytes, 64 * 1024),
+                  max_headers=args.max_headers)
+    limits = FrontDoorLimits(
+        head=head,
+        header_timeout=args.header_timeout,
+        idle_timeout=args.idle_timeout,
+        response_header_timeout=args.response_header_timeout,
+        max_connections=args.max_connections,
+        max_inflight=args.max_inflight,
+    )
+    return GatewayConfig(
+        listen=tuple(args.listen),
+        tunnel_listen=tuple(args.tunnel_listen),
+        health_listen=health,
+        tls_dir=args.tls_dir,
+        tunnel_tls_dir=args.tunnel_tls_dir,
+        agent_ca=args.agent_ca,
+        hub_kubeconfig=args.hub_kubeconfig,
+        audiences=tuple(args.audience or ()),
+        token_cache_ttl=args.token_cache_ttl,
+        identity_prefix=args.identity_prefix,
+        authorize=args.authorize,
+        token_passthrough=bool(args.token_passthrough),
+        limits=limits,
+        unknown_cluster_grace=args.unknown_cluster_grace,
+        shutdown_timeout=args.shutdown_timeout,
+        workers=args.workers,
+        replicas=args.replicas,
+        hub_instance=workers_instance_id(),
+    )
+
+
+async def serve(config: GatewayConfig, args: argparse.Namespace | None = None,
+                link: MetricsLink | None = None) -> int:
+    from gateway.hub.app import build_gateway
+
+    gateway, api_client = await build_gateway(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    extras: list[asyncio.Task[None]] = []
+    peers: PeerSnapshots | SnapshotSender | None = None
+    try:
+        await gateway.start()
+        if link is not None and config.worker_index == 0:
+            peers = link.receiver()
+            peers.start()
+            gateway.metrics.peers = peers.snapshots
+        elif link is not None:
+            peers = link.sender(config.worker_index)
+            peers.start(gateway.metrics.snapshot)
+        gctune.settle()
+        print(f"hubproxy gateway ready: front door port {gateway.front_port}, tunnel port "
+              f"{gateway.tunnel_port}, health port {gateway.health_port or 'off'}",
+              file=sys.stderr, flush=True)
+        if (args is not None and getattr(args, "clusterprofiles", None) is not None
+                and config.worker_index == 0):
+            extras.append(asyncio.ensure_future(
+                clusterprofile.run(args, api_client, gateway.registry)))
+        await stop.wait()
+        log.info("shutting down: draining for up to %.0fs", config.shutdown_timeout)
+        await gateway.shutdown()
+    finally:
+        for task in extras:
+            task.cancel()
+        if peers is not None:
+            peers.stop()
+        await gateway.close()
+        audit.install_writer(None)  # flushes the last lines
+        with contextlib.suppress(Exception):
+            await api_client.close()
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    logging.getLogger("hubproxy.audit").setLevel(logging.INFO)
+    audit.install_writer(audit.AuditWriter(sys.stdout))
+    try:
+        config = config_from_args(args)
+    except ValueError as exc:
+        print(f"hubproxy gateway: {exc}", file=sys.stderr)
+        return 2
+    problem = clusterprofile.validate(args)
+    if problem:
+        print(f"hubproxy gateway: {problem}", file=sys.stderr)
+        return 2
+    # Client connections, plus agent sessions and hub connections.
+    raise_open_file_limit(config.limits.max_connections + 1024)
+    if config.workers > 1:
+        if config.listen[1] == 0 or config.tunnel_listen[1] == 0:
+            print("hubproxy gateway: --workers needs fixed --listen and --tunnel-listen ports",
+                  file=sys.stderr)
+            return 2
+        from gateway.hub import workers
+
+        audit.install_writer(audit.AuditWriter(sys.stdout, atomic=True))
+        return workers.run(config, lambda worker, link: _serve_in_loop(worker, args, link))
+    return _serve_in_loop(config, args)
+
+
+def _serve_in_loop(config: GatewayConfig, args: argparse.Namespace,
+                   link: MetricsLink | None = None) -> int:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(serve(config, args, link))
+    return uvloop.run(serve(config, args, link))

@@ -1,0 +1,90 @@
+"""``hubproxy gateway --workers N``: N gateway processes sharing the front door and tunnel ports.
+
+One Python process uses one core. With ``--workers N`` the parent forks N workers before any
+event loop exists; each binds the front door and tunnel ports with ``SO_REUSEPORT`` and the
+kernel spreads new connections over them. A request can only cross through a session its own
+worker holds, so every worker announces itself in the tunnel's SETTINGS (a random instance id
+and the count N) and agents keep one session to each (``tunnel.dialer.HubFanout``); the same
+mechanism serves several hub replicas behind one address.
+
+Worker 0 also serves ``/healthz``, ``/readyz`` and ``/metrics`` and writes ClusterProfiles; the
+other workers send it their figures every second (``gateway.ops.metricslink``), so ``/metrics``
+shows the whole gateway. The parent forwards SIGTERM/SIGINT to the workers and waits for them;
+if one dies on its own, the others are stopped and the parent exits 1, so the pod restarts as a
+whole.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import secrets
+import signal
+from collections.abc import Callable
+from types import FrameType
+
+from gateway.hub.config import GatewayConfig
+from gateway.ops.metricslink import MetricsLink
+
+log = logging.getLogger("hubproxy.gateway")
+
+
+def instance_id() -> int:
+    return secrets.randbits(32) or 1  # 0 means "a single process" on the wire
+
+
+def run(config: GatewayConfig,
+        serve_one: Callable[[GatewayConfig, MetricsLink | None], int]) -> int:
+    """Fork ``config.workers`` workers that each run ``serve_one``; supervise them."""
+    children: dict[int, int] = {}
+    link = MetricsLink()
+    stopping = False
+
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        nonlocal stopping
+        stopping = True
+        for child in children:
+            _signal(child, signum)
+
+    # Before forking: a SIGTERM that arrives while workers start must reach them, not kill the
+    # parent and orphan them. Each worker resets both signals for its own event loop.
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    for index in range(config.workers):
+        pid = os.fork()
+        if pid == 0:  # the worker
+            code = 1
+            try:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                code = serve_one(dataclasses.replace(config, worker_index=index,
+                                                     hub_instance=instance_id()), link)
+            finally:
+                os._exit(code)
+        children[pid] = index
+        if stopping:  # asked to stop while forking: the new worker too
+            _signal(pid, signal.SIGTERM)
+    link.close()
+    rc = 0
+    while children:
+        pid, status = os.wait()
+        index = children.pop(pid, None)
+        if index is None:
+            continue
+        code = os.waitstatus_to_exitcode(status)
+        if not stopping:
+            log.error("gateway worker %d exited (%d): stopping the others", index, code)
+            stopping = True
+            rc = 1
+            for child in children:
+                _signal(child, signal.SIGTERM)
+        elif code != 0:
+            rc = rc or 1
+    return rc
+
+
+def _signal(pid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signum)
