@@ -221,6 +221,9 @@ class TunnelSession(asyncio.BufferedProtocol):
         self.closed = False
         self.draining = False
         self.close_reason: str = ""
+        # What the peer said or did when it ended the session (the agent explains a refusal).
+        self.goaway_message: str | None = None  # text of a GOAWAY with an error code
+        self.connection_error: BaseException | None = None  # what ended the connection
 
     # Public API ------------------------------------------------------------------------------
 
@@ -271,6 +274,10 @@ class TunnelSession(asyncio.BufferedProtocol):
     def hub_instances(self) -> int:
         """How many hub processes share the address this session dialled."""
         return self._core.peer_hub_instances
+
+    @property
+    def peer_settings_received(self) -> bool:
+        return self._core.peer_settings_received
 
     async def wait_peer_settings(self, timeout: float) -> bool:
         """Until the peer's first SETTINGS arrived (True) or ``timeout`` (False)."""
@@ -377,6 +384,7 @@ class TunnelSession(asyncio.BufferedProtocol):
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.connection_error = exc
         self._shutdown(SessionClosed(f"connection lost: {exc}" if exc else "connection closed"))
         self._transport = None
         if self._closed_fut is not None and not self._closed_fut.done():
@@ -412,6 +420,8 @@ class TunnelSession(asyncio.BufferedProtocol):
                     self._lose(stream, OpenRefused(_open_code(ev.code), ev.message))
             elif t is ss.GoAwayReceived or t is ss.DrainReceived:
                 self.draining = True
+                if t is ss.GoAwayReceived and ev.code != GoAwayCode.NO_ERROR:
+                    self.goaway_message = ev.message
             elif (t is ss.SettingsReceived and self._settings_fut is not None
                   and not self._settings_fut.done()):
                 self._settings_fut.set_result(None)

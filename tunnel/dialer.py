@@ -29,6 +29,7 @@ from collections.abc import Callable
 
 from tunnel.backoff import Backoff
 from tunnel.connection import ALPN, OpenRequest, SessionConfig, StreamProtocol, TunnelSession
+from tunnel.handshake import LogThrottle, describe_hub_refusal
 
 log = logging.getLogger("hubproxy.tunnel")
 
@@ -42,6 +43,7 @@ SETTINGS_TIMEOUT = 5.0  # a hub that sends no SETTINGS by then is taken as a sin
 REDIAL_DELAY = (0.05, 0.3)
 REDIAL_FREE = 3  # duplicates in a row before the delay starts doubling
 REDIAL_DELAY_CAP = 30.0
+REFUSAL_LOG_INTERVAL = 60.0  # the same refusal is logged at WARNING at most this often
 
 
 class AgentDialer:
@@ -73,6 +75,8 @@ class AgentDialer:
         self._duplicates = 0  # dials in a row that reached an instance already served
         self._stopping = asyncio.Event()
         self._caching_factory = False
+        self._refusals = LogThrottle(REFUSAL_LOG_INTERVAL)
+        self.last_refusal: str | None = None  # why the hub last refused us (None once accepted)
 
     @property
     def connected(self) -> bool:
@@ -149,9 +153,42 @@ class AgentDialer:
                         self.hub_host, self.hub_port, ALPN)
             session.close("hub protocol mismatch")
             return None
+        if not await self._accepted(session):
+            return None
         self.connects += 1
+        self.last_refusal = None
         log.info("connected to the hub %s:%d", self.hub_host, self.hub_port)
         return session
+
+    async def _accepted(self, session: TunnelSession) -> bool:
+        """Did the hub accept this session? Its SETTINGS say yes; an end before them says no.
+
+        With TLS 1.3 our handshake completes before the hub has checked our certificate, so a
+        refusal (expired, unknown CA, no cluster named) arrives only now, as a TLS alert or a
+        GOAWAY: logged once with the hub's reason, then at most every REFUSAL_LOG_INTERVAL.
+        A hub that sends no SETTINGS in time but keeps the session is taken as accepting.
+        """
+        settings = asyncio.ensure_future(session.wait_peer_settings(SETTINGS_TIMEOUT))
+        closed = asyncio.ensure_future(session.wait_closed())
+        try:
+            await asyncio.wait({settings, closed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            settings.cancel()
+            closed.cancel()
+        refused = session.closed or (
+            session.goaway_message is not None and not session.peer_settings_received)
+        if not refused:
+            return True
+        session.close("refused by the hub")
+        why = (describe_hub_refusal(session.connection_error, session.goaway_message)
+               or f"the hub ended the session at once ({session.close_reason or 'closed'})")
+        self.last_refusal = why
+        allowed, suppressed = self._refusals.allow(why)
+        log.log(logging.WARNING if allowed else logging.DEBUG,
+                "the hub %s:%d refused this agent: %s; retrying with backoff%s", self.hub_host,
+                self.hub_port, why, f" ({suppressed} more since the last such line)"
+                if suppressed else "")
+        return False
 
     async def _watch(self, session: TunnelSession, context: ssl.SSLContext) -> str:
         """Why this session stops being the one for new streams."""

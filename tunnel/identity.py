@@ -20,7 +20,12 @@ _SUBDOMAIN = re.compile(rf"^{_LABEL}(\.{_LABEL})*$")
 
 
 class AgentIdentityError(ValueError):
-    """The peer certificate does not name exactly one valid cluster."""
+    """The peer certificate does not name exactly one valid cluster (or, with
+    ``about_protocol``, the connection is not TLS 1.3 with our ALPN)."""
+
+    def __init__(self, message: str, *, about_protocol: bool = False) -> None:
+        super().__init__(message)
+        self.about_protocol = about_protocol
 
 
 def validate_cluster_name(name: str) -> str:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import datetime
 import logging
 import signal
 import ssl
@@ -177,6 +178,14 @@ def _check_certificate_cluster(cert_file: Path, cluster: str) -> None:
             f"{cert_file} is an agent certificate for {', '.join(named) or 'no cluster'}, "
             f"not {cluster!r}"
         )
+    # Not fatal: renewed files are picked up without a restart. But say it before the hub does.
+    now = datetime.datetime.now(datetime.UTC)
+    if cert.not_valid_after_utc <= now:
+        log.warning("the agent certificate %s expired on %s: the hub will refuse it until it "
+                    "is renewed", cert_file, cert.not_valid_after_utc.isoformat())
+    elif cert.not_valid_before_utc > now:
+        log.warning("the agent certificate %s is not valid before %s: check this machine's "
+                    "clock", cert_file, cert.not_valid_before_utc.isoformat())
 
 
 def build_policy(args: argparse.Namespace, kube: KubeAPIAccess | None) -> Any:

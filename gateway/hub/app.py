@@ -95,6 +95,10 @@ class Gateway:
         self.metrics.client_connections = lambda: len(self.connections)
         self.metrics.auth_reviews = lambda: (
             authenticator.reviews if isinstance(authenticator, TokenAuthenticator) else 0)
+        self.metrics.handshake_failures = lambda: (
+            self._tunnel.handshake_failures if self._tunnel is not None else {})
+        self.metrics.certificate_expiry = lambda: (
+            self._tunnel.certificate_expiry() if self._tunnel is not None else {})
         self._audit = audit.logger.isEnabledFor(logging.INFO)
 
     # --- per request (called by FrontDoor and the admission chain) -----------------------------

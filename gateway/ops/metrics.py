@@ -13,7 +13,7 @@ With ``--workers`` each worker counts its own; the others send worker 0 a snapsh
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +38,9 @@ class GatewayMetrics:
     client_connections: Callable[[], int] = lambda: 0
     auth_reviews: Callable[[], int] = lambda: 0  # TokenReviews sent = cache misses
     auth_lookups: int = 0  # authentications asked for
+    # Agent certificates (tunnel.listener): refusals by reason, expiry per connected cluster.
+    handshake_failures: Callable[[], Mapping[str, int]] = lambda: {}
+    certificate_expiry: Callable[[], Mapping[str, float]] = lambda: {}
     # With --workers: the latest snapshots of the other workers (worker 0 serves /metrics).
     peers: Callable[[], Iterable[dict[str, Any]]] = lambda: ()
 
@@ -68,6 +71,8 @@ class GatewayMetrics:
             "client_connections": self.client_connections(),
             "auth_reviews": self.auth_reviews(),
             "auth_lookups": self.auth_lookups,
+            "handshake_failures": dict(self.handshake_failures()),
+            "certificate_expiry": dict(self.certificate_expiry()),
         }
 
     def render(self) -> bytes:
@@ -85,7 +90,8 @@ def merge(snapshots: Iterable[dict[str, Any]]) -> dict[str, Any]:
     total: dict[str, Any] = dict.fromkeys(SUMMED, 0)
     requests: Counter[tuple[str, int]] = Counter()
     clusters: set[str] = set()
-    for snap in snapshots:
+    snapshots_seen = list(snapshots)
+    for snap in snapshots_seen:
         for key in SUMMED:
             value = snap.get(key, 0)
             if isinstance(value, int):
@@ -95,7 +101,43 @@ def merge(snapshots: Iterable[dict[str, Any]]) -> dict[str, Any]:
         clusters.update(str(c) for c in snap.get("clusters", ()))
     total["requests"] = requests
     total["connected_clusters"] = len(clusters)
+    total.update(_merge_certificates(snapshots_seen))
     return total
+
+
+def _merge_certificates(snapshots: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """Handshake failures add up; a cluster's expiry is the earliest any worker saw."""
+    failures: Counter[str] = Counter()
+    expiry: dict[str, float] = {}
+    for snap in snapshots:
+        for reason, count in snap.get("handshake_failures", {}).items():
+            failures[str(reason)] += int(count)
+        for cluster, not_after in snap.get("certificate_expiry", {}).items():
+            cluster = str(cluster)
+            expiry[cluster] = min(float(not_after), expiry.get(cluster, float("inf")))
+    return {"handshake_failures": failures, "certificate_expiry": expiry}
+
+
+def _render_certificates(m: dict[str, Any]) -> list[str]:
+    lines = [
+        "# HELP hubproxy_tunnel_handshake_failures_total Agent connections refused before a "
+        "session, by reason (expired, not_yet_valid, unknown_ca, wrong_name, no_certificate, "
+        "bad_certificate, protocol, timeout, aborted).",
+        "# TYPE hubproxy_tunnel_handshake_failures_total counter",
+    ]
+    for reason, count in sorted(m.get("handshake_failures", {}).items()):
+        lines.append(
+            f'hubproxy_tunnel_handshake_failures_total{{reason="{_escape(reason)}"}} {count}')
+    lines += [
+        "# HELP hubproxy_agent_certificate_expiry_timestamp_seconds When the agent certificate "
+        "of a connected cluster expires (the earliest of its sessions), in seconds since the "
+        "epoch; days left: (value - time()) / 86400.",
+        "# TYPE hubproxy_agent_certificate_expiry_timestamp_seconds gauge",
+    ]
+    for cluster, not_after in sorted(m.get("certificate_expiry", {}).items()):
+        lines.append(f'hubproxy_agent_certificate_expiry_timestamp_seconds'
+                     f'{{cluster="{_escape(cluster)}"}} {not_after:.0f}')
+    return lines
 
 
 def render(m: dict[str, Any]) -> bytes:
@@ -139,5 +181,6 @@ def render(m: dict[str, Any]) -> bytes:
         "# TYPE hubproxy_bytes_total counter",
         f'hubproxy_bytes_total{{direction="in"}} {m["bytes_in"]}',
         f'hubproxy_bytes_total{{direction="out"}} {m["bytes_out"]}',
+        *_render_certificates(m),
     ]
     return ("\n".join(lines) + "\n").encode("ascii")
