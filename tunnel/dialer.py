@@ -8,6 +8,9 @@
 * Certificate rotation: when the context factory hands out a new context (files changed on
   disk), a new session is opened with it and the old one is drained.
 * ``drain(deadline)`` (SIGTERM): DRAIN to the hub, in-flight streams finish up to the deadline.
+* Through an egress proxy (``proxy``, from ``HTTPS_PROXY``/``NO_PROXY`` via
+  :func:`tunnel.proxy.proxy_for`): HTTP CONNECT to the hub, then the same TLS inside it. A
+  proxy that refuses is logged once a minute per distinct answer, like a hub that refuses.
 
 Several hub processes may share one address (gateway workers, hub replicas behind a Service);
 each serves only the agents that hold a session to it. :class:`HubFanout` keeps one session to
@@ -30,6 +33,7 @@ from collections.abc import Callable
 from tunnel.backoff import Backoff
 from tunnel.connection import ALPN, OpenRequest, SessionConfig, StreamProtocol, TunnelSession
 from tunnel.handshake import LogThrottle, describe_hub_refusal
+from tunnel.proxy import ProxyConfig, ProxyError, open_through_proxy
 
 log = logging.getLogger("hubproxy.tunnel")
 
@@ -59,8 +63,10 @@ class AgentDialer:
         backoff: Backoff | None = None,
         handshake_timeout: float = 10.0,
         fanout: HubFanout | None = None,
+        proxy: ProxyConfig | None = None,
     ) -> None:
         self.hub_host = hub_host
+        self.proxy = proxy
         self.hub_port = hub_port
         self.ssl_context_factory = ssl_context_factory
         self.on_open = on_open
@@ -126,14 +132,26 @@ class AgentDialer:
 
     async def _connect(self, context: ssl.SSLContext) -> TunnelSession | None:
         loop = asyncio.get_running_loop()
+        # Through a proxy: a socket already tunnelled to the hub; TLS runs inside it.
+        where: dict[str, object] = {"host": self.hub_host, "port": self.hub_port}
+        if self.proxy is not None:
+            try:
+                where = {"sock": await open_through_proxy(
+                    self.proxy, self.hub_host, self.hub_port, self.handshake_timeout)}
+            except ProxyError as exc:
+                allowed, suppressed = self._refusals.allow(str(exc))
+                log.log(logging.WARNING if allowed else logging.DEBUG,
+                        "cannot reach the hub %s:%d through the proxy %s: %s; retrying with "
+                        "backoff%s", self.hub_host, self.hub_port, self.proxy.display, exc,
+                        f" ({suppressed} more since the last such line)" if suppressed else "")
+                return None
         try:
             transport, session = await loop.create_connection(
                 lambda: TunnelSession(config=self.config, on_open=self.on_open, name="hub"),
-                self.hub_host,
-                self.hub_port,
                 ssl=context,
                 server_hostname=self.server_hostname,
                 ssl_handshake_timeout=self.handshake_timeout,
+                **where,  # type: ignore[arg-type]
             )
         except (OSError, ssl.SSLError, TimeoutError) as exc:
             log.warning(

@@ -9,6 +9,10 @@ backoff, and picks up renewed certificates for the next session. For each stream
 target against its own allow-list, and sends kube-apiserver requests with its own credential
 impersonating the hub-verified identity from the stream (never without one). SIGTERM drains:
 no new streams, in-flight ones get ``--drain-timeout`` seconds.
+
+Behind an egress proxy: set ``HTTPS_PROXY=http://[user:password@]proxy:3128`` (or
+``https_proxy``) and the agent reaches the hub with HTTP CONNECT, then TLS to the hub inside
+it; ``NO_PROXY``/``no_proxy`` (host names, domain suffixes, IPs, CIDRs, ``*``) bypasses it.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import asyncio
 import contextlib
 import datetime
 import logging
+import os
 import signal
 import ssl
 import sys
@@ -30,6 +35,7 @@ from certs.tls import TLS1_3, ReloadingContext, client_context
 from gateway.agent.kubeapi import KubeAPIAccess, KubeAPIConfigError, load
 from gateway.ops.flags import positive_int
 from gateway.ops.rlimits import raise_open_file_limit
+from tunnel.proxy import ProxyError, proxy_for
 
 log = logging.getLogger("hubproxy.agent")
 
@@ -232,10 +238,16 @@ async def serve(args: argparse.Namespace) -> int:
         [cert, key, hub_ca],
     )
     hub_host, hub_port = args.hub
+    # An egress proxy from HTTPS_PROXY/NO_PROXY, as curl and Go read them (tunnel.proxy).
+    proxy = proxy_for(os.environ, hub_host, hub_port)
+    if proxy is not None:
+        log.info("dialling the hub through the proxy %s (from %s)", proxy.display, proxy.source)
+    elif os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy"):
+        log.info("NO_PROXY matches the hub %s:%d: dialling it directly", hub_host, hub_port)
     # One session to each hub process behind the address (gateway workers, hub replicas).
     dialer = HubFanout(lambda fanout: AgentDialer(
         hub_host, hub_port, hub_tls.current, agent.on_open, SessionConfig(),
-        server_hostname=args.hub_server_name or hub_host, fanout=fanout))
+        server_hostname=args.hub_server_name or hub_host, fanout=fanout, proxy=proxy))
     readiness = Readiness(dialer, kube)
     log.info("agent for cluster %s: hub %s:%d, apiserver %s, services allowed: %s",
              cluster, hub_host, hub_port, kube.describe(),
@@ -299,6 +311,6 @@ def run(args: argparse.Namespace) -> int:
         except ImportError:
             return asyncio.run(serve(args))
         return uvloop.run(serve(args))
-    except (KubeAPIConfigError, ValueError, OSError) as exc:
+    except (KubeAPIConfigError, ValueError, OSError, ProxyError) as exc:
         print(f"hubproxy agent: {exc}", file=sys.stderr)
         return 2
