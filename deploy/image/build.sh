@@ -11,13 +11,14 @@
 #    - the build image: minbase + python3, python3-venv, binutils;
 #    - the runtime image: python3 and the libraries it links, extracted only (no shell, no
 #      package manager, no maintainer scripts), the standard library compiled, /tmp.
-# 2. buildah imports them as localhost/hubproxy-build-base:bookworm and
-#    localhost/hubproxy-base:bookworm, once.
+# 2. buildah imports them as localhost/hubproxy-build-base:bookworm-<hash> and
+#    localhost/hubproxy-base:bookworm-<hash> (<hash>: of the mmdebstrap arguments), once.
 # 3. buildah builds the Containerfile on them (--pull=never, chroot isolation, vfs storage: no
 #    daemon, no cgroups, no overlay mounts needed), tags TAG and prints it on stdout.
 #
 # Environment:
-#   HUBPROXY_IMAGE_CACHE   where the root filesystem tarballs are kept (delete to refresh)
+#   HUBPROXY_IMAGE_CACHE   where the root filesystem tarballs are kept (delete to refresh
+#                          Debian's packages)
 #   HUBPROXY_IMAGE_STORE   a private buildah storage directory (default: buildah's own)
 #   DEBIAN_MIRROR          mmdebstrap mirror (default: its own, deb.debian.org)
 #   PIP_CERT               a CA bundle pip needs to reach PyPI (a TLS-inspecting proxy); it is
@@ -28,8 +29,6 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 TAG="${1:-localhost/hubproxy:dev}"
 CACHE="${HUBPROXY_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hubproxy-image}"
-BUILD_BASE=localhost/hubproxy-build-base:bookworm
-RUN_BASE=localhost/hubproxy-base:bookworm
 export STORAGE_DRIVER="${STORAGE_DRIVER:-vfs}"
 
 for tool in buildah mmdebstrap; do
@@ -51,40 +50,40 @@ slim=(--dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/sha
 # bookworm's usrmerge package would pull in perl; the hook makes the merged /usr itself.
 merged=(--hook-dir=/usr/share/mmdebstrap/hooks/merged-usr)
 
-rootfs() {  # NAME MMDEBSTRAP-ARGS...: the cached tarball's path, made if missing
-  local tar="$CACHE/$1.tar"
+# NAME MMDEBSTRAP-ARGS...: a base image made from a cached mmdebstrap tarball. Both are named
+# after a hash of the arguments, so changing the recipe here makes new ones (old ones stay until
+# the cache directory or the images are removed).
+base_image() {
+  local name="$1" key
   shift
-  if [ ! -s "$tar" ]; then
-    mkdir -p "$CACHE"
-    echo "build.sh: making $tar with mmdebstrap (once)" >&2
-    mmdebstrap --format=tar "${slim[@]}" "${merged[@]}" "$@" bookworm "$tar.part" \
-      ${DEBIAN_MIRROR:+"$DEBIAN_MIRROR"} >&2
-    mv "$tar.part" "$tar"
+  key="$(printf '%s\n' "${slim[@]}" "${merged[@]}" "$@" | sha256sum | cut -c1-12)"
+  local image="localhost/hubproxy-$name:bookworm-$key" tar="$CACHE/$name-$key.tar"
+  if ! "${buildah[@]}" inspect --type image "$image" >/dev/null 2>&1; then
+    if [ ! -s "$tar" ]; then
+      mkdir -p "$CACHE"
+      echo "build.sh: making $tar with mmdebstrap (once)" >&2
+      mmdebstrap --format=tar "${slim[@]}" "${merged[@]}" "$@" bookworm "$tar.part" \
+        ${DEBIAN_MIRROR:+"$DEBIAN_MIRROR"} >&2
+      mv "$tar.part" "$tar"
+    fi
+    echo "build.sh: importing $tar as $image" >&2
+    local ctr
+    ctr="$("${buildah[@]}" from scratch)"
+    "${buildah[@]}" add "$ctr" "$tar" / >/dev/null
+    "${buildah[@]}" config --env PATH=/usr/local/bin:/usr/bin:/bin "$ctr"
+    "${buildah[@]}" commit --rm --quiet "$ctr" "$image" >/dev/null
   fi
-  echo "$tar"
+  echo "$image"
 }
 
-import() {  # IMAGE TARBALL
-  "${buildah[@]}" inspect --type image "$1" >/dev/null 2>&1 && return
-  echo "build.sh: importing $2 as $1" >&2
-  local ctr
-  ctr="$("${buildah[@]}" from scratch)"
-  "${buildah[@]}" add "$ctr" "$2" / >/dev/null
-  "${buildah[@]}" config --env PATH=/usr/local/bin:/usr/bin:/bin "$ctr"
-  "${buildah[@]}" commit --rm --quiet "$ctr" "$1" >/dev/null
-}
-
-if ! "${buildah[@]}" inspect --type image "$BUILD_BASE" >/dev/null 2>&1; then
-  import "$BUILD_BASE" "$(rootfs bookworm-build --variant=minbase \
-    --include=python3,python3-venv,binutils --aptopt='APT::Install-Recommends "false"')"
-fi
-if ! "${buildah[@]}" inspect --type image "$RUN_BASE" >/dev/null 2>&1; then
-  # extract: no maintainer scripts run, so compile the standard library here (py3compile
-  # would have in postinst); the image's root filesystem is read-only at run time.
-  import "$RUN_BASE" "$(rootfs bookworm-python3 --variant=extract --include=python3 \
-    --customize-hook='chroot "$1" /usr/bin/python3 -m compileall -q -j 0 /usr/lib/python3.11' \
-    --customize-hook='mkdir -p "$1/tmp" && chmod 1777 "$1/tmp"')"
-fi
+BUILD_BASE="$(base_image build-base --variant=minbase \
+  --include=python3,python3-venv,binutils --aptopt='APT::Install-Recommends "false"')"
+# extract: packages unpacked, no maintainer scripts, so no shell or package manager needed in
+# the image; the standard library is compiled here instead (py3compile would have in postinst;
+# the image's root filesystem is read-only at run time), and /tmp made.
+RUN_BASE="$(base_image base --variant=extract --include=python3 \
+  --extract-hook='chroot "$1" /usr/bin/python3 -m compileall -q /usr/lib/python3.11' \
+  --extract-hook='mkdir -p "$1/tmp" && chmod 1777 "$1/tmp"')"
 
 ca=()
 if [ -n "${PIP_CERT:-}" ] && [ -f "$PIP_CERT" ]; then
