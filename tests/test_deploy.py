@@ -187,6 +187,36 @@ def test_example_overlay_sets_hub_and_cluster() -> None:
     assert env["HUBPROXY_CLUSTER"] == "cluster1"
 
 
+def images_of(docs: list[dict]) -> set[str]:
+    return {c["image"] for d in docs if d["kind"] == "Deployment"
+            for c in d["spec"]["template"]["spec"]["containers"]}
+
+
+def test_one_images_knob_sets_the_image_of_hub_agents_and_overlays(tmp_path: Path) -> None:
+    """deploy/image is the one place: changing it changes every rendered Deployment."""
+    import shutil
+
+    copy = tmp_path / "deploy"
+    shutil.copytree(DEPLOY, copy)
+    knob = copy / "image" / "kustomization.yaml"
+    config = yaml.safe_load(knob.read_text())
+    assert config["kind"] == "Component"
+    (entry,) = config["images"]
+    entry.update(newName="registry.example.com/hubproxy", newTag="1.2.3")
+    knob.write_text(yaml.safe_dump(config))
+    for base in ("hub", "agent", "examples/agent-cluster1"):
+        assert images_of(kustomize(copy / base)) == {"registry.example.com/hubproxy:1.2.3"}
+    # An overlay can still pin its own, by the name the knob produces.
+    overlay = copy / "examples" / "pinned"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
+        "resources": ["../agent-cluster1"],
+        "images": [{"name": "registry.example.com/hubproxy", "newTag": "1.2.4"}]}))
+    assert images_of(kustomize(overlay)) == {"registry.example.com/hubproxy:1.2.4"}
+    for base in ("hub", "agent"):
+        assert "images:" not in (DEPLOY / base / "kustomization.yaml").read_text()
+
+
 def readme_secret_commands() -> list[list[str]]:
     text = (DEPLOY / "README.md").read_text().replace("\\\n", " ")
     commands = [line.strip() for line in text.splitlines()
