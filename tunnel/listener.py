@@ -115,22 +115,23 @@ class TunnelListener:
         self.config = config
         self.ssl_context = ssl_context
         self.handshake_timeout = handshake_timeout
-        self.socket: socket.socket | None = None
+        self.sockets: list[socket.socket] = []
         self.sessions: set[AgentSession] = set()
         self.refused = 0
         self.handshake_failures: Counter[str] = Counter()  # by tunnel.handshake reason
         self._throttle = LogThrottle(log_interval)
-        self._accepting: asyncio.Task[None] | None = None
+        self._accepting: list[asyncio.Task[None]] = []
         self._handshakes: set[asyncio.Task[None]] = set()
 
     @property
     def port(self) -> int:
-        assert self.socket is not None
-        return int(self.socket.getsockname()[1])
+        assert self.sockets
+        return int(self.sockets[0].getsockname()[1])
 
-    def listen(self, sock: socket.socket) -> None:
-        self.socket = sock
-        self._accepting = asyncio.get_running_loop().create_task(self._accept_forever(sock))
+    def listen(self, socks: list[socket.socket]) -> None:
+        loop = asyncio.get_running_loop()
+        self.sockets = socks
+        self._accepting = [loop.create_task(self._accept_forever(s)) for s in socks]
 
     async def _accept_forever(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
@@ -149,19 +150,23 @@ class TunnelListener:
         loop = asyncio.get_running_loop()
         alert = _Alert()
         _pending_alert.set(alert)  # this task's context only
-        spare = conn.dup()  # to send the alert after the transport has closed its descriptor
+        try:  # to send the alert after the transport has closed its descriptor
+            spare: socket.socket | None = conn.dup()
+        except OSError:  # out of descriptors: refuse without telling the agent why
+            spare = None
         try:
             await loop.connect_accepted_socket(
                 lambda: AgentSession(self, peer), conn, ssl=self.ssl_context,
                 ssl_handshake_timeout=self.handshake_timeout)
         except Exception as exc:  # every handshake failure: classify, count, maybe log
-            if alert.data:
+            if alert.data and spare is not None:
                 with contextlib.suppress(OSError):
                     spare.send(alert.data)  # a few dozen bytes: fits the socket buffer
             conn.close()
             self.failed(peer, classify_hub_failure(exc))
         finally:
-            spare.close()
+            if spare is not None:
+                spare.close()
 
     def failed(self, peer: tuple[str, int] | None, failure: HandshakeFailure) -> None:
         """Count one refused connection; log certificate trouble (throttled), the rest at DEBUG."""
@@ -189,12 +194,10 @@ class TunnelListener:
         return out
 
     def _stop_accepting(self) -> None:
-        if self._accepting is not None:
-            self._accepting.cancel()
-        for task in list(self._handshakes):
+        for task in [*self._accepting, *self._handshakes]:
             task.cancel()
-        if self.socket is not None:
-            self.socket.close()
+        for sock in self.sockets:
+            sock.close()
 
     def adopt(self, session: AgentSession) -> None:
         cluster = session.cluster
@@ -218,9 +221,9 @@ class TunnelListener:
         for session in list(self.sessions):
             with contextlib.suppress(Exception):
                 await session.wait_closed()
-        if self._accepting is not None:
+        for task in self._accepting:
             with contextlib.suppress(BaseException):
-                await self._accepting
+                await task
 
     async def drain(self, deadline: float) -> None:
         """Graceful hub shutdown: GOAWAY to every agent, in-flight streams finish (<= deadline)."""
@@ -242,31 +245,45 @@ async def start_tunnel_listener(
 ) -> TunnelListener:
     if ssl_context.verify_mode != ssl.CERT_REQUIRED:
         raise ValueError("the tunnel listener needs an SSL context that requires client certs")
+    # The listener keeps failed handshakes' alerts (see the module docstring); this context is
+    # the listener's own (the gateway builds one for it).
     ssl_context.sslobject_class = _AlertKeepingSSLObject
     listener = TunnelListener(registry, config or SessionConfig(), ssl_context,
                               handshake_timeout)
-    listener.listen(_listening_socket(host, port, reuse_port=reuse_port))
+    listener.listen(_listening_sockets(host, port, reuse_port=reuse_port))
     return listener
 
 
-def _listening_socket(host: str, port: int, *, reuse_port: bool) -> socket.socket:
-    """What ``loop.create_server`` would bind (first address of ``host``), non-blocking."""
-    family, kind, proto, _, address = socket.getaddrinfo(
-        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
-    sock = socket.socket(family, kind, proto)
+def _listening_sockets(host: str, port: int, *, reuse_port: bool) -> list[socket.socket]:
+    """What ``loop.create_server`` binds: one non-blocking socket per address of ``host``.
+
+    With port 0, every address gets the port the first one was given (asyncio would give each
+    its own), so an agent reaches the listener on whichever address it resolves.
+    """
+    infos = dict.fromkeys(
+        (family, kind, proto, address) for family, kind, proto, _, address in
+        socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                           flags=socket.AI_PASSIVE))
+    socks: list[socket.socket] = []
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if reuse_port:  # several hub processes on one port (gateway workers)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        if family == socket.AF_INET6:
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-        sock.bind(address)
-        sock.listen(1024)
-        sock.setblocking(False)
+        for family, kind, proto, address in infos:
+            sock = socket.socket(family, kind, proto)
+            socks.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if reuse_port:  # several hub processes on one port (gateway workers)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            if socks[1:] and address[1] == 0:  # port 0: the same port on every address
+                address = (address[0], socks[0].getsockname()[1], *address[2:])
+            sock.bind(address)
+            sock.listen(1024)
+            sock.setblocking(False)
     except OSError:
-        sock.close()
+        for sock in socks:
+            sock.close()
         raise
-    return sock
+    return socks
 
 
 class _Alert:
