@@ -274,6 +274,11 @@ class HubFanout:
     def connects(self) -> int:
         return sum(d.connects for d in self.dialers)
 
+    @property
+    def last_refusal(self) -> str | None:
+        """Why the hub refused the last dial of some dialer, if it did (for /readyz)."""
+        return next((d.last_refusal for d in self.dialers if d.last_refusal), None)
+
     async def admit(self, dialer: AgentDialer, session: TunnelSession) -> bool:
         """May ``dialer`` keep ``session``? False when another dialer serves its hub instance."""
         await session.wait_peer_settings(SETTINGS_TIMEOUT)

@@ -129,7 +129,8 @@ class Readiness:
 
     def __call__(self) -> tuple[bool, str]:
         if not getattr(self.dialer, "connected", False):
-            return False, "not connected to the hub"
+            refusal = getattr(self.dialer, "last_refusal", None)
+            return False, "not connected to the hub" + (f": {refusal}" if refusal else "")
         if self.kube is not None and time.monotonic() - self.apiserver_ok_at > READINESS_STALE:
             return False, f"kube-apiserver not reachable: {self.apiserver_error}"
         return True, "ok"

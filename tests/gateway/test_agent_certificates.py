@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import re
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -71,9 +72,9 @@ def key_fragments(pki: Path) -> list[str]:
 
 
 def agent(group: ProcessGroup, pki: Path, tls_dir: str, tunnel: int,
-          kubeconfig: Path) -> BackgroundProcess:
+          kubeconfig: Path, health_listen: str = "off") -> BackgroundProcess:
     args = agent_args(pki, "c1", hub=f"127.0.0.1:{tunnel}", kubeconfig=kubeconfig,
-                      health_listen="off")
+                      health_listen=health_listen)
     args[args.index("--tls-dir") + 1] = str(pki / "agents" / tls_dir)
     return group.hubproxy(*args, "--allow-loopback-targets")
 
@@ -94,7 +95,9 @@ async def test_refused_agents_are_explained_once_and_counted(pki: Path, tmp_path
                 "--health-listen", f"127.0.0.1:{health}",
                 "--hub-kubeconfig", str(sims.hub_kubeconfig), "--shutdown-timeout", "3")
             await asyncio.to_thread(gateway.wait_for_line, "hubproxy gateway ready", 30)
-            expired = agent(group, pki, "expired", tunnel, agent_kc)
+            expired_health = free_port()
+            expired = agent(group, pki, "expired", tunnel, agent_kc,
+                            health_listen=f"127.0.0.1:{expired_health}")
             foreign = agent(group, pki, "foreign", tunnel, agent_kc)
             await asyncio.sleep(REDIAL_WINDOW)
             metrics = await asyncio.to_thread(scrape, health)
@@ -120,6 +123,15 @@ async def test_refused_agents_are_explained_once_and_counted(pki: Path, tmp_path
                 assert len(said) == 1, said  # repeats within the minute are not logged
                 assert not any("connected to the hub" in line for line in proc.lines)
                 assert not any("hub session ended" in line for line in proc.lines)
+            # Its /readyz says why it is not ready.
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{expired_health}/readyz", timeout=5)
+                raise AssertionError("an agent the hub refuses must not be ready")
+            except urllib.error.HTTPError as error:
+                assert error.code == 503
+                assert error.read().decode().strip() == (
+                    "not connected to the hub: our certificate has expired (or is not valid "
+                    "yet)")
             # The expired agent said so itself at start-up, from its own certificate file.
             assert any("the agent certificate" in line and "expired on" in line
                        for line in expired.lines), expired.output[-2000:]
