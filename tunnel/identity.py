@@ -4,8 +4,9 @@ DESIGN §4: the cluster name comes from the URI SAN ``hubproxy://cluster/<name>`
 certificate the TLS layer verified against the agent CA. What the agent says over the tunnel
 never names a cluster, so an agent for ``c1`` cannot register as ``c2``.
 
-(``certs.identity`` holds the same prefix and name rule for issuing; the tunnel depends on no
-other package of ours, so the check lives here too.)
+The prefix and the name rule live here, the one place both sides read: ``certs`` issues with
+them (``certs.identity``) and the tunnel checks with them. The tunnel imports nothing else of
+ours.
 """
 
 from __future__ import annotations
@@ -15,20 +16,43 @@ import re
 from cryptography import x509
 
 CLUSTER_URI_PREFIX = "hubproxy://cluster/"
-_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
-_SUBDOMAIN = re.compile(rf"^{_LABEL}(\.{_LABEL})*$")
 
 
 class AgentIdentityError(ValueError):
     """The peer certificate does not name exactly one valid cluster."""
 
 
+# Kubernetes IsDNS1123Subdomain: lower-case labels joined by dots, at most 253 characters.
+_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_SUBDOMAIN = re.compile(rf"{_LABEL}(\.{_LABEL})*")
+MAX_NAME_LENGTH = 253
+MAX_LABEL_LENGTH = 63
+
+
 def validate_cluster_name(name: str) -> str:
-    if not name or len(name) > 253 or not _SUBDOMAIN.match(name):
+    """``name`` unchanged if it is a DNS-1123 subdomain, else :class:`AgentIdentityError`.
+
+    The message says which rule was broken and repeats the name (cluster names are not
+    secrets), so a CLI can print it as is.
+    """
+    if not isinstance(name, str) or not name:
+        raise AgentIdentityError("cluster name must not be empty")
+    if len(name) > MAX_NAME_LENGTH:
         raise AgentIdentityError(
-            f"cluster name {name!r} is not a DNS-1123 subdomain (lower-case letters, digits, "
-            "'-' and '.', at most 253 characters, starting and ending alphanumeric)"
+            f"invalid cluster name {name[:40]!r}...: longer than {MAX_NAME_LENGTH} characters"
         )
+    if not _SUBDOMAIN.fullmatch(name):
+        raise AgentIdentityError(
+            f"invalid cluster name {name!r}: must be a DNS-1123 subdomain (lower-case letters, "
+            "digits, '-' and '.', starting and ending with a letter or digit, e.g. 'cluster1' "
+            "or 'prod.eu-west')"
+        )
+    for label in name.split("."):
+        if len(label) > MAX_LABEL_LENGTH:
+            raise AgentIdentityError(
+                f"invalid cluster name {name!r}: label {label[:20]!r}... is longer than "
+                f"{MAX_LABEL_LENGTH} characters"
+            )
     return name
 
 
