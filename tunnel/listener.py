@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
+from typing import cast
 
 from tunnel.connection import ALPN, SessionConfig, TunnelSession
 from tunnel.identity import AgentIdentityError, cluster_from_certificate
@@ -39,7 +40,7 @@ class AgentSession(TunnelSession):
             log.warning("agent connection from %s refused: %s", peer, exc)
             self._listener.refused += 1
             self.closed = True  # never processes a frame
-            transport.abort()
+            cast(asyncio.Transport, transport).abort()
             return
         self.name = f"agent:{self.cluster}"
         super().connection_made(transport)
