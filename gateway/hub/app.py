@@ -145,7 +145,7 @@ class Gateway:
             thost, tport = config.tunnel_listen
             self._tunnel = await start_tunnel_listener(
                 thost, tport, self.tunnel_ssl, self.registry, self.session_config,
-                reuse_port=shared,
+                reuse_port=shared, naming=config.agent_naming,
             )
             self.tunnel_port = int(self._tunnel.port)
         if config.health_listen is not None and config.worker_index == 0:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gateway.wire.http1 import Limits
+from tunnel.identity import URI_NAMING, AgentNaming
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class GatewayConfig:
     tls_dir: str | None = None  # tls.crt / tls.key of the front door
     tunnel_tls_dir: str | None = None  # tls.crt / tls.key of the tunnel listener
     agent_ca: str | None = None  # CA that issued agent client certificates (required)
+    agent_naming: AgentNaming = URI_NAMING  # where an agent certificate names its cluster
     hub_kubeconfig: str | None = None  # None: in-cluster service account
     audiences: tuple[str, ...] = ()
     token_cache_ttl: float = 10.0

@@ -34,6 +34,7 @@ from gateway.ops.flags import parse_address, parse_duration, positive_int
 from gateway.ops.metricslink import MetricsLink, PeerSnapshots, SnapshotSender
 from gateway.ops.rlimits import raise_open_file_limit
 from gateway.wire.http1 import Limits
+from tunnel.identity import AgentNaming
 
 log = logging.getLogger("hubproxy.gateway")
 
@@ -70,6 +71,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     tls.add_argument("--agent-ca", required=True, metavar="FILE",
                      help="CA bundle that issued agent client certificates (REQUIRED: the "
                      "gateway refuses to start without it)")
+    tls.add_argument("--agent-identity", choices=("uri", "ocm"), default="uri",
+                     help="where an agent certificate names its cluster. uri: the URI SAN "
+                     "hubproxy://cluster/<name> (hubproxy certs); ocm: the subject Open Cluster "
+                     "Management gives an add-on agent, CN=system:open-cluster-management:"
+                     "cluster:<name>:addon:<addon>:agent:<agent> (deploy/ocm) "
+                     "(default: %(default)s)")
+    tls.add_argument("--ocm-addon-name", default="hubproxy", metavar="NAME",
+                     help="with --agent-identity=ocm, the add-on whose agents may connect "
+                     "(default: %(default)s)")
     hub = parser.add_argument_group("hub authentication and authorization")
     hub.add_argument("--hub-kubeconfig", metavar="FILE",
                      help="kubeconfig for the hub API (TokenReview, SubjectAccessReview); "
@@ -149,6 +159,10 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         validate_prefix(args.identity_prefix)
     except IdentityError as exc:
         raise ValueError(f"--identity-prefix: {exc}") from None
+    try:
+        naming = AgentNaming(args.agent_identity, args.ocm_addon_name)
+    except ValueError as exc:
+        raise ValueError(f"--ocm-addon-name: {exc}") from None
     health = None if args.health_listen in ("", "off") else parse_address(args.health_listen)
     head = Limits(max_head_bytes=args.max_header_bytes, max_request_line=args.max_request_line,
                   max_field_line=min(args.max_header_bytes, 64 * 1024),
@@ -168,6 +182,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         tls_dir=args.tls_dir,
         tunnel_tls_dir=args.tunnel_tls_dir,
         agent_ca=args.agent_ca,
+        agent_naming=naming,
         hub_kubeconfig=args.hub_kubeconfig,
         audiences=tuple(args.audience or ()),
         token_cache_ttl=args.token_cache_ttl,
