@@ -28,6 +28,7 @@ import sys
 
 from gateway.hub.clusterprofile import component as clusterprofile
 from gateway.hub.config import FrontDoorLimits, GatewayConfig
+from gateway.hub.ocm import component as ocm
 from gateway.hub.workers import instance_id as workers_instance_id
 from gateway.ops import audit, gctune
 from gateway.ops.flags import parse_address, parse_duration, positive_int
@@ -138,6 +139,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="log level of diagnostics on stderr (default: %(default)s); the "
                         "audit trail (one JSON line per request) always goes to stdout")
     clusterprofile.add_arguments(parser)
+    ocm.add_arguments(parser)
 
 
 def config_from_args(args: argparse.Namespace) -> GatewayConfig:
@@ -222,10 +224,13 @@ async def serve(config: GatewayConfig, args: argparse.Namespace | None = None,
         print(f"hubproxy gateway ready: front door port {gateway.front_port}, tunnel port "
               f"{gateway.tunnel_port}, health port {gateway.health_port or 'off'}",
               file=sys.stderr, flush=True)
-        if (args is not None and getattr(args, "clusterprofiles", None) is not None
-                and config.worker_index == 0):
-            extras.append(asyncio.ensure_future(
-                clusterprofile.run(args, api_client, gateway.registry)))
+        if args is not None and config.worker_index == 0:
+            if getattr(args, "clusterprofiles", None) is not None:
+                extras.append(asyncio.ensure_future(
+                    clusterprofile.run(args, api_client, gateway.registry)))
+            if getattr(args, "ocm_addon_conditions", False):
+                extras.append(asyncio.ensure_future(
+                    ocm.run(args, api_client, gateway.registry)))
         await stop.wait()
         log.info("shutting down: draining for up to %.0fs", config.shutdown_timeout)
         await gateway.shutdown()
