@@ -86,9 +86,9 @@ class Gateway:
 
 
 def start_gateway(group: ProcessGroup, pki: Path, hub_kubeconfig: Path,
-                  agent_kubeconfig: Path, *extra: str) -> Gateway:
+                  agent_kubeconfig: Path, *extra: str, front_port: int = 0) -> Gateway:
     """A gateway on free loopback ports, then an agent for CLUSTER dialling it."""
-    front, tunnel = free_port(), free_port()
+    front, tunnel = front_port or free_port(), free_port()
     process = group.hubproxy(
         "gateway", "--listen", f"{LOOPBACK}:{front}", "--tunnel-listen", f"{LOOPBACK}:{tunnel}",
         "--health-listen", "off", "--tls-dir", str(pki / "gateway"),
