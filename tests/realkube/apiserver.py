@@ -41,6 +41,8 @@ from tests.support import LOOPBACK, BackgroundProcess, ProcessGroup, free_port, 
 
 KUBECTL = shutil.which("kubectl") or "kubectl"
 ADMIN_USER = "realkube-admin"
+# A static user with no RBAC at all, for requests that must be refused (same name in kubesim).
+VIEWER = ("realkube-viewer", "viewer-uid", "viewers")
 AUDIT_POLICY = {
     "apiVersion": "audit.k8s.io/v1",
     "kind": "Policy",
@@ -59,6 +61,7 @@ class RealKube:
     port: int
     ca_file: Path
     admin_token: str
+    viewer_token: str  # VIEWER's
     audit_log: Path
     issuer: str
     signing_key: Path  # PEM RSA private key: the service-account token signer
@@ -115,13 +118,14 @@ class RealKube:
             args += ["--audience", audience]
         return self.admin(*args).strip()
 
-    def request(self, method: str, path: str, body: Any = None,
-                token: str | None = None) -> tuple[int, Any]:
+    def request(self, method: str, path: str, body: Any = None, token: str | None = None,
+                headers: dict[str, str] | None = None) -> tuple[int, Any]:
         """One JSON request as ``token`` (default: admin); returns (status, decoded body)."""
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(self.url + path, data=data, method=method, headers={
             "Authorization": f"Bearer {token or self.admin_token}",
-            "Content-Type": "application/json", "Accept": "application/json"})
+            "Content-Type": "application/json", "Accept": "application/json",
+            **(headers or {})})
         context = ssl.create_default_context(cafile=str(self.ca_file))
         try:
             with urllib.request.urlopen(req, context=context, timeout=30) as answer:
@@ -179,8 +183,10 @@ def launch_apiserver(group: ProcessGroup, binaries: Binaries, name: str, root: P
     (root / "sa.pub").write_bytes(key.public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
 
-    admin_token = secrets.token_urlsafe(24)
-    write_private(root / "tokens.csv", f'{admin_token},{ADMIN_USER},admin-uid,"system:masters"\n')
+    admin_token, viewer_token = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
+    write_private(root / "tokens.csv",
+                  f'{admin_token},{ADMIN_USER},admin-uid,"system:masters"\n'
+                  f'{viewer_token},{VIEWER[0]},{VIEWER[1]},"{VIEWER[2]}"\n')
     (root / "audit-policy.yaml").write_text(yaml.safe_dump(AUDIT_POLICY))
     port = free_port()
     issuer = f"https://{name}.realkube.invalid"
@@ -203,8 +209,8 @@ def launch_apiserver(group: ProcessGroup, binaries: Binaries, name: str, root: P
         # Nothing here needs these, and the machine has two cores.
         "--enable-priority-and-fairness=false", "--profiling=false",
     ])
-    kube = RealKube(name, root, port, ca_file, admin_token, root / "audit.log", issuer,
-                    signing_key, process)
+    kube = RealKube(name, root, port, ca_file, admin_token, viewer_token, root / "audit.log",
+                    issuer, signing_key, process)
     kube.kubeconfig(kube.admin_kubeconfig, token=admin_token)
     return kube
 
