@@ -93,3 +93,30 @@ def test_only_the_addon_manager_may_read_the_signing_ca(
     (subject,) = rendered["RoleBinding/hubproxy-tunnel-ca-signer"]["subjects"]
     assert subject == {"kind": "ServiceAccount", "name": "addon-manager-controller-sa",
                        "namespace": "open-cluster-management-hub"}
+
+
+def test_readme_signing_ca_command_makes_the_secret_ocm_reads(tmp_path: Path) -> None:
+    """The walk-through's `create secret tls hubproxy-tunnel-ca` on `certs init` output gives
+    the kubernetes.io/tls Secret the AddOnTemplate names as signing CA: the tunnel CA."""
+    import base64
+    import json
+    import re
+    import shlex
+
+    from certs import layout
+
+    text = (ROOT / "deploy" / "README.md").read_text().replace("\\\n", " ")
+    (line,) = [m for m in text.splitlines() if "create secret tls hubproxy-tunnel-ca" in m]
+    argv = [a.replace("=pki/", f"={tmp_path}/pki/") for a in shlex.split(line.strip())]
+    layout.init(tmp_path / "pki", layout.InitOptions())
+    done = subprocess.run([*argv, "--dry-run=client", "-o", "json"], capture_output=True,
+                          text=True, timeout=60, env={"KUBECONFIG": "/dev/null",
+                                                      "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr
+    secret = json.loads(done.stdout)
+    assert secret["type"] == "kubernetes.io/tls"
+    assert (secret["metadata"]["name"], secret["metadata"]["namespace"]) == (
+        "hubproxy-tunnel-ca", "hubproxy")
+    ca = (tmp_path / "pki" / "tunnel-ca" / "ca.crt").read_bytes()
+    assert base64.b64decode(secret["data"]["tls.crt"]) == ca
+    assert re.search(rb"PRIVATE KEY", base64.b64decode(secret["data"]["tls.key"]))
