@@ -4,11 +4,14 @@ have received (nothing, for a refusal) and on the exact answer."""
 
 from __future__ import annotations
 
+import base64
 import json
 
 import pytest
 
 from tests.gateway.hub.test_frontdoor_harness import (
+    HUB_TOKEN,
+    OTHER_TOKEN,
     Harness,
     get,
     parse_raw,
@@ -60,3 +63,94 @@ async def test_query_may_encode_slashes(gw: Harness) -> None:
     status, _, body = parse_raw(await gw.exchange(get(path, close=True)))
     assert status == 200
     assert json.loads(body)["target"] == "/api/v1/pods?labelSelector=app%3Dweb%2Cteam%2Fx"
+
+
+# --- ambiguous credentials and upgrades (issue 14 item 3) ---------------------------------------
+
+EXEC = "/c1/api/v1/namespaces/default/pods/web/exec?command=sh&stdin=true"
+PORTFORWARD = "/c1/api/v1/namespaces/default/pods/web/portforward"
+WS = ("Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
+      "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n")
+SPDY = "Upgrade: SPDY/3.1\r\nConnection: Upgrade\r\n"
+
+
+def token_protocol(token: str) -> str:
+    enc = base64.urlsafe_b64encode(token.encode()).rstrip(b"=").decode()
+    return f"base64url.bearer.authorization.k8s.io.{enc}"
+
+
+async def refused_400(gw: Harness, raw: bytes) -> dict:
+    status, obj = status_of(await gw.exchange(raw))
+    assert status == 400, obj
+    assert gw.streams() == [], "a refused request reached the managed cluster"
+    assert HUB_TOKEN not in obj["message"] and OTHER_TOKEN not in obj["message"]
+    return obj
+
+
+async def test_rule1_two_authorization_headers_are_400(gw: Harness) -> None:
+    raw = get("/c1/api", extra=f"Authorization: Bearer {OTHER_TOKEN}\r\n", close=True)
+    assert "more than one Authorization" in (await refused_400(gw, raw))["message"]
+
+
+async def test_rule1_authorization_and_a_different_subprotocol_token_are_400(gw: Harness) -> None:
+    extra = WS + f"Sec-WebSocket-Protocol: {token_protocol(OTHER_TOKEN)}, v5.channel.k8s.io\r\n"
+    obj = await refused_400(gw, get(EXEC, token=HUB_TOKEN, extra=extra))
+    assert "different tokens" in obj["message"]
+
+
+async def test_authorization_and_the_same_subprotocol_token_pass(gw: Harness) -> None:
+    extra = WS + f"Sec-WebSocket-Protocol: {token_protocol(HUB_TOKEN)}, v5.channel.k8s.io\r\n"
+    status, _, body = parse_raw(await gw.exchange(get(EXEC, token=HUB_TOKEN, extra=extra)))
+    assert status == 200  # the echo agent answers the upgrade with a plain 200
+    forwarded = json.loads(body)
+    assert forwarded["metadata"]["user"] == "cluster:hub:system:serviceaccount:team:alice"
+    assert ["Sec-WebSocket-Protocol", "v5.channel.k8s.io"] in forwarded["headers"]
+
+
+@pytest.mark.parametrize(
+    "upgrade",
+    [
+        "Upgrade: websocket\r\nUpgrade: h2c\r\nConnection: Upgrade\r\n"
+        "Sec-WebSocket-Protocol: v5.channel.k8s.io\r\n",
+        "Upgrade: h2c\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        "Sec-WebSocket-Protocol: v5.channel.k8s.io\r\n",
+        "Upgrade: SPDY/3.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        "X-Stream-Protocol-Version: v4.channel.k8s.io\r\n",
+    ],
+)
+async def test_two_upgrade_headers_are_400(gw: Harness, upgrade: str) -> None:
+    assert "more than one Upgrade" in (await refused_400(gw, get(EXEC, extra=upgrade)))["message"]
+
+
+@pytest.mark.parametrize(
+    ("path", "upgrade"),
+    [
+        (EXEC, WS),
+        (EXEC, WS + "Sec-WebSocket-Protocol: chat\r\n"),
+        (EXEC, WS + f"Sec-WebSocket-Protocol: {token_protocol(HUB_TOKEN)}\r\n"),
+        (EXEC, SPDY),
+        (EXEC, SPDY + "X-Stream-Protocol-Version: h2\r\n"),
+        (PORTFORWARD, SPDY + "Sec-WebSocket-Protocol: SPDY/3.1+portforward.k8s.io\r\n"),
+    ],
+)
+async def test_upgrade_without_a_kubernetes_stream_protocol_is_400(gw: Harness, path: str,
+                                                                   upgrade: str) -> None:
+    obj = await refused_400(gw, get(path, extra=upgrade))
+    assert "no Kubernetes stream protocol" in obj["message"]
+
+
+@pytest.mark.parametrize(
+    ("path", "upgrade"),
+    [
+        (EXEC, WS + "Sec-WebSocket-Protocol: v5.channel.k8s.io, v4.channel.k8s.io\r\n"),
+        (PORTFORWARD, WS + "Sec-WebSocket-Protocol: SPDY/3.1+portforward.k8s.io\r\n"),
+        (EXEC, SPDY + "X-Stream-Protocol-Version: v4.channel.k8s.io\r\n"
+         "X-Stream-Protocol-Version: channel.k8s.io\r\n"),
+        (PORTFORWARD, SPDY + "X-Stream-Protocol-Version: portforward.k8s.io\r\n"),
+    ],
+)
+async def test_kubernetes_stream_upgrades_are_forwarded(gw: Harness, path: str, upgrade: str
+                                                        ) -> None:
+    status, _, body = parse_raw(await gw.exchange(get(path, extra=upgrade)))
+    assert status == 200
+    assert json.loads(body)["target"] == path[len("/c1"):]
