@@ -12,6 +12,7 @@ import pytest
 from tests.gateway.hub.test_frontdoor_harness import (
     HUB_TOKEN,
     OTHER_TOKEN,
+    USERS,
     Harness,
     get,
     parse_raw,
@@ -154,3 +155,30 @@ async def test_kubernetes_stream_upgrades_are_forwarded(gw: Harness, path: str, 
     status, _, body = parse_raw(await gw.exchange(get(path, extra=upgrade)))
     assert status == 200
     assert json.loads(body)["target"] == path[len("/c1"):]
+
+
+# --- an anonymous identity in a TokenReview answer (issue 14 item 4) ----------------------------
+
+ANONYMOUS_TOKEN = "hub-token-ANON-5555555555"
+ANONYMOUS_GROUP_TOKEN = "hub-token-ANONGROUP-4444444444"
+
+
+@pytest.mark.parametrize(
+    ("token", "user"),
+    [
+        (ANONYMOUS_GROUP_TOKEN, {"username": "carol", "uid": "", "extra": {},
+                                 "groups": ["system:unauthenticated"]}),
+        (ANONYMOUS_GROUP_TOKEN, {"username": "carol", "uid": "", "extra": {},
+                                 "groups": ["system:authenticated", "system:unauthenticated"]}),
+        (ANONYMOUS_TOKEN, {"username": "system:anonymous", "uid": "", "extra": {},
+                           "groups": ["system:unauthenticated"]}),
+    ],
+)
+async def test_rule1_authenticated_review_naming_the_anonymous_group_is_401(
+    gw: Harness, monkeypatch: pytest.MonkeyPatch, token: str, user: dict
+) -> None:
+    monkeypatch.setitem(USERS, token, user)
+    status, obj = status_of(await gw.exchange(get("/c1/api/v1/secrets", token=token, close=True)))
+    assert status == 401 and obj["reason"] == "Unauthorized"
+    assert gw.streams() == []
+    assert token in gw.reviewer.seen  # the hub said "authenticated: true"; the gateway refused

@@ -8,9 +8,11 @@
   user's). Never cached: the next request asks again. DESIGN §6 rule 6: fail closed.
 
 A review is accepted only with ``authenticated: true``, an empty ``status.error``, a non-empty
-username that is not ``system:anonymous``, and -- when audiences are configured -- a
-``status.audiences`` that shares at least one of them (an empty one means the hub did not check
-audiences, which is refused).
+username that is not ``system:anonymous``, no ``system:unauthenticated`` among the groups (an
+authenticator that says "authenticated" while naming the anonymous group is contradicting
+itself; dropping the group silently would turn an anonymous caller into a named one), and --
+when audiences are configured -- a ``status.audiences`` that shares at least one of them (an
+empty one means the hub did not check audiences, which is refused).
 
 The cache (DESIGN §6 rule 5): keys are HMAC-SHA256 under a random per-process key of the
 audiences and the token, so neither the cache nor a memory dump of its keys yields a token;
@@ -40,6 +42,7 @@ from typing import Any, Generic, Protocol, TypeVar
 log = logging.getLogger(__name__)
 
 ANONYMOUS = "system:anonymous"
+UNAUTHENTICATED_GROUP = "system:unauthenticated"
 MAX_TOKEN_BYTES = 16 * 1024
 DEFAULT_REVIEW_TIMEOUT = 5.0
 
@@ -216,6 +219,8 @@ def _user_from_status(status: Mapping[str, Any], audiences: tuple[str, ...]) -> 
         if not set(returned) & set(audiences):
             raise Unauthenticated("token audience not accepted", hub_token=True)
     groups = user.get("groups") or []
+    if UNAUTHENTICATED_GROUP in groups:
+        raise Unauthenticated("invalid bearer token")
     extra = user.get("extra") or {}
     return UserInfo(
         username=username,
