@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from gateway.wire.http1 import Limits
 from tunnel.identity import URI_NAMING, AgentNaming
 
+DEFAULT_MAX_REQUEST_BODY = 3 * 1024 * 1024  # kube-apiserver's MaxRequestBodyBytes
+
 
 @dataclass(frozen=True)
 class FrontDoorLimits:
@@ -22,6 +24,7 @@ class FrontDoorLimits:
     idle_timeout: float = 120.0  # keep-alive connection with no request in progress
     response_header_timeout: float = 120.0  # request sent -> response head (0: none)
     max_buffer: int = 256 * 1024  # client bytes held while authenticating / pipelined
+    max_request_body: int = DEFAULT_MAX_REQUEST_BODY  # 413 beyond (3 MiB, like kube-apiserver)
     max_connections: int = 10000
     max_inflight: int = 10000  # requests between head and response end (429 beyond)
     write_high_water: int = 512 * 1024  # client transport buffer that pauses the stream

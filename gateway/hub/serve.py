@@ -31,7 +31,7 @@ from gateway.hub.config import FrontDoorLimits, GatewayConfig
 from gateway.hub.ocm import component as ocm
 from gateway.hub.workers import instance_id as workers_instance_id
 from gateway.ops import audit, gctune
-from gateway.ops.flags import parse_address, parse_duration, positive_int
+from gateway.ops.flags import parse_address, parse_duration, parse_size, positive_int
 from gateway.ops.metricslink import MetricsLink, PeerSnapshots, SnapshotSender
 from gateway.ops.rlimits import raise_open_file_limit
 from gateway.wire.http1 import Limits
@@ -50,6 +50,13 @@ def _address(value: str) -> tuple[str, int]:
 def _duration(value: str) -> float:
     try:
         return parse_duration(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _size(value: str) -> int:
+    try:
+        return parse_size(value)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -107,6 +114,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="header field count limit (431 beyond; default: %(default)s)")
     lim.add_argument("--max-request-line", type=positive_int, default=16 * 1024,
                      help="request line length limit (414 beyond; default: %(default)s)")
+    lim.add_argument("--max-request-body", type=_size, default=3 * 1024 * 1024, metavar="SIZE",
+                     help="request body size limit in bytes, or with Ki/Mi/Gi (default: 3Mi, "
+                     "kube-apiserver's own limit). 413 before anything is forwarded when "
+                     "Content-Length says more (no 100 Continue is sent); a chunked body is "
+                     "counted as it streams, and the request is cancelled upstream and "
+                     "answered 413 once it passes the limit")
     lim.add_argument("--header-timeout", type=_duration, default=30.0, metavar="DURATION",
                      help="time to receive a request head (408 beyond; default: 30s)")
     lim.add_argument("--idle-timeout", type=_duration, default=120.0, metavar="DURATION",
@@ -176,6 +189,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         response_header_timeout=args.response_header_timeout,
         max_connections=args.max_connections,
         max_inflight=args.max_inflight,
+        max_request_body=args.max_request_body,
     )
     return GatewayConfig(
         listen=tuple(args.listen),

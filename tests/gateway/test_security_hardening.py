@@ -4,9 +4,12 @@ have received (nothing, for a refusal) and on the exact answer."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
+import time
 
+import aiohttp
 import pytest
 
 from tests.gateway.hub.test_frontdoor_harness import (
@@ -182,3 +185,118 @@ async def test_rule1_authenticated_review_naming_the_anonymous_group_is_401(
     assert status == 401 and obj["reason"] == "Unauthorized"
     assert gw.streams() == []
     assert token in gw.reviewer.seen  # the hub said "authenticated: true"; the gateway refused
+
+
+# --- request bodies (issue 14 item 8) -----------------------------------------------------------
+
+MiB = 1024 * 1024
+LIMIT = 3 * MiB  # the default --max-request-body, kube-apiserver's own
+
+
+def forwarded_bytes(h: Harness) -> int:
+    return sum(len(s.received) for s in h.streams())
+
+
+async def test_rule7_content_length_over_the_limit_is_413_before_forwarding(gw: Harness) -> None:
+    """A 10 MiB POST with Content-Length, as aiohttp sends it (no Expect): 413, not forwarded."""
+    connector = aiohttp.TCPConnector(ssl=gw.tls.client)
+    async with aiohttp.ClientSession(connector=connector) as client, client.post(
+            gw.url + "/c1/api/v1/namespaces/d/configmaps",
+            headers={"Authorization": f"Bearer {HUB_TOKEN}"}, data=b"x" * (10 * MiB)) as resp:
+        assert resp.status == 413
+        obj = await resp.json()
+    assert obj["reason"] == "RequestEntityTooLarge" and str(LIMIT) in obj["message"]
+    assert gw.streams() == []
+
+
+async def test_rule7_expect_100_continue_over_the_limit_gets_413_and_no_100(gw: Harness) -> None:
+    reader, writer = await gw.open()
+    writer.write(get("/c1/api/v1/namespaces/d/configmaps", extra=(
+        f"Content-Length: {10 * MiB}\r\nExpect: 100-continue\r\n")).replace(b"GET", b"POST", 1))
+    async with asyncio.timeout(5):
+        data = await reader.read(-1)  # the gateway answers and closes: no body will come
+    writer.close()
+    assert data.startswith(b"HTTP/1.1 413 ") and b"100 Continue" not in data
+    assert gw.streams() == []
+
+
+async def test_rule7_curl_large_upload_gets_413(gw: Harness, tmp_path) -> None:
+    """curl adds ``Expect: 100-continue`` to a large upload and waits for the 100 first."""
+    body = tmp_path / "body"
+    body.write_bytes(b"y" * (10 * MiB))
+    started = time.monotonic()
+    proc = await asyncio.create_subprocess_exec(
+        "curl", "-sS", "--cacert", gw.tls.ca_file, "-H", f"Authorization: Bearer {HUB_TOKEN}",
+        "-H", "Content-Type: application/json", "--data-binary", f"@{body}",
+        "-o", "/dev/null", "-w", "%{http_code}", gw.url + "/c1/api/v1/namespaces/d/configmaps",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 20)
+    assert out.decode() == "413", err
+    assert time.monotonic() - started < 5  # answered at once, not after the 100 wait
+    assert gw.streams() == []
+
+
+async def test_rule7_chunked_body_over_the_limit_is_413_while_streaming(gw: Harness) -> None:
+    async def body():
+        for _ in range(160):  # 10 MiB in 64 KiB chunks
+            yield b"z" * (64 * 1024)
+
+    connector = aiohttp.TCPConnector(ssl=gw.tls.client)
+    async with aiohttp.ClientSession(connector=connector) as client:
+        try:
+            async with client.post(gw.url + "/c1/api/v1/namespaces/d/configmaps",
+                                   headers={"Authorization": f"Bearer {HUB_TOKEN}"},
+                                   data=body()) as resp:
+                status = resp.status
+                obj = await resp.json()
+        except aiohttp.ClientError as exc:  # pragma: no cover - depends on timing
+            pytest.fail(f"the client never saw the 413: {exc!r}")
+    assert status == 413 and obj["reason"] == "RequestEntityTooLarge"
+    [stream] = gw.streams()
+    await stream.wait(lambda: stream.closed)
+    assert stream.reset_code is not None  # the upstream request was cancelled
+    assert len(stream.received) < LIMIT + 256 * 1024  # at most the limit (+ head, framing)
+
+
+async def test_rule7_chunked_body_over_the_limit_after_the_response_started_closes(
+    gw: Harness,
+) -> None:
+    """The upstream answered before the body ended: no Status can follow; the gateway resets the
+    stream and closes the connection, and the client sees a truncated response, not a 413."""
+
+    async def early_answer(stream) -> None:
+        stream.send(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nearly\r\n")
+        await stream.wait(lambda: stream.closed, timeout=10)
+
+    gw.connect_cluster("c2", early_answer)
+    reader, writer = await gw.open()
+    writer.write(b"POST /c2/api/v1/namespaces/d/configmaps HTTP/1.1\r\nHost: h\r\n"
+                 b"Authorization: Bearer " + HUB_TOKEN.encode()
+                 + b"\r\nTransfer-Encoding: chunked\r\n\r\n")
+    async with asyncio.timeout(5):
+        head = await reader.readuntil(b"early\r\n")
+        assert head.startswith(b"HTTP/1.1 200 ")
+        chunk = b"%x\r\n" % MiB + b"q" * MiB + b"\r\n"
+        for _ in range(4):
+            writer.write(chunk)
+        rest = await reader.read(-1)
+    writer.close()
+    assert b"413" not in rest and b"Status" not in rest
+    [stream] = gw.streams("c2")
+    assert stream.reset_code is not None
+
+
+async def test_bodies_up_to_the_limit_pass(gw: Harness) -> None:
+    async def chunks():
+        for _ in range(3):
+            yield b"c" * MiB
+
+    connector = aiohttp.TCPConnector(ssl=gw.tls.client)
+    async with aiohttp.ClientSession(connector=connector) as client:
+        headers = {"Authorization": f"Bearer {HUB_TOKEN}"}
+        url = gw.url + "/c1/api/v1/namespaces/d/configmaps"
+        async with client.post(url, headers=headers, data=b"x" * LIMIT) as resp:
+            assert resp.status == 200
+        async with client.post(url, headers=headers, data=chunks()) as resp:
+            assert resp.status == 200
+    assert len(gw.streams()) == 2

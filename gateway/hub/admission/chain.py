@@ -5,15 +5,16 @@ turns each refusal into a :class:`Refusal` carrying the status the front door an
 Kubernetes ``Status``. Messages never contain tokens or internal addresses.
 
 1. :func:`gateway.hub.admission.routing.route` -- ``/<cluster>/<rest>``, strict path rules (400);
-2. :func:`gateway.hub.admission.upgrade.check_upgrade` -- only Kubernetes streams upgrade (400);
-3. :func:`gateway.hub.admission.bearer.extract_token` -- one bearer token (401);
-4. :func:`gateway.hub.admission.headers.rewrite_request_headers` -- what crosses (403/400);
-5. authentication on the hub (:class:`gateway.hub.admission.auth.Authenticator`, 401/503);
-6. authorization on the hub (:class:`gateway.hub.admission.authorize.Authorizer`, 403/503);
-7. identity mapping (:class:`gateway.hub.admission.identity.IdentityCache`, 403);
-8. the cluster's session (404 unknown, 503 not connected).
+2. :func:`gateway.hub.admission.body.check_body_size` -- a declared body over the limit (413);
+3. :func:`gateway.hub.admission.upgrade.check_upgrade` -- only Kubernetes streams upgrade (400);
+4. :func:`gateway.hub.admission.bearer.extract_token` -- one unambiguous bearer token (401/400);
+5. :func:`gateway.hub.admission.headers.rewrite_request_headers` -- what crosses (403/400);
+6. authentication on the hub (:class:`gateway.hub.admission.auth.Authenticator`, 401/503);
+7. authorization on the hub (:class:`gateway.hub.admission.authorize.Authorizer`, 403/503);
+8. identity mapping (:class:`gateway.hub.admission.identity.IdentityCache`, 403);
+9. the cluster's session (404 unknown, 503 not connected).
 
-Steps 1-4 need nothing but the request (:func:`prepare`, pure). :func:`admit_cached` runs 5-8
+Steps 1-5 need nothing but the request (:func:`prepare`, pure). :func:`admit_cached` runs 6-9
 without awaiting when the hub's answers are cached (the common case), :func:`admit` otherwise;
 the decision is the same either way.
 
@@ -42,6 +43,7 @@ from typing import Protocol
 from gateway.hub.admission.auth import Authenticator, AuthUnavailable, Unauthenticated, UserInfo
 from gateway.hub.admission.authorize import Authorizer, NotAuthorized
 from gateway.hub.admission.bearer import BearerError, BearerToken, extract_token
+from gateway.hub.admission.body import DEFAULT_MAX_REQUEST_BODY, BodyTooLarge, check_body_size
 from gateway.hub.admission.headers import HeaderRefused, rewrite_request_headers
 from gateway.hub.admission.identity import IdentityCache
 from gateway.hub.admission.routing import ClusterRoute, RouteError, route
@@ -120,16 +122,19 @@ def new_request_id() -> str:
     return os.urandom(8).hex()
 
 
-def prepare(head: RequestHead, client_ip: str) -> Prepared:
-    """Steps 1-4: route, upgrade check, bearer and header rules. Pure; raises :class:`Refusal`."""
+def prepare(head: RequestHead, client_ip: str,
+            max_request_body: int = DEFAULT_MAX_REQUEST_BODY) -> Prepared:
+    """Steps 1-5: route, body size, upgrade check, bearer and header rules. Pure; raises
+    :class:`Refusal`."""
     try:
         cluster_route = route(head.target)
+        check_body_size(head, max_request_body)
         upgrade = check_upgrade(head, cluster_route)
         bearer = extract_token(head.headers)
         headers = rewrite_request_headers(
             bearer.headers, client_ip=client_ip, host=head.host or b"unknown"
         )
-    except (RouteError, UpgradeRefused, BearerError, HeaderRefused) as exc:
+    except (RouteError, BodyTooLarge, UpgradeRefused, BearerError, HeaderRefused) as exc:
         raise Refusal(exc.status, str(exc)) from None
     if bearer.token is None:
         raise Refusal(401, "a bearer token is required")
@@ -138,7 +143,7 @@ def prepare(head: RequestHead, client_ip: str) -> Prepared:
 
 def admit_cached(gw: AdmissionContext, head: RequestHead, prepared: Prepared, request_id: str
                  ) -> Admitted | None:
-    """Steps 5-8 without awaiting, when the token's review and the user's authorization are
+    """Steps 6-9 without awaiting, when the token's review and the user's authorization are
     both cached: saves a task and two loop turns per request. None means "not cached": run
     :func:`admit`."""
     user = gw.authenticator.cached(prepared.token)
@@ -152,7 +157,7 @@ async def admit(gw: AdmissionContext, head: RequestHead, client_ip: str, request
                 prepared: Prepared | None = None) -> Admitted:
     """The whole chain; raises :class:`Refusal`."""
     if prepared is None:
-        prepared = prepare(head, client_ip)
+        prepared = prepare(head, client_ip, gw.config.limits.max_request_body)
     gw.metrics.auth_lookups += 1
     try:
         user = await gw.authenticator.authenticate(prepared.token)
@@ -182,7 +187,7 @@ def cluster_unavailable(gw: AdmissionContext, cluster: str) -> Refusal:
 
 def _admitted(gw: AdmissionContext, head: RequestHead, prepared: Prepared,
               user: UserInfo | None, request_id: str) -> Admitted:
-    """Steps 7-8 once the hub has spoken; ``user`` None means token passthrough."""
+    """Steps 8-9 once the hub has spoken; ``user`` None means token passthrough."""
     cluster_route = prepared.route
     cluster = cluster_route.cluster
     headers = prepared.headers
