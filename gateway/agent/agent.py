@@ -90,6 +90,7 @@ class Agent:
     def on_open(self, request: OpenRequest) -> StreamProtocol:
         self.stats.streams += 1
         target = request.target
+        log.debug("stream opened for a %s", type(target).__name__)
         if isinstance(target, KubeAPITarget):
             return self._kube_exchange(request)
         if isinstance(target, ServiceTarget):

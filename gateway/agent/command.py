@@ -27,6 +27,7 @@ from typing import Any
 from certs.identity import validate_cluster_name
 from certs.tls import TLS1_3, ReloadingContext, client_context
 from gateway.agent.kubeapi import KubeAPIAccess, KubeAPIConfigError, load
+from gateway.ops import diagnostics
 from gateway.ops.flags import positive_int
 from gateway.ops.rlimits import raise_open_file_limit
 from tunnel.identity import URI_NAMING, AgentIdentityError, AgentNaming
@@ -284,11 +285,7 @@ def tunnel_alpn() -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=getattr(logging, args.log_level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    diagnostics.configure(args.log_level)
     try:
         try:
             import uvloop

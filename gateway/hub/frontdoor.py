@@ -497,6 +497,8 @@ class FrontDoor(asyncio.Protocol):
                     del self.buf[:n]
                 else:
                     close = True
+        # Status messages are fixed wording (never a token): safe to say why at debug.
+        log.debug("request %s answered by the gateway: %d %s", self.request_id, status, message)
         if status == 401:
             extra_headers = (*extra_headers, (b"WWW-Authenticate", b'Bearer realm="hubproxy"'))
         response = error_response(

@@ -30,7 +30,7 @@ from gateway.hub.clusterprofile import component as clusterprofile
 from gateway.hub.config import FrontDoorLimits, GatewayConfig
 from gateway.hub.ocm import component as ocm
 from gateway.hub.workers import instance_id as workers_instance_id
-from gateway.ops import audit, gctune
+from gateway.ops import audit, diagnostics, gctune
 from gateway.ops.flags import parse_address, parse_duration, parse_size, positive_int
 from gateway.ops.metricslink import MetricsLink, PeerSnapshots, SnapshotSender
 from gateway.ops.rlimits import raise_open_file_limit
@@ -261,11 +261,7 @@ async def serve(config: GatewayConfig, args: argparse.Namespace | None = None,
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=getattr(logging, args.log_level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    diagnostics.configure(args.log_level)
     logging.getLogger("hubproxy.audit").setLevel(logging.INFO)
     audit.install_writer(audit.AuditWriter(sys.stdout))
     try:

@@ -6,11 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
+import os
+import re
+import socket
+import ssl
 import time
+import urllib.request
+from pathlib import Path
 
 import aiohttp
 import pytest
+import yaml
 
 from tests.gateway.hub.test_frontdoor_harness import (
     HUB_TOKEN,
@@ -300,3 +308,136 @@ async def test_bodies_up_to_the_limit_pass(gw: Harness) -> None:
         async with client.post(url, headers=headers, data=chunks()) as resp:
             assert resp.status == 200
     assert len(gw.streams()) == 2
+
+
+# --- no token at any log level (issue 14 item 1) ------------------------------------------------
+
+
+def _tls_request(port: int, ca_file: Path, raw: bytes, timeout: float = 10.0) -> bytes:
+    """Send raw bytes over TLS; read the response head (and a little more), then hang up."""
+    ctx = ssl.create_default_context(cafile=str(ca_file))
+    ctx.check_hostname = False
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock, \
+            ctx.wrap_socket(sock, server_hostname="localhost") as conn:
+        conn.sendall(raw)
+        data = b""
+        with contextlib.suppress(TimeoutError, ssl.SSLError, ConnectionError):
+            while b"\r\n\r\n" not in data:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+        return data
+
+
+def _hub_identity(hub, token: str) -> dict:
+    """What the hub's TokenReview says about ``token`` (asked directly, as an admin)."""
+    review = json.dumps({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+                         "spec": {"token": token}}).encode()
+    ctx = ssl.create_default_context(cafile=hub.ca_file)
+    ctx.check_hostname = False
+    req = urllib.request.Request(hub.url + "/apis/authentication.k8s.io/v1/tokenreviews",
+                                 data=review, method="POST",
+                                 headers={"Authorization": f"Bearer {hub.admin_token}",
+                                          "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10, context=ctx) as resp:
+        return json.loads(resp.read())["status"]["user"]
+
+
+@pytest.mark.timeout(120)
+def test_rule5_no_token_or_hub_identity_in_logs_at_debug(tmp_path: Path) -> None:
+    """Gateway and agent processes at ``--log-level debug`` (the most verbose setting), every
+    kind of token through them: hub (Authorization and WebSocket subprotocol), rejected, the
+    gateway's own hub credential, the agent's credential, a passthrough token. Then the whole
+    output of both processes (stdout and stderr) is searched."""
+    from certs import layout
+    from gateway.demo import (
+        AGENT_USER,
+        GATEWAY_USER,
+        agent_args,
+        agent_kubeconfig,
+        gateway_args,
+        hub_rbac,
+        managed_rbac,
+        sample_pod,
+        write_private,
+    )
+    from kubesim.testing import run_kubesim_in_thread
+    from tests.support import ProcessGroup, free_port, wait_for_port
+
+    pki = tmp_path / "pki"
+    layout.init(pki, layout.InitOptions(clusters=["c1"]))
+    gateway_token = "gw-" + os.urandom(12).hex()
+    agent_token = "agent-" + os.urandom(12).hex()
+    managed_token = "managed-" + os.urandom(12).hex()  # a managed-cluster token: passthrough
+    rejected = "rejected-" + os.urandom(12).hex()
+    group = ProcessGroup()
+    with run_kubesim_in_thread(tmp_path, name="hub", users=[(gateway_token, GATEWAY_USER,
+                                                             "gw-uid")],
+                               rbac=hub_rbac()) as hub, \
+            run_kubesim_in_thread(tmp_path, name="c1",
+                                  users=[(agent_token, AGENT_USER, "agent-uid"),
+                                         (managed_token, "managed-user", "managed-uid")],
+                                  rbac=managed_rbac()) as c1:
+        c1.apply(sample_pod())
+        user_token = hub.mint_token("demo", "demo", expiration_seconds=3600)
+        ws_user_token = hub.mint_token("demo", "demo", expiration_seconds=3601)
+        identity = _hub_identity(hub, user_token)
+        token_file = write_private(tmp_path / "agent-token", agent_token)
+        agent_kc = write_private(tmp_path / "agent.kubeconfig", yaml.safe_dump(
+            agent_kubeconfig(c1.url, c1.ca_file, str(token_file))))
+        hub_kc = write_private(tmp_path / "hub.kubeconfig",
+                               yaml.safe_dump(hub.kubeconfig(gateway_token)))
+        front, tunnel = free_port(), free_port()
+        try:
+            gateway = group.hubproxy(
+                *gateway_args(pki, listen=f"127.0.0.1:{front}",
+                              tunnel_listen=f"127.0.0.1:{tunnel}",
+                              health_listen=f"127.0.0.1:{free_port()}", hub_kubeconfig=hub_kc),
+                "--log-level", "debug", "--token-passthrough", "--unknown-cluster-grace", "0")
+            wait_for_port(tunnel, timeout=30)
+            agent = group.hubproxy(
+                *agent_args(pki, "c1", hub=f"127.0.0.1:{tunnel}", kubeconfig=agent_kc,
+                            health_listen=f"127.0.0.1:{free_port()}"), "--log-level", "debug")
+            ca = pki / "front-ca" / "ca.crt"
+
+            def get(path: str, token: str, extra: str = "") -> bytes:
+                return _tls_request(front, ca, (
+                    f"GET {path} HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {token}\r\n"
+                    f"{extra}Connection: close\r\n\r\n").encode())
+
+            deadline = time.monotonic() + 30
+            while not get("/c1/api/v1/namespaces/default/pods", user_token).startswith(
+                    b"HTTP/1.1 200"):
+                assert time.monotonic() < deadline, gateway.output[-3000:] + agent.output[-3000:]
+                time.sleep(0.2)
+            assert get("/c1/version", rejected).startswith(b"HTTP/1.1 401")
+            # the hub rejects it, so it goes through untouched; c1 knows it
+            assert get("/c1/api/v1/namespaces/default/pods", managed_token).startswith(
+                b"HTTP/1.1 ")
+            enc = base64.urlsafe_b64encode(ws_user_token.encode()).rstrip(b"=").decode()
+            answer = _tls_request(front, ca, (
+                "GET /c1/api/v1/namespaces/default/pods/demo/exec?command=echo&command=hi"
+                "&stdout=true HTTP/1.1\r\nHost: gw\r\nUpgrade: websocket\r\n"
+                "Connection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
+                "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                f"Sec-WebSocket-Protocol: base64url.bearer.authorization.k8s.io.{enc},"
+                " v5.channel.k8s.io\r\n\r\n").encode())
+            assert answer.startswith(b"HTTP/1.1 101"), answer[:300]
+            time.sleep(1.0)  # let both processes write what they log about it
+        finally:
+            group.stop_all()
+        logs = gateway.final_output() + "\n" + agent.final_output()
+    (tmp_path / "logs.txt").write_text(logs)  # kept by pytest for a failing run
+    assert " DEBUG " in logs  # really at debug, and it said something
+    assert "c1" in logs
+    for secret in (user_token, ws_user_token, enc, gateway_token, agent_token, managed_token,
+                   rejected, hub.admin_token, c1.admin_token):
+        assert secret not in logs, f"a token ({secret[:6]}...) is in the logs"
+    # ...nor a JWT of any kind, nor the hub identity beyond the user name of the audit line
+    assert not re.search(r"eyJ[A-Za-z0-9_-]{8,}\.", logs)
+    if identity.get("uid"):
+        assert identity["uid"] not in logs
+    for values in (identity.get("extra") or {}).values():
+        for value in values:
+            assert value not in logs
