@@ -49,6 +49,12 @@ class GatewayConfig:
     identity_prefix: str = "cluster:hub:"
     authorize: str = "sar"  # "sar" | "none"
     token_passthrough: bool = False
+    # The hub is not a free oracle (gateway.hub.admission.hubload): failed authentications per
+    # client address (token bucket), and concurrent hub reviews (503 after a short wait).
+    auth_failure_rate: float = 1.0  # per second and address, sustained
+    auth_failure_burst: int = 20
+    hub_max_concurrent_reviews: int = 64
+    hub_review_wait: float = 1.0  # seconds a review waits for a slot before 503
     limits: FrontDoorLimits = field(default_factory=FrontDoorLimits)
     # Clusters never seen connected since start are "unknown" (404) -- except during this grace
     # after start, while agents are still reconnecting to a restarted gateway (503 then).

@@ -61,6 +61,16 @@ def _size(value: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _rate(value: str) -> float:
+    try:
+        rate = float(value)
+    except ValueError:
+        rate = 0.0
+    if not rate > 0 or rate == float("inf"):
+        raise argparse.ArgumentTypeError(f"{value!r}: expected a positive number")
+    return rate
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     net = parser.add_argument_group("listeners")
@@ -107,6 +117,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     hub.add_argument("--token-passthrough", action="store_true",
                      help="forward a token the hub cleanly rejects, untouched and without "
                      "impersonation (for managed-cluster tokens); off by default")
+    hub.add_argument("--auth-failure-rate", type=_rate, default=1.0, metavar="PER_SECOND",
+                     help="failed authentications allowed per second and client address "
+                     "(IPv6: per /64), sustained (default: %(default)s). Beyond it and the "
+                     "burst, that address's requests that would need a hub TokenReview get 429 "
+                     "with Retry-After; tokens already cached as valid still pass")
+    hub.add_argument("--auth-failure-burst", type=positive_int, default=20, metavar="N",
+                     help="failed authentications a client address may make in a burst before "
+                     "--auth-failure-rate applies (default: %(default)s)")
+    hub.add_argument("--hub-max-concurrent-reviews", type=positive_int, default=64, metavar="N",
+                     help="TokenReview and SubjectAccessReview calls to the hub in flight at "
+                     "once (identical ones are coalesced; default: %(default)s)")
+    hub.add_argument("--hub-review-wait", type=_duration, default=1.0, metavar="DURATION",
+                     help="how long a review waits for one of those slots before the request "
+                     "gets 503 with Retry-After (default: 1s)")
     lim = parser.add_argument_group("limits and timeouts")
     lim.add_argument("--max-header-bytes", type=positive_int, default=64 * 1024,
                      help="request head size limit (431 beyond; default: %(default)s)")
@@ -205,6 +229,10 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         identity_prefix=args.identity_prefix,
         authorize=args.authorize,
         token_passthrough=bool(args.token_passthrough),
+        auth_failure_rate=args.auth_failure_rate,
+        auth_failure_burst=args.auth_failure_burst,
+        hub_max_concurrent_reviews=args.hub_max_concurrent_reviews,
+        hub_review_wait=args.hub_review_wait,
         limits=limits,
         unknown_cluster_grace=args.unknown_cluster_grace,
         shutdown_timeout=args.shutdown_timeout,

@@ -27,6 +27,7 @@ from tests.gateway.hub.test_frontdoor_harness import (
     Harness,
     get,
     parse_raw,
+    running,
     tls,  # noqa: F401
 )
 from tests.gateway.hub.test_frontdoor_harness import gw as gw
@@ -308,6 +309,63 @@ async def test_bodies_up_to_the_limit_pass(gw: Harness) -> None:
         async with client.post(url, headers=headers, data=chunks()) as resp:
             assert resp.status == 200
     assert len(gw.streams()) == 2
+
+
+# --- the hub is not a free oracle (issue 14 item 6) --------------------------------------------
+
+
+async def test_rule7_failed_authentications_are_rate_limited_per_address(tls) -> None:  # noqa: F811
+    async with running(tls, auth_failure_burst=3, auth_failure_rate=5.0) as h:
+        h.connect_cluster("c1")
+        assert parse_raw(await h.exchange(get("/c1/api", close=True)))[0] == 200  # cached now
+        reviews = len(h.reviewer.seen)
+        answers = [status_of(await h.exchange(get("/c1/api", token=f"guess-{i}", close=True)))
+                   for i in range(8)]
+        assert [s for s, _ in answers] == [401] * 3 + [429] * 5
+        assert len(h.reviewer.seen) == reviews + 3  # the 429s never reached the hub
+        status, headers, _ = parse_raw(await h.exchange(get("/c1/api", token="guess-x",
+                                                            close=True)))
+        assert status == 429 and int(headers["retry-after"]) >= 1
+        assert answers[-1][1]["reason"] == "TooManyRequests"
+        # a token already cached as valid still passes from the limited address...
+        assert parse_raw(await h.exchange(get("/c1/api", close=True)))[0] == 200
+        # ...and after the refill (5/s) the address may try again: the hub is asked once more
+        await asyncio.sleep(0.25)
+        assert status_of(await h.exchange(get("/c1/api", token="guess-y", close=True)))[0] == 401
+        assert h.reviewer.seen[-1] == "guess-y"
+
+
+async def test_rule7_concurrent_hub_reviews_are_bounded(tls) -> None:  # noqa: F811
+    from gateway.hub.admission.hubload import HubCallLimit
+
+    async with running(tls, auth_failure_burst=100) as h:
+        h.connect_cluster("c1")
+        await asyncio.sleep(0.1)  # the readiness probe's own review is done
+        h.gateway.authenticator.hub_calls = HubCallLimit(max_concurrent=2, max_wait=0.2)
+        slow_review = h.reviewer.review
+        now = peak = 0
+
+        async def review(token: str, audiences: tuple[str, ...]) -> dict:
+            nonlocal now, peak
+            now += 1
+            peak = max(peak, now)
+            try:
+                await asyncio.sleep(0.6)
+                return await slow_review(token, audiences)
+            finally:
+                now -= 1
+
+        h.reviewer.review = review  # type: ignore[method-assign]
+        answers = await asyncio.gather(*(
+            h.exchange(get("/c1/api", token=f"random-{i}", close=True)) for i in range(8)))
+        statuses = sorted(parse_raw(a)[0] for a in answers)
+        assert statuses == [401, 401] + [503] * 6
+        assert peak == 2
+        for answer in answers:
+            status, headers, body = parse_raw(answer)
+            if status == 503:
+                assert int(headers["retry-after"]) >= 1
+                assert json.loads(body)["reason"] == "ServiceUnavailable"
 
 
 # --- no token at any log level (issue 14 item 1) ------------------------------------------------

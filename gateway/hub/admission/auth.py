@@ -28,6 +28,7 @@ callers await its outcome. Tokens longer than ``MAX_TOKEN_BYTES`` are refused wi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import json
@@ -36,6 +37,7 @@ import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -95,6 +97,18 @@ class Authenticator(Protocol):
 
     async def authenticate(self, token: str) -> UserInfo:
         """The hub user; raises :class:`Unauthenticated` or :class:`AuthUnavailable`."""
+
+
+class HubCalls(Protocol):
+    """A bound on concurrent hub reviews (``gateway.hub.admission.hubload.HubCallLimit``)."""
+
+    def slot(self) -> AbstractAsyncContextManager[None]:
+        """Hold one slot; raises :class:`AuthUnavailable` when none frees in time."""
+        ...
+
+
+def hub_call_slot(hub_calls: HubCalls | None) -> AbstractAsyncContextManager[None]:
+    return hub_calls.slot() if hub_calls is not None else contextlib.nullcontext()
 
 
 class TokenReviewer(Protocol):
@@ -241,8 +255,10 @@ class TokenAuthenticator:
         audiences: Iterable[str] = (),
         max_entries: int = 10000,
         clock: Callable[[], float] = time.monotonic,
+        hub_calls: HubCalls | None = None,
     ) -> None:
         self.reviewer = reviewer
+        self.hub_calls = hub_calls
         self.audiences = tuple(sorted(set(audiences)))
         self._hmac_key = secrets.token_bytes(32)
         # Audiences are fixed per authenticator, but they are part of the key anyway so that a
@@ -272,9 +288,10 @@ class TokenAuthenticator:
         return await self.cache.get(self.cache_key(token), lambda: self._review(token))
 
     async def _review(self, token: str) -> UserInfo:
-        self.reviews += 1
         try:
-            status = await self.reviewer.review(token, self.audiences)
+            async with hub_call_slot(self.hub_calls):
+                self.reviews += 1
+                status = await self.reviewer.review(token, self.audiences)
         except (AuthUnavailable, Unauthenticated):
             raise
         except Exception as exc:  # a reviewer bug must not become a 401 or leak details

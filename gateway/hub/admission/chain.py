@@ -9,7 +9,8 @@ Kubernetes ``Status``. Messages never contain tokens or internal addresses.
 3. :func:`gateway.hub.admission.upgrade.check_upgrade` -- only Kubernetes streams upgrade (400);
 4. :func:`gateway.hub.admission.bearer.extract_token` -- one unambiguous bearer token (401/400);
 5. :func:`gateway.hub.admission.headers.rewrite_request_headers` -- what crosses (403/400);
-6. authentication on the hub (:class:`gateway.hub.admission.auth.Authenticator`, 401/503);
+6. authentication on the hub (:class:`gateway.hub.admission.auth.Authenticator`, 401/503),
+   unless the client's address failed too often (:class:`hubload.FailedAuthLimiter`, 429);
 7. authorization on the hub (:class:`gateway.hub.admission.authorize.Authorizer`, 403/503);
 8. identity mapping (:class:`gateway.hub.admission.identity.IdentityCache`, 403);
 9. the cluster's session (404 unknown, 503 not connected).
@@ -17,6 +18,11 @@ Kubernetes ``Status``. Messages never contain tokens or internal addresses.
 Steps 1-5 need nothing but the request (:func:`prepare`, pure). :func:`admit_cached` runs 6-9
 without awaiting when the hub's answers are cached (the common case), :func:`admit` otherwise;
 the decision is the same either way.
+
+The hub is not a free oracle (:mod:`gateway.hub.admission.hubload`): a token whose review is
+not cached costs a hub request, so an address whose authentications keep failing gets 429
+before the hub is asked (a token already cached as valid still passes), and the hub reviews in
+flight are bounded (503 when no slot frees in time).
 
 Ordering on purpose: the token is checked before the cluster is looked up, so an anonymous
 caller cannot enumerate which clusters are connected.
@@ -45,6 +51,7 @@ from gateway.hub.admission.authorize import Authorizer, NotAuthorized
 from gateway.hub.admission.bearer import BearerError, BearerToken, extract_token
 from gateway.hub.admission.body import DEFAULT_MAX_REQUEST_BODY, BodyTooLarge, check_body_size
 from gateway.hub.admission.headers import HeaderRefused, rewrite_request_headers
+from gateway.hub.admission.hubload import FailedAuthLimiter, TooManyFailures
 from gateway.hub.admission.identity import IdentityCache
 from gateway.hub.admission.routing import ClusterRoute, RouteError, route
 from gateway.hub.admission.upgrade import UpgradeRefused, check_upgrade
@@ -87,6 +94,7 @@ class AdmissionContext(Protocol):
     identities: IdentityCache
     registry: ClusterSessions
     known_clusters: set[str]
+    auth_failures: FailedAuthLimiter
 
     @property
     def metrics(self) -> AuthLookups: ...
@@ -159,12 +167,19 @@ async def admit(gw: AdmissionContext, head: RequestHead, client_ip: str, request
     if prepared is None:
         prepared = prepare(head, client_ip, gw.config.limits.max_request_body)
     gw.metrics.auth_lookups += 1
+    if gw.authenticator.cached(prepared.token) is None:
+        try:
+            gw.auth_failures.check(client_ip)
+        except TooManyFailures as exc:
+            raise Refusal(429, str(exc), retry_after=exc.retry_after) from None
     try:
         user = await gw.authenticator.authenticate(prepared.token)
     except Unauthenticated as exc:
         if (gw.config.token_passthrough and prepared.bearer.source == "authorization"
                 and not exc.hub_token):
+            # Not counted as a failure: rejected tokens are what passthrough is for.
             return _admitted(gw, head, prepared, None, request_id)
+        gw.auth_failures.failed(client_ip)
         raise Refusal(401, str(exc) or "invalid bearer token") from None
     except AuthUnavailable:
         raise Refusal(503, "hub authentication is unavailable, retry later",
