@@ -34,6 +34,7 @@ from gateway.hub.admission.auth import Authenticator, TokenAuthenticator
 from gateway.hub.admission.authorize import Authorizer
 from gateway.hub.admission.hubload import FailedAuthLimiter
 from gateway.hub.admission.identity import IdentityCache
+from gateway.hub.admission.streams import StreamQuota
 from gateway.hub.config import GatewayConfig
 from gateway.hub.exchange import Exchange
 from gateway.hub.frontdoor import FrontDoor
@@ -73,6 +74,7 @@ class Gateway:
         self.identities = IdentityCache()
         self.auth_failures = FailedAuthLimiter(rate=config.auth_failure_rate,
                                                burst=config.auth_failure_burst)
+        self.stream_quota = StreamQuota(config.max_streams_per_identity)
         self.connections: set[FrontDoor] = set()
         self.inflight = 0
         self.draining = False

@@ -302,7 +302,11 @@ class FrontDoor(asyncio.Protocol):
 
     def _admitted(self, task: asyncio.Task[Admitted]) -> None:
         self._task = None
-        if self.phase == CLOSED or task.cancelled():
+        if task.cancelled():
+            return
+        if self.phase == CLOSED:
+            if task.exception() is None:
+                task.result().release_stream_slot()  # admitted, but the client left
             return
         exc = task.exception()
         if isinstance(exc, Refusal):
@@ -330,6 +334,7 @@ class FrontDoor(asyncio.Protocol):
                 early = tracker.feed(self.buf)
             except HTTPError as exc:
                 self.exchange = None
+                exchange.client_gone()  # never opened; gives back its stream slot
                 self._refuse(exc.status, str(exc), close=True)
                 return
             if early:
@@ -345,6 +350,7 @@ class FrontDoor(asyncio.Protocol):
                      admitted.cluster, type(exc).__name__)
             self.gw.metrics.stream_closed()
             self.exchange = None
+            exchange.client_gone()  # never opened; gives back its stream slot
             self._refuse(503, f'cluster "{admitted.cluster}" cannot take requests now, retry',
                          retry_after=1)
             return

@@ -132,6 +132,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="how long a review waits for one of those slots before the request "
                      "gets 503 with Retry-After (default: 1s)")
     lim = parser.add_argument_group("limits and timeouts")
+    lim.add_argument("--max-streams-per-identity", type=positive_int, default=200, metavar="N",
+                     help="long-running requests (watches, logs -f, exec, attach, "
+                     "port-forward) one identity may hold open on one cluster at once; 429 "
+                     "beyond (default: %(default)s). The identity is the hub user (with "
+                     "--token-passthrough: the token)")
     lim.add_argument("--max-header-bytes", type=positive_int, default=64 * 1024,
                      help="request head size limit (431 beyond; default: %(default)s)")
     lim.add_argument("--max-headers", type=positive_int, default=128,
@@ -233,6 +238,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         auth_failure_burst=args.auth_failure_burst,
         hub_max_concurrent_reviews=args.hub_max_concurrent_reviews,
         hub_review_wait=args.hub_review_wait,
+        max_streams_per_identity=args.max_streams_per_identity,
         limits=limits,
         unknown_cluster_grace=args.unknown_cluster_grace,
         shutdown_timeout=args.shutdown_timeout,

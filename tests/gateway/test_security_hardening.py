@@ -368,6 +368,60 @@ async def test_rule7_concurrent_hub_reviews_are_bounded(tls) -> None:  # noqa: F
                 assert json.loads(body)["reason"] == "ServiceUnavailable"
 
 
+# --- per-identity caps on long-running requests (issue 14 item 7) ------------------------------
+
+
+async def watch_agent(stream) -> None:
+    """A watch stays open (one event, then nothing) until the gateway resets the stream."""
+    head, _ = await stream.request()
+    if b"watch=" not in head.target:
+        body = b'{"kind":"PodList"}'
+        stream.send(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        stream.send_eof()
+        return
+    event = b'{"type":"ADDED"}\n'
+    stream.send(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                + b"%x\r\n" % len(event) + event + b"\r\n")
+    await stream.wait(lambda: stream.closed, timeout=30)
+
+
+async def test_rule7_long_running_requests_capped_per_identity(tls) -> None:  # noqa: F811
+    async with running(tls, max_streams_per_identity=2) as h:
+        h.connect_cluster("c1", watch_agent)
+        watch = "/c1/api/v1/namespaces/d/pods?watch=true"
+
+        async def open_watch(token: str):
+            reader, writer = await h.open()
+            writer.write(get(watch, token=token))
+            async with asyncio.timeout(5):
+                head = await reader.readuntil(b"\r\n\r\n")
+            return head, writer
+
+        opened = [await open_watch(HUB_TOKEN) for _ in range(2)]
+        assert all(head.startswith(b"HTTP/1.1 200") for head, _ in opened)
+        status, obj = status_of(await h.exchange(get(watch, close=True)))
+        assert status == 429 and "limit 2" in obj["message"]
+        _, headers, _ = parse_raw(await h.exchange(get(watch, close=True)))
+        assert int(headers["retry-after"]) >= 1
+        ws = WS + "Sec-WebSocket-Protocol: v5.channel.k8s.io\r\n"
+        assert status_of(await h.exchange(get(EXEC, extra=ws)))[0] == 429  # same cap
+        assert len(h.streams()) == 2  # nothing past the cap reached the cluster
+        # short requests are not capped, and another identity has its own cap
+        assert parse_raw(await h.exchange(get("/c1/api/v1/pods", close=True)))[0] == 200
+        other_head, other_writer = await open_watch(OTHER_TOKEN)
+        assert other_head.startswith(b"HTTP/1.1 200")
+        # closing a watch gives its slot back
+        opened[0][1].close()
+        alice = h.gateway.stream_quota.identity("system:serviceaccount:team:alice", "")
+        async with asyncio.timeout(5):
+            while h.gateway.stream_quota.open_count(alice, "c1") != 1:
+                await asyncio.sleep(0.01)
+        again_head, again_writer = await open_watch(HUB_TOKEN)
+        assert again_head.startswith(b"HTTP/1.1 200")
+        for writer in (opened[1][1], other_writer, again_writer):
+            writer.close()
+
+
 # --- no token at any log level (issue 14 item 1) ------------------------------------------------
 
 

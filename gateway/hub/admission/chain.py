@@ -13,9 +13,12 @@ Kubernetes ``Status``. Messages never contain tokens or internal addresses.
    unless the client's address failed too often (:class:`hubload.FailedAuthLimiter`, 429);
 7. authorization on the hub (:class:`gateway.hub.admission.authorize.Authorizer`, 403/503);
 8. identity mapping (:class:`gateway.hub.admission.identity.IdentityCache`, 403);
-9. the cluster's session (404 unknown, 503 not connected).
+9. the cluster's session (404 unknown, 503 not connected);
+10. the identity's cap on long-running requests on that cluster
+    (:class:`gateway.hub.admission.streams.StreamQuota`, 429): the slot travels in
+    :class:`Admitted` and the exchange releases it when it ends.
 
-Steps 1-5 need nothing but the request (:func:`prepare`, pure). :func:`admit_cached` runs 6-9
+Steps 1-5 need nothing but the request (:func:`prepare`, pure). :func:`admit_cached` runs 6-10
 without awaiting when the hub's answers are cached (the common case), :func:`admit` otherwise;
 the decision is the same either way.
 
@@ -54,6 +57,7 @@ from gateway.hub.admission.headers import HeaderRefused, rewrite_request_headers
 from gateway.hub.admission.hubload import FailedAuthLimiter, TooManyFailures
 from gateway.hub.admission.identity import IdentityCache
 from gateway.hub.admission.routing import ClusterRoute, RouteError, route
+from gateway.hub.admission.streams import StreamQuota, StreamSlot, TooManyStreams, is_long_running
 from gateway.hub.admission.upgrade import UpgradeRefused, check_upgrade
 from gateway.hub.config import GatewayConfig
 from gateway.wire.http1 import Headers, RequestHead, serialize_request_head
@@ -95,6 +99,7 @@ class AdmissionContext(Protocol):
     registry: ClusterSessions
     known_clusters: set[str]
     auth_failures: FailedAuthLimiter
+    stream_quota: StreamQuota
 
     @property
     def metrics(self) -> AuthLookups: ...
@@ -113,6 +118,12 @@ class Admitted:
     head: bytes  # rewritten request head for the agent (initial_data of the OPEN)
     user: str  # hub user name for the audit line ("" with passthrough)
     upgrade: bool
+    # A long-running request's place under its identity's cap; released when the exchange ends.
+    stream_slot: StreamSlot | None = None
+
+    def release_stream_slot(self) -> None:
+        if self.stream_slot is not None:
+            self.stream_slot.release()
 
 
 @dataclass(slots=True)
@@ -151,7 +162,7 @@ def prepare(head: RequestHead, client_ip: str,
 
 def admit_cached(gw: AdmissionContext, head: RequestHead, prepared: Prepared, request_id: str
                  ) -> Admitted | None:
-    """Steps 6-9 without awaiting, when the token's review and the user's authorization are
+    """Steps 6-10 without awaiting, when the token's review and the user's authorization are
     both cached: saves a task and two loop turns per request. None means "not cached": run
     :func:`admit`."""
     user = gw.authenticator.cached(prepared.token)
@@ -202,7 +213,7 @@ def cluster_unavailable(gw: AdmissionContext, cluster: str) -> Refusal:
 
 def _admitted(gw: AdmissionContext, head: RequestHead, prepared: Prepared,
               user: UserInfo | None, request_id: str) -> Admitted:
-    """Steps 8-9 once the hub has spoken; ``user`` None means token passthrough."""
+    """Steps 8-10 once the hub has spoken; ``user`` None means token passthrough."""
     cluster_route = prepared.route
     cluster = cluster_route.cluster
     headers = prepared.headers
@@ -234,5 +245,13 @@ def _admitted(gw: AdmissionContext, head: RequestHead, prepared: Prepared,
         )
     except ValueError:
         raise Refusal(400, "request cannot be forwarded") from None
+    slot = None
+    if is_long_running(cluster_route.upstream_target, prepared.upgrade):
+        quota = gw.stream_quota
+        try:
+            slot = quota.acquire(quota.identity(user.username if user else None, prepared.token),
+                                 cluster)
+        except TooManyStreams as exc:
+            raise Refusal(429, str(exc), retry_after=5) from None
     return Admitted(cluster, session, target, metadata, head_bytes,
-                    "" if user is None else user.username, prepared.upgrade)
+                    "" if user is None else user.username, prepared.upgrade, slot)
