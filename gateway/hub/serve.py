@@ -10,9 +10,11 @@ Agents connect to --tunnel-listen with client certificates issued by --agent-ca;
 name is taken from the certificate. --agent-ca is required: without it the gateway refuses to
 start (fail closed). Certificates are reloaded when their files change.
 
-Errors are Kubernetes Status JSON: 400 bad request/path, 401 bad token, 403 refused
-(impersonation headers, hub authorization, Service not allowed), 404 unknown cluster, 503 cluster
-not connected or hub auth unavailable, 502/504 upstream unreachable/timeout, 429 overload.
+Errors are Kubernetes Status JSON: 400 bad request/path (or ambiguous credentials/upgrades),
+401 bad token, 403 refused (impersonation headers, hub authorization, Service not allowed),
+404 unknown cluster, 413 request body over --max-request-body, 429 overload (gateway, too many
+failed authentications from one address, too many long-running requests of one identity), 503
+cluster not connected or hub auth unavailable/busy, 502/504 upstream unreachable/timeout.
 SIGTERM: stop accepting, finish in-flight requests (up to --shutdown-timeout), then exit.
 """
 
