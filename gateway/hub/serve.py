@@ -123,13 +123,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="failed authentications allowed per second and client address "
                      "(IPv6: per /64), sustained (default: %(default)s). Beyond it and the "
                      "burst, that address's requests that would need a hub TokenReview get 429 "
-                     "with Retry-After; tokens already cached as valid still pass")
+                     "with Retry-After; tokens already cached as valid still pass. Counted per "
+                     "gateway process (--workers, --replicas)")
     hub.add_argument("--auth-failure-burst", type=positive_int, default=20, metavar="N",
                      help="failed authentications a client address may make in a burst before "
                      "--auth-failure-rate applies (default: %(default)s)")
     hub.add_argument("--hub-max-concurrent-reviews", type=positive_int, default=64, metavar="N",
                      help="TokenReview and SubjectAccessReview calls to the hub in flight at "
-                     "once (identical ones are coalesced; default: %(default)s)")
+                     "once, per gateway process (identical ones are coalesced; default: "
+                     "%(default)s)")
     hub.add_argument("--hub-review-wait", type=_duration, default=1.0, metavar="DURATION",
                      help="how long a review waits for one of those slots before the request "
                      "gets 503 with Retry-After (default: 1s)")
