@@ -10,8 +10,8 @@ hub requests -- load on the hub, and a way to test guessed tokens at the hub's s
   get 429 with ``Retry-After`` *before* the hub is asked; a token whose success is cached still
   passes (the common case for a legitimate client behind the same NAT). IPv6 addresses count
   per /64 (one host usually holds a whole /64). Memory is bounded: at most ``max_addresses``
-  buckets; full ones are dropped first (a full bucket is the same as none), then the least
-  recently used.
+  buckets, the least recently failed dropped first (in O(1): a scan for refilled buckets on each
+  insert would let a caller cycling through addresses buy a 65k-entry scan per request).
 * :class:`HubCallLimit` -- concurrent TokenReview and SubjectAccessReview calls, one bound for
   both: past ``max_concurrent``, a call waits up to ``max_wait`` seconds for a slot, then fails
   with :class:`gateway.hub.admission.auth.AuthUnavailable` (503 with ``Retry-After``; never
@@ -110,14 +110,6 @@ class FailedAuthLimiter:
         self._buckets[key] = (tokens, now)
         self._buckets.move_to_end(key)
         if len(self._buckets) > self.max_addresses:
-            self._evict(now)
-
-    def _evict(self, now: float) -> None:
-        full = [k for k, (tokens, then) in self._buckets.items()
-                if tokens + (now - then) * self.rate >= self.burst]
-        for key in full:
-            del self._buckets[key]
-        while len(self._buckets) > self.max_addresses:
             self._buckets.popitem(last=False)
 
 
