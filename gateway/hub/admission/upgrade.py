@@ -84,7 +84,7 @@ def offers_stream_protocol(head: RequestHead, upgrade: bytes) -> bool:
 
 def check_upgrade(head: RequestHead, cluster_route: ClusterRoute) -> bool:
     """True for an acceptable upgrade request, False for none; :class:`UpgradeRefused` else."""
-    if len(head.get_all(b"upgrade")) > 1:
+    if head.names.count(b"upgrade") > 1:  # names are lower-cased
         raise UpgradeRefused("more than one Upgrade header")
     if head.upgrade is None:
         return False  # Upgrade without Connection: upgrade is not a request to upgrade
