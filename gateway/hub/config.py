@@ -57,7 +57,7 @@ class GatewayConfig:
     hub_review_wait: float = 1.0  # seconds a review waits for a slot before 503
     # Long-running requests (watches, logs -f, exec/attach/port-forward) open at once per
     # (identity, cluster); 429 beyond (gateway.hub.admission.streams).
-    max_streams_per_identity: int = 200
+    max_streams_per_identity: int = 500
     limits: FrontDoorLimits = field(default_factory=FrontDoorLimits)
     # Clusters never seen connected since start are "unknown" (404) -- except during this grace
     # after start, while agents are still reconnecting to a restarted gateway (503 then).

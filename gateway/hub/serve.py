@@ -136,11 +136,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="how long a review waits for one of those slots before the request "
                      "gets 503 with Retry-After (default: 1s)")
     lim = parser.add_argument_group("limits and timeouts")
-    lim.add_argument("--max-streams-per-identity", type=positive_int, default=200, metavar="N",
+    lim.add_argument("--max-streams-per-identity", type=positive_int, default=500, metavar="N",
                      help="long-running requests (watches, logs -f, exec, attach, "
                      "port-forward) one identity may hold open on one cluster at once; 429 "
                      "beyond (default: %(default)s). The identity is the hub user (with "
-                     "--token-passthrough: the token)")
+                     "--token-passthrough: the token). A controller that watches every resource "
+                     "type of a CRD-heavy cluster (Argo CD's cluster cache) needs one watch per "
+                     "type: size it for that")
     lim.add_argument("--max-header-bytes", type=positive_int, default=64 * 1024,
                      help="request head size limit (431 beyond; default: %(default)s)")
     lim.add_argument("--max-headers", type=positive_int, default=128,

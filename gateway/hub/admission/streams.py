@@ -25,7 +25,7 @@ import hashlib
 import hmac
 import secrets
 
-DEFAULT_MAX_STREAMS_PER_IDENTITY = 200
+DEFAULT_MAX_STREAMS_PER_IDENTITY = 500
 _TRUE = frozenset({b"1", b"t", b"T", b"true", b"TRUE", b"True"})
 _LONG_RUNNING_PARAMS = frozenset({b"watch", b"follow"})
 
