@@ -11,14 +11,17 @@ hub requests -- load on the hub, and a way to test guessed tokens at the hub's s
   passes (the common case for a legitimate client behind the same NAT). IPv6 addresses count
   per /64 (one host usually holds a whole /64). Memory is bounded: at most ``max_addresses``
   buckets, the least recently failed dropped first (in O(1): a scan for refilled buckets on each
-  insert would let a caller cycling through addresses buy a 65k-entry scan per request).
+  insert would let a caller cycling through addresses buy a 65k-entry scan per request). With
+  ``--token-passthrough`` a token the hub rejects is forwarded, not answered 401, so it is not
+  counted: rejected tokens are what passthrough is for (the hub-call bound still applies).
 * :class:`HubCallLimit` -- concurrent TokenReview and SubjectAccessReview calls, one bound for
   both: past ``max_concurrent``, a call waits up to ``max_wait`` seconds for a slot, then fails
   with :class:`gateway.hub.admission.auth.AuthUnavailable` (503 with ``Retry-After``; never
   cached, like every hub error). Identical reviews are already coalesced by the caches, so this
   bounds *distinct* reviews in flight.
 
-Pure but for the semaphore; the clock is injectable for tests.
+Both count per gateway process (``--workers`` and ``--replicas`` multiply them). Pure but for
+the semaphore; the clock is injectable for tests.
 """
 
 from __future__ import annotations
