@@ -204,8 +204,12 @@ def test_one_images_knob_sets_the_image_of_hub_agents_and_overlays(tmp_path: Pat
     (entry,) = config["images"]
     entry.update(newName="registry.example.com/hubproxy", newTag="1.2.3")
     knob.write_text(yaml.safe_dump(config))
-    for base in ("hub", "agent", "examples/agent-cluster1"):
+    for base in ("hub", "agent", "examples/agent-cluster1", "ocm"):
         assert images_of(kustomize(copy / base)) == {"registry.example.com/hubproxy:1.2.3"}
+    # deploy/ocm installs agents through its AddOnTemplate: the knob reaches them too.
+    assert "image: registry.example.com/hubproxy:1.2.3" in subprocess.run(
+        [KUBECTL, "kustomize", str(copy / "ocm")], capture_output=True, text=True,
+        timeout=60).stdout.split("kind: AddOnTemplate")[1]
     # An overlay can still pin its own, by the name the knob produces.
     overlay = copy / "examples" / "pinned"
     overlay.mkdir()
@@ -213,7 +217,7 @@ def test_one_images_knob_sets_the_image_of_hub_agents_and_overlays(tmp_path: Pat
         "resources": ["../agent-cluster1"],
         "images": [{"name": "registry.example.com/hubproxy", "newTag": "1.2.4"}]}))
     assert images_of(kustomize(overlay)) == {"registry.example.com/hubproxy:1.2.4"}
-    for base in ("hub", "agent"):
+    for base in ("hub", "agent", "ocm"):
         assert "images:" not in (DEPLOY / base / "kustomization.yaml").read_text()
 
 

@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import socket
 import ssl
 import time
 from collections.abc import Callable
@@ -133,11 +134,11 @@ class AgentDialer:
     async def _connect(self, context: ssl.SSLContext) -> TunnelSession | None:
         loop = asyncio.get_running_loop()
         # Through a proxy: a socket already tunnelled to the hub; TLS runs inside it.
-        where: dict[str, object] = {"host": self.hub_host, "port": self.hub_port}
+        sock: socket.socket | None = None
         if self.proxy is not None:
             try:
-                where = {"sock": await open_through_proxy(
-                    self.proxy, self.hub_host, self.hub_port, self.handshake_timeout)}
+                sock = await open_through_proxy(
+                    self.proxy, self.hub_host, self.hub_port, self.handshake_timeout)
             except ProxyError as exc:
                 allowed, suppressed = self._refusals.allow(str(exc))
                 log.log(logging.WARNING if allowed else logging.DEBUG,
@@ -145,14 +146,20 @@ class AgentDialer:
                         "backoff%s", self.hub_host, self.hub_port, self.proxy.display, exc,
                         f" ({suppressed} more since the last such line)" if suppressed else "")
                 return None
+
+        def make_session() -> TunnelSession:
+            return TunnelSession(config=self.config, on_open=self.on_open, name="hub")
+
         try:
-            transport, session = await loop.create_connection(
-                lambda: TunnelSession(config=self.config, on_open=self.on_open, name="hub"),
-                ssl=context,
-                server_hostname=self.server_hostname,
-                ssl_handshake_timeout=self.handshake_timeout,
-                **where,  # type: ignore[arg-type]
-            )
+            if sock is not None:
+                transport, session = await loop.create_connection(
+                    make_session, sock=sock, ssl=context, server_hostname=self.server_hostname,
+                    ssl_handshake_timeout=self.handshake_timeout)
+            else:
+                transport, session = await loop.create_connection(
+                    make_session, self.hub_host, self.hub_port, ssl=context,
+                    server_hostname=self.server_hostname,
+                    ssl_handshake_timeout=self.handshake_timeout)
         except (OSError, ssl.SSLError, TimeoutError) as exc:
             log.warning(
                 "cannot connect to the hub %s:%d: %s",

@@ -3,8 +3,9 @@
 Contract (DESIGN §4, §6): the SSL context must require a client certificate verified against
 the agent CA (the gateway builds it with ``certs.tls.server_context``). Before any frame is
 read, the session checks that TLS 1.3 and our ALPN were negotiated and takes the cluster name
-from the verified certificate; anything else is aborted. Agents never open streams toward the
-hub (the hub's sessions have no ``on_open``).
+from the verified certificate (under the listener's :class:`tunnel.identity.AgentNaming`);
+anything else is aborted. Agents never open streams toward the hub (the hub's sessions have no
+``on_open``).
 
 Certificate trouble is visible (issue 12): the listener accepts sockets itself and awaits each
 TLS handshake (``loop.connect_accepted_socket``), so a failed handshake is seen with its peer
@@ -30,7 +31,7 @@ import logging
 import socket
 import ssl
 from collections import Counter
-from typing import Any
+from typing import Any, cast
 
 from cryptography import x509
 
@@ -44,7 +45,7 @@ from tunnel.handshake import (
     classify_hub_failure,
     wrong_name,
 )
-from tunnel.identity import AgentIdentityError, cluster_from_certificate
+from tunnel.identity import URI_NAMING, AgentIdentityError, AgentNaming, cluster_from_certificate
 from tunnel.registry import SessionRegistry
 
 log = logging.getLogger("hubproxy.tunnel")
@@ -72,7 +73,7 @@ class AgentSession(TunnelSession):
             self.closed = True  # never processes a frame
             if exc.about_protocol:
                 self._listener.failed(self.peer, HandshakeFailure(PROTOCOL, str(exc)))
-                transport.abort()
+                cast(asyncio.Transport, transport).abort()
                 return
             self._listener.failed(self.peer, wrong_name(str(exc)))
             # Tell the agent why: one GOAWAY instead of its SETTINGS, then close.
@@ -90,8 +91,7 @@ class AgentSession(TunnelSession):
             return
         super().buffer_updated(nbytes)
 
-    @staticmethod
-    def _identify(transport: asyncio.BaseTransport) -> tuple[str, float]:
+    def _identify(self, transport: asyncio.BaseTransport) -> tuple[str, float]:
         """(cluster, certificate expiry as POSIX time), or AgentIdentityError."""
         ssl_object = transport.get_extra_info("ssl_object")
         if ssl_object is None:
@@ -102,17 +102,19 @@ class AgentSession(TunnelSession):
         if ssl_object.selected_alpn_protocol() != ALPN:
             raise AgentIdentityError(f"ALPN {ALPN!r} required", about_protocol=True)
         der = ssl_object.getpeercert(binary_form=True)
-        cluster = cluster_from_certificate(der)
+        cluster = cluster_from_certificate(der, self._listener.naming)
         return cluster, x509.load_der_x509_certificate(der).not_valid_after_utc.timestamp()
 
 
 class TunnelListener:
     def __init__(self, registry: SessionRegistry, config: SessionConfig,
+                 naming: AgentNaming = URI_NAMING,
                  ssl_context: ssl.SSLContext | None = None,
                  handshake_timeout: float = HANDSHAKE_TIMEOUT,
                  log_interval: float = REFUSAL_LOG_INTERVAL) -> None:
         self.registry = registry
         self.config = config
+        self.naming = naming
         self.ssl_context = ssl_context
         self.handshake_timeout = handshake_timeout
         self.sockets: list[socket.socket] = []
@@ -242,13 +244,14 @@ async def start_tunnel_listener(
     *,
     handshake_timeout: float = HANDSHAKE_TIMEOUT,
     reuse_port: bool = False,
+    naming: AgentNaming = URI_NAMING,
 ) -> TunnelListener:
     if ssl_context.verify_mode != ssl.CERT_REQUIRED:
         raise ValueError("the tunnel listener needs an SSL context that requires client certs")
     # The listener keeps failed handshakes' alerts (see the module docstring); this context is
     # the listener's own (the gateway builds one for it).
     ssl_context.sslobject_class = _AlertKeepingSSLObject
-    listener = TunnelListener(registry, config or SessionConfig(), ssl_context,
+    listener = TunnelListener(registry, config or SessionConfig(), naming, ssl_context,
                               handshake_timeout)
     listener.listen(_listening_sockets(host, port, reuse_port=reuse_port))
     return listener

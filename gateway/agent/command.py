@@ -33,8 +33,10 @@ from typing import Any
 from certs.identity import validate_cluster_name
 from certs.tls import TLS1_3, ReloadingContext, client_context
 from gateway.agent.kubeapi import KubeAPIAccess, KubeAPIConfigError, load
+from gateway.ops import diagnostics
 from gateway.ops.flags import positive_int
 from gateway.ops.rlimits import raise_open_file_limit
+from tunnel.identity import URI_NAMING, AgentIdentityError, AgentNaming
 from tunnel.proxy import ProxyError, proxy_for
 
 log = logging.getLogger("hubproxy.agent")
@@ -74,6 +76,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="this cluster's name; must match the agent certificate")
     hub.add_argument("--tls-dir", required=True, metavar="DIR",
                      help="tls.crt/tls.key (agent client cert) and ca.crt (tunnel CA)")
+    hub.add_argument("--agent-identity", choices=("uri", "ocm"), default="uri",
+                     help="how the certificate names this cluster, as the gateway reads it: "
+                     "uri (hubproxy certs) or ocm (an Open Cluster Management add-on "
+                     "certificate) (default: %(default)s)")
+    hub.add_argument("--ocm-addon-name", default="hubproxy", metavar="NAME",
+                     help="with --agent-identity=ocm, this add-on's name (default: %(default)s)")
     hub.add_argument("--hub-ca", metavar="FILE",
                      help="CA that verifies the hub (default DIR/ca.crt); never system roots")
     hub.add_argument("--hub-server-name", metavar="NAME",
@@ -160,31 +168,25 @@ class Readiness:
         self.apiserver_error = ""
 
 
-def _check_certificate_cluster(cert_file: Path, cluster: str) -> None:
+def _check_certificate_cluster(cert_file: Path, cluster: str,
+                               naming: AgentNaming = URI_NAMING) -> None:
     """Fail fast, with a clear message, if the certificate is for another cluster.
 
-    Only a friendly start-up check: the hub takes the cluster from the certificate anyway.
+    Only a friendly start-up check: the hub takes the cluster from the certificate anyway, with
+    the same rule (``tunnel.identity``).
     """
     from cryptography import x509
-
-    from certs.identity import CLUSTER_URI_PREFIX
 
     try:
         cert = x509.load_pem_x509_certificate(cert_file.read_bytes())
     except (OSError, ValueError) as exc:
         raise ValueError(f"cannot read the agent certificate {cert_file}: {exc}") from None
     try:
-        uris = cert.extensions.get_extension_for_class(
-            x509.SubjectAlternativeName
-        ).value.get_values_for_type(x509.UniformResourceIdentifier)
-    except x509.ExtensionNotFound:
-        uris = []
-    named = [u[len(CLUSTER_URI_PREFIX):] for u in uris if u.startswith(CLUSTER_URI_PREFIX)]
-    if named != [cluster]:
-        raise ValueError(
-            f"{cert_file} is an agent certificate for {', '.join(named) or 'no cluster'}, "
-            f"not {cluster!r}"
-        )
+        named = naming.cluster_of(cert)
+    except AgentIdentityError as exc:
+        raise ValueError(f"{cert_file} names no cluster ({exc})") from None
+    if named != cluster:
+        raise ValueError(f"{cert_file} is an agent certificate for {named}, not {cluster!r}")
     # Not fatal: renewed files are picked up without a restart. But say it before the hub does.
     now = datetime.datetime.now(datetime.UTC)
     if cert.not_valid_after_utc <= now:
@@ -214,7 +216,11 @@ async def serve(args: argparse.Namespace) -> int:
     tls_dir = Path(args.tls_dir)
     cert, key = tls_dir / "tls.crt", tls_dir / "tls.key"
     hub_ca = Path(args.hub_ca) if args.hub_ca else tls_dir / "ca.crt"
-    _check_certificate_cluster(cert, cluster)
+    try:
+        naming = AgentNaming(args.agent_identity, args.ocm_addon_name)
+    except ValueError as exc:
+        raise ValueError(f"--ocm-addon-name: {exc}") from None
+    _check_certificate_cluster(cert, cluster, naming)
     kube = load(kubeconfig=args.kubeconfig, context=args.context, apiserver=args.apiserver,
                 apiserver_ca=args.apiserver_ca, token_file=args.token_file)
     insecure = set(args.insecure_service)
@@ -301,11 +307,7 @@ def tunnel_alpn() -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=getattr(logging, args.log_level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    diagnostics.configure(args.log_level)
     try:
         try:
             import uvloop

@@ -32,7 +32,9 @@ from typing import Any
 
 from gateway.hub.admission.auth import Authenticator, TokenAuthenticator
 from gateway.hub.admission.authorize import Authorizer
+from gateway.hub.admission.hubload import FailedAuthLimiter
 from gateway.hub.admission.identity import IdentityCache
+from gateway.hub.admission.streams import StreamQuota
 from gateway.hub.config import GatewayConfig
 from gateway.hub.exchange import Exchange
 from gateway.hub.frontdoor import FrontDoor
@@ -70,6 +72,9 @@ class Gateway:
         self.session_config = session_config
         self.metrics = GatewayMetrics()
         self.identities = IdentityCache()
+        self.auth_failures = FailedAuthLimiter(rate=config.auth_failure_rate,
+                                               burst=config.auth_failure_burst)
+        self.stream_quota = StreamQuota(config.max_streams_per_identity)
         self.connections: set[FrontDoor] = set()
         self.inflight = 0
         self.draining = False
@@ -149,7 +154,7 @@ class Gateway:
             thost, tport = config.tunnel_listen
             self._tunnel = await start_tunnel_listener(
                 thost, tport, self.tunnel_ssl, self.registry, self.session_config,
-                reuse_port=shared,
+                reuse_port=shared, naming=config.agent_naming,
             )
             self.tunnel_port = int(self._tunnel.port)
         if config.health_listen is not None and config.worker_index == 0:
@@ -257,14 +262,17 @@ async def build_gateway(config: GatewayConfig) -> tuple[Gateway, Any]:
         build_hub_api_client,
     )
     from gateway.hub.admission.authorize import NoAuthorizer, SarAuthorizer
+    from gateway.hub.admission.hubload import HubCallLimit
 
     api_client = await build_hub_api_client(config.hub_kubeconfig)
     reviewer = KubeTokenReviewer(api_client)
+    # One bound for TokenReviews and SubjectAccessReviews together: both load the same hub.
+    hub_calls = HubCallLimit(config.hub_max_concurrent_reviews, config.hub_review_wait)
     authenticator = TokenAuthenticator(reviewer, ttl=config.token_cache_ttl,
-                                       audiences=config.audiences)
+                                       audiences=config.audiences, hub_calls=hub_calls)
     authorizer: Authorizer = (
-        SarAuthorizer(api_client, config.token_cache_ttl) if config.authorize == "sar"
-        else NoAuthorizer()
+        SarAuthorizer(api_client, config.token_cache_ttl, hub_calls=hub_calls)
+        if config.authorize == "sar" else NoAuthorizer()
     )
     # Hub-side session settings are the tunnel's defaults; concurrency toward an agent is
     # bounded by what that agent advertises, and by --max-inflight here.
