@@ -23,6 +23,9 @@
 #   DEBIAN_MIRROR          mmdebstrap mirror (default: its own, deb.debian.org)
 #   PIP_CERT               a CA bundle pip needs to reach PyPI (a TLS-inspecting proxy); it is
 #                          mounted into the build step, never copied into the image
+#   HUBPROXY_IMAGE_PRUNE   1: afterwards remove untagged images (earlier builds' leftovers and
+#                          the layer cache), so a store that builds often stays small (vfs
+#                          keeps a full copy per layer)
 # Needs root (or a user namespace set up for buildah) and Debian's buildah and mmdebstrap.
 set -euo pipefail
 
@@ -92,6 +95,9 @@ fi
 "${buildah[@]}" bud --isolation chroot --pull=never --layers "${ca[@]}" \
   --build-arg BUILD_IMAGE="$BUILD_BASE" --build-arg BASE_IMAGE="$RUN_BASE" \
   -t "$TAG" -f "$ROOT/Containerfile" "$ROOT" >&2
+if [ "${HUBPROXY_IMAGE_PRUNE:-0}" = 1 ]; then
+  "${buildah[@]}" rmi --prune >/dev/null 2>&1 || true
+fi
 size="$("${buildah[@]}" images --noheading --format '{{.Size}}' "$TAG" | head -1)"
 echo "build.sh: built $TAG ($size)" >&2
 echo "$TAG"

@@ -3,8 +3,9 @@
 here). Runs where buildah and mmdebstrap are installed and we are root (.ci/run installs them).
 
 The base root filesystems are cached in ~/.cache/hubproxy-image (HUBPROXY_IMAGE_CACHE) and the
-images in a private buildah store under it, with layer caching: the first run takes about a
-minute and a half, later ones only rebuild the layer that installs our code.
+images in a private buildah store under it (pruned after each build, so it stays near 0.5 GB):
+the first run takes about 70 s, later ones about 20 s (the layer that installs our code is
+built again).
 """
 
 from __future__ import annotations
@@ -59,7 +60,10 @@ def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
 @pytest.fixture(scope="module")
 def image() -> str:
     started = time.monotonic()
-    env = {**os.environ, "HUBPROXY_IMAGE_CACHE": str(CACHE), "HUBPROXY_IMAGE_STORE": str(STORE)}
+    # Pruned after each build: the store keeps the bases and one image, not every build's
+    # layers (about 400 MB each with vfs).
+    env = {**os.environ, "HUBPROXY_IMAGE_CACHE": str(CACHE), "HUBPROXY_IMAGE_STORE": str(STORE),
+           "HUBPROXY_IMAGE_PRUNE": "1"}
     built = subprocess.run([str(BUILD), TAG], capture_output=True, text=True, timeout=840,
                            env=env)
     assert built.returncode == 0, built.stderr[-4000:]
