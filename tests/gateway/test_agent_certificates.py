@@ -1,6 +1,7 @@
 """Certificate trouble is visible (issue 12 item 5), with real gateway and agent processes.
 
-An agent whose certificate is expired or from another CA keeps redialling; the gateway says
+An agent whose certificate is expired or from another CA keeps redialling (and a client whose
+certificate from the right CA names no cluster connects three times); the gateway says
 why at the default log level, once per reason and peer host per minute (not once per dial), the
 agent says what the hub answered instead of "connected" / "session ended", the metrics count
 the refusals by reason, and no log line carries key material. A good agent's certificate expiry
@@ -19,13 +20,15 @@ from pathlib import Path
 import pytest
 import yaml
 from cryptography import x509
+from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from certs import layout
 from certs.files import load_issued, write_pair
-from certs.issue import create_ca, issue_agent
+from certs.issue import _issue_leaf, create_ca, issue_agent
 from gateway.demo import agent_args, agent_kubeconfig, write_private
 from tests.gateway.hub.hubsim import hub_and_cluster
 from tests.support import BackgroundProcess, ProcessGroup, free_port
+from tunnel.connection import ALPN
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 
@@ -47,6 +50,12 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     foreign = root / "agents" / "foreign"
     foreign.mkdir()
     write_pair(foreign, issue_agent(create_ca("some other CA", days=1), "c1", days=1),
+               tunnel_ca.cert, force=False)
+    # From the tunnel CA, for client auth, but without the hubproxy://cluster/ URI SAN.
+    nameless = root / "agents" / "nameless"
+    nameless.mkdir()
+    write_pair(nameless, _issue_leaf(tunnel_ca, "c1", [x509.DNSName("c1.example")],
+                                     ExtendedKeyUsageOID.CLIENT_AUTH, days=1, key_type="ec"),
                tunnel_ca.cert, force=False)
     return root
 
@@ -99,6 +108,17 @@ async def test_refused_agents_are_explained_once_and_counted(pki: Path, tmp_path
             expired = agent(group, pki, "expired", tunnel, agent_kc,
                             health_listen=f"127.0.0.1:{expired_health}")
             foreign = agent(group, pki, "foreign", tunnel, agent_kc)
+            # The agent refuses to start with a certificate that names no cluster, so that one
+            # is presented by openssl, three times from one host.
+            nameless = pki / "agents" / "nameless"
+            for _ in range(3):
+                client = await asyncio.create_subprocess_exec(
+                    "openssl", "s_client", "-connect", f"127.0.0.1:{tunnel}", "-tls1_3",
+                    "-alpn", ALPN, "-cert", str(nameless / "tls.crt"),
+                    "-key", str(nameless / "tls.key"), "-CAfile", str(nameless / "ca.crt"),
+                    stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+                    stderr=asyncio.subprocess.DEVNULL)
+                await asyncio.wait_for(client.wait(), 20)
             await asyncio.sleep(REDIAL_WINDOW)
             metrics = await asyncio.to_thread(scrape, health)
 
@@ -107,6 +127,7 @@ async def test_refused_agents_are_explained_once_and_counted(pki: Path, tmp_path
                        f"{expired.output[-2000:]}\n--- foreign\n{foreign.output[-2000:]}")
             assert counter(metrics, "expired") >= 3, outputs
             assert counter(metrics, "unknown_ca") >= 3, outputs
+            assert counter(metrics, "wrong_name") == 3, outputs
             # ... and the gateway said why once (one peer host, one reason: one line a minute).
             refused = [line for line in gateway.lines if "agent connection from" in line]
             assert len([line for line in refused if "(expired)" in line]) == 1, refused
@@ -114,6 +135,8 @@ async def test_refused_agents_are_explained_once_and_counted(pki: Path, tmp_path
             assert any("WARNING" in line and "127.0.0.1:" in line
                        and "the agent certificate has expired" in line for line in refused)
             assert any("not signed by the tunnel CA" in line for line in refused), refused
+            (nameless_line,) = [line for line in refused if "(wrong_name)" in line]
+            assert "names no valid cluster" in nameless_line, nameless_line
 
             # The agents say what the hub answered, not "connected" then "session ended".
             for proc, why in ((expired, "our certificate has expired"),
