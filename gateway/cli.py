@@ -15,6 +15,8 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
+from gateway.ops.version import version
+
 ENV_PREFIX = "HUBPROXY_"
 
 # name -> (module, one-line help). Modules are imported only when the parser is built.
@@ -82,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         epilog="Every --flag can also be set as HUBPROXY_<FLAG> in the environment.",
     )
+    parser.add_argument("--version", action="version", version=f"hubproxy {version()}",
+                        help="print the version and exit")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         module = importlib.import_module(module_name)

@@ -448,6 +448,19 @@ async def api(base: str, ca_file: str, token: str, method: str, path: str,
 
 
 # ----------------------------------------------------------------------- command ----------
+def check_listen(listen: str) -> None:
+    """The demo's fixed port (the front door) is free: checked before anything is built, so a
+    second demo fails at once with one line instead of after starting five processes."""
+    from gateway.ops import startup
+    from gateway.ops.flags import parse_address
+
+    try:
+        host, port = parse_address(listen, default_host=LOOPBACK)
+    except ValueError as exc:
+        raise startup.StartupError(f"--listen {exc}") from None
+    startup.check_port_free(host, port, "--listen")  # as the gateway will bind it
+
+
 async def serve(args: argparse.Namespace) -> int:
     root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="hubproxy-demo-"))
     demo = Demo(root.resolve(), listen=args.listen, start_timeout=args.start_timeout)
@@ -491,4 +504,11 @@ async def serve(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gateway.ops import startup
+
+    try:
+        check_listen(args.listen)
+    except startup.StartupError as exc:
+        print(f"hubproxy demo: {exc}", file=sys.stderr, flush=True)
+        return startup.EXIT_CODE
     return asyncio.run(serve(args))

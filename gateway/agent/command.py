@@ -27,6 +27,7 @@ from typing import Any
 from certs.identity import validate_cluster_name
 from certs.tls import TLS1_3, ReloadingContext, client_context
 from gateway.agent.kubeapi import KubeAPIAccess, KubeAPIConfigError, load
+from gateway.ops import startup
 from gateway.ops.flags import positive_int
 from gateway.ops.rlimits import raise_open_file_limit
 
@@ -175,7 +176,7 @@ def _check_certificate_cluster(cert_file: Path, cluster: str) -> None:
     if named != [cluster]:
         raise ValueError(
             f"{cert_file} is an agent certificate for {', '.join(named) or 'no cluster'}, "
-            f"not {cluster!r}"
+            f"not {cluster!r}: fix --cluster or point --tls-dir at {cluster}'s certificate"
         )
 
 
@@ -198,7 +199,17 @@ async def serve(args: argparse.Namespace) -> int:
     tls_dir = Path(args.tls_dir)
     cert, key = tls_dir / "tls.crt", tls_dir / "tls.key"
     hub_ca = Path(args.hub_ca) if args.hub_ca else tls_dir / "ca.crt"
+    startup.check_key_pair(args.tls_dir, "--tls-dir")
+    startup.check_ca_file(str(hub_ca), "--hub-ca" if args.hub_ca
+                          else "--hub-ca (default: ca.crt in --tls-dir)")
     _check_certificate_cluster(cert, cluster)
+    health_address = None
+    if args.health_listen and args.health_listen != "off":
+        try:
+            health_address = _host_port(args.health_listen)
+        except argparse.ArgumentTypeError as exc:
+            raise startup.StartupError(f"--health-listen {exc}") from None
+        startup.check_port_free(*health_address, "--health-listen")
     kube = load(kubeconfig=args.kubeconfig, context=args.context, apiserver=args.apiserver,
                 apiserver_ca=args.apiserver_ca, token_file=args.token_file)
     insecure = set(args.insecure_service)
@@ -236,9 +247,12 @@ async def serve(args: argparse.Namespace) -> int:
 
     gctune.settle()
     health = None
-    if args.health_listen and args.health_listen != "off":
-        host, port = _host_port(args.health_listen)
-        health = await start_health_server(host, port, readiness)
+    if health_address is not None:
+        host, port = health_address
+        try:
+            health = await start_health_server(host, port, readiness)
+        except OSError as exc:
+            raise startup.bind_error(exc, host, port, "--health-listen") from None
         log.info("health on %s:%d (/healthz, /readyz)", host, port)
 
     stop = asyncio.Event()

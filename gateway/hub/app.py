@@ -36,7 +36,7 @@ from gateway.hub.admission.identity import IdentityCache
 from gateway.hub.config import GatewayConfig
 from gateway.hub.exchange import Exchange
 from gateway.hub.frontdoor import FrontDoor
-from gateway.ops import audit
+from gateway.ops import audit, startup
 from gateway.ops.health import HealthServer, Readiness, token_review_probe
 from gateway.ops.metrics import OTHER_CLUSTER, GatewayMetrics
 from tunnel.connection import ALPN, SessionConfig
@@ -135,22 +135,31 @@ class Gateway:
         config = self.config
         host, port = config.listen
         shared = config.workers > 1  # the kernel spreads connections over the workers
-        self._front = await loop.create_server(
-            lambda: FrontDoor(self), host, port, ssl=self.front_ssl, backlog=1024,
-            ssl_handshake_timeout=config.limits.header_timeout if self.front_ssl else None,
-            reuse_port=shared or None,
-        )
+        try:
+            self._front = await loop.create_server(
+                lambda: FrontDoor(self), host, port, ssl=self.front_ssl, backlog=1024,
+                ssl_handshake_timeout=config.limits.header_timeout if self.front_ssl else None,
+                reuse_port=shared or None,
+            )
+        except OSError as exc:
+            raise startup.bind_error(exc, host, port, "--listen") from None
         self.front_port = int(self._front.sockets[0].getsockname()[1])
         if self.tunnel_ssl is not None:
             thost, tport = config.tunnel_listen
-            self._tunnel = await start_tunnel_listener(
-                thost, tport, self.tunnel_ssl, self.registry, self.session_config,
-                reuse_port=shared,
-            )
+            try:
+                self._tunnel = await start_tunnel_listener(
+                    thost, tport, self.tunnel_ssl, self.registry, self.session_config,
+                    reuse_port=shared,
+                )
+            except OSError as exc:
+                raise startup.bind_error(exc, thost, tport, "--tunnel-listen") from None
             self.tunnel_port = int(self._tunnel.port)
         if config.health_listen is not None and config.worker_index == 0:
             self._health = HealthServer(self.readiness, self.metrics.render)
-            self.health_port = await self._health.start(*config.health_listen)
+            try:
+                self.health_port = await self._health.start(*config.health_listen)
+            except OSError as exc:
+                raise startup.bind_error(exc, *config.health_listen, "--health-listen") from None
         self.readiness.listeners_up = True
         self.readiness.start()
         log.info("gateway listening: front door %s:%d, tunnel %s, health %s", host,
@@ -245,6 +254,27 @@ def _tunnel_alpn() -> list[str]:
     return [ALPN]
 
 
+async def hub_api_client(kubeconfig: str | None,
+                         build: Callable[[str | None], Awaitable[Any]]) -> Any:
+    """The hub ApiClient, or a StartupError naming --hub-kubeconfig (never a traceback).
+
+    ``gateway.ops.startup`` has already checked that the file is YAML with a current-context;
+    what is left is what only the loader sees (a missing user, an unreadable CA file, an
+    in-cluster token that is not mounted). Its messages name keys and files, not values.
+    """
+    from kubernetes_asyncio.config import ConfigException
+
+    try:
+        return await build(kubeconfig)
+    except (ConfigException, OSError, ValueError, TypeError, KeyError) as exc:
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if kubeconfig:
+            raise startup.StartupError(f"--hub-kubeconfig {kubeconfig}: cannot use it "
+                                       f"({why})") from None
+        raise startup.StartupError(f"in-cluster hub credential unusable ({why}): give "
+                                   "--hub-kubeconfig FILE") from None
+
+
 async def build_gateway(config: GatewayConfig) -> tuple[Gateway, Any]:
     """A production gateway and its hub ApiClient (close it after the gateway)."""
     from gateway.hub.admission.auth import (
@@ -254,7 +284,8 @@ async def build_gateway(config: GatewayConfig) -> tuple[Gateway, Any]:
     )
     from gateway.hub.admission.authorize import NoAuthorizer, SarAuthorizer
 
-    api_client = await build_hub_api_client(config.hub_kubeconfig)
+    front_ssl, tunnel_ssl = front_tls(config), tunnel_tls(config)
+    api_client = await hub_api_client(config.hub_kubeconfig, build_hub_api_client)
     reviewer = KubeTokenReviewer(api_client)
     authenticator = TokenAuthenticator(reviewer, ttl=config.token_cache_ttl,
                                        audiences=config.audiences)
@@ -272,8 +303,8 @@ async def build_gateway(config: GatewayConfig) -> tuple[Gateway, Any]:
         authenticator=authenticator,
         authorizer=authorizer,
         registry=SessionRegistry(),
-        front_ssl=front_tls(config),
-        tunnel_ssl=tunnel_tls(config),
+        front_ssl=front_ssl,
+        tunnel_ssl=tunnel_ssl,
         hub_probe=probe,
         session_config=session_config,
     )

@@ -29,7 +29,7 @@ import sys
 from gateway.hub.clusterprofile import component as clusterprofile
 from gateway.hub.config import FrontDoorLimits, GatewayConfig
 from gateway.hub.workers import instance_id as workers_instance_id
-from gateway.ops import audit, gctune
+from gateway.ops import audit, gctune, startup
 from gateway.ops.flags import parse_address, parse_duration, positive_int
 from gateway.ops.metricslink import MetricsLink, PeerSnapshots, SnapshotSender
 from gateway.ops.rlimits import raise_open_file_limit
@@ -140,11 +140,9 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
                          "(refusing to start without one)")
     if not os.path.isfile(args.agent_ca):
         raise ValueError(f"--agent-ca {args.agent_ca}: no such file (refusing to start)")
-    for flag, directory in (("--tls-dir", args.tls_dir), ("--tunnel-tls-dir",
-                                                          args.tunnel_tls_dir)):
-        for name in ("tls.crt", "tls.key"):
-            if not os.path.isfile(os.path.join(directory, name)):
-                raise ValueError(f"{flag} {directory}: {name} is missing")
+    startup.check_ca_file(args.agent_ca, "--agent-ca")
+    startup.check_key_pair(args.tls_dir, "--tls-dir")
+    startup.check_key_pair(args.tunnel_tls_dir, "--tunnel-tls-dir")
     try:
         validate_prefix(args.identity_prefix)
     except IdentityError as exc:
@@ -187,7 +185,11 @@ async def serve(config: GatewayConfig, args: argparse.Namespace | None = None,
                 link: MetricsLink | None = None) -> int:
     from gateway.hub.app import build_gateway
 
-    gateway, api_client = await build_gateway(config)
+    try:
+        gateway, api_client = await build_gateway(config)
+    except startup.StartupError as exc:
+        print(f"hubproxy gateway: {exc}", file=sys.stderr)
+        return startup.EXIT_CODE
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -195,7 +197,11 @@ async def serve(config: GatewayConfig, args: argparse.Namespace | None = None,
     extras: list[asyncio.Task[None]] = []
     peers: PeerSnapshots | SnapshotSender | None = None
     try:
-        await gateway.start()
+        try:
+            await gateway.start()
+        except startup.StartupError as exc:
+            print(f"hubproxy gateway: {exc}", file=sys.stderr)
+            return startup.EXIT_CODE
         if link is not None and config.worker_index == 0:
             peers = link.receiver()
             peers.start()
@@ -243,6 +249,12 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         print(f"hubproxy gateway: {problem}", file=sys.stderr)
         return 2
+    try:
+        startup.require_cluster_or_kubeconfig(config.hub_kubeconfig, "--hub-kubeconfig")
+        check_ports_free(config)
+    except startup.StartupError as exc:
+        print(f"hubproxy gateway: {exc}", file=sys.stderr)
+        return startup.EXIT_CODE
     # Client connections, plus agent sessions and hub connections.
     raise_open_file_limit(config.limits.max_connections + 1024)
     if config.workers > 1:
@@ -255,6 +267,14 @@ def run(args: argparse.Namespace) -> int:
         audit.install_writer(audit.AuditWriter(sys.stdout, atomic=True))
         return workers.run(config, lambda worker, link: _serve_in_loop(worker, args, link))
     return _serve_in_loop(config, args)
+
+
+def check_ports_free(config: GatewayConfig) -> None:
+    """Every port this gateway will listen on is free (before anything is built or forked)."""
+    startup.check_port_free(*config.listen, "--listen")
+    startup.check_port_free(*config.tunnel_listen, "--tunnel-listen")
+    if config.health_listen is not None:
+        startup.check_port_free(*config.health_listen, "--health-listen")
 
 
 def _serve_in_loop(config: GatewayConfig, args: argparse.Namespace,
