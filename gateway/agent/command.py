@@ -28,7 +28,7 @@ from certs.identity import validate_cluster_name
 from certs.tls import TLS1_3, ReloadingContext, client_context
 from gateway.agent.kubeapi import KubeAPIAccess, KubeAPIConfigError, load
 from gateway.ops import startup
-from gateway.ops.flags import positive_int
+from gateway.ops.flags import add_tunnel_liveness_arguments, positive_int, tunnel_liveness
 from gateway.ops.rlimits import raise_open_file_limit
 
 log = logging.getLogger("hubproxy.agent")
@@ -106,6 +106,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "%(default)s). Each request in progress holds one, and a watch or "
                         "logs -f holds it while it is open, about 50 KiB each: raise this "
                         "together with the memory limit. Beyond it requests are answered 429")
+    add_tunnel_liveness_arguments(parser, "hub")
     parser.add_argument("--health-listen", default="0.0.0.0:8000", metavar="ADDR",
                         help="/healthz and /readyz ('off' to disable)")
     parser.add_argument("--log-level", default="info",
@@ -196,6 +197,7 @@ def build_policy(args: argparse.Namespace, kube: KubeAPIAccess | None) -> Any:
 async def serve(args: argparse.Namespace) -> int:
 
     cluster = validate_cluster_name(args.cluster)
+    keepalive, tunnel_timeout = tunnel_liveness(args)
     tls_dir = Path(args.tls_dir)
     cert, key = tls_dir / "tls.crt", tls_dir / "tls.key"
     hub_ca = Path(args.hub_ca) if args.hub_ca else tls_dir / "ca.crt"
@@ -236,7 +238,8 @@ async def serve(args: argparse.Namespace) -> int:
     hub_host, hub_port = args.hub
     # One session to each hub process behind the address (gateway workers, hub replicas).
     dialer = HubFanout(lambda fanout: AgentDialer(
-        hub_host, hub_port, hub_tls.current, agent.on_open, SessionConfig(),
+        hub_host, hub_port, hub_tls.current, agent.on_open,
+        SessionConfig(ping_after=keepalive, dead_after=tunnel_timeout),
         server_hostname=args.hub_server_name or hub_host, fanout=fanout))
     readiness = Readiness(dialer, kube)
     log.info("agent for cluster %s: hub %s:%d, apiserver %s, services allowed: %s",

@@ -254,6 +254,18 @@ def _tunnel_alpn() -> list[str]:
     return [ALPN]
 
 
+def session_settings(config: GatewayConfig) -> SessionConfig:
+    """Tunnel settings of the hub side: the tunnel's defaults, this process's instance, and
+    the liveness flags."""
+    liveness: dict[str, float] = {}
+    if config.tunnel_keepalive is not None:
+        liveness["ping_after"] = config.tunnel_keepalive
+    if config.tunnel_timeout is not None:
+        liveness["dead_after"] = config.tunnel_timeout
+    return SessionConfig(hub_instance=config.hub_instance,
+                         hub_instances=config.replicas * config.workers, **liveness)
+
+
 async def hub_api_client(kubeconfig: str | None,
                          build: Callable[[str | None], Awaitable[Any]]) -> Any:
     """The hub ApiClient, or a StartupError naming --hub-kubeconfig (never a traceback).
@@ -295,8 +307,7 @@ async def build_gateway(config: GatewayConfig) -> tuple[Gateway, Any]:
     )
     # Hub-side session settings are the tunnel's defaults; concurrency toward an agent is
     # bounded by what that agent advertises, and by --max-inflight here.
-    session_config = SessionConfig(hub_instance=config.hub_instance,
-                                   hub_instances=config.replicas * config.workers)
+    session_config = session_settings(config)
     probe = token_review_probe(lambda token: reviewer.review(token, authenticator.audiences))
     gateway = Gateway(
         config,

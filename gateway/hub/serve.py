@@ -30,7 +30,13 @@ from gateway.hub.clusterprofile import component as clusterprofile
 from gateway.hub.config import FrontDoorLimits, GatewayConfig
 from gateway.hub.workers import instance_id as workers_instance_id
 from gateway.ops import audit, gctune, startup
-from gateway.ops.flags import parse_address, parse_duration, positive_int
+from gateway.ops.flags import (
+    add_tunnel_liveness_arguments,
+    parse_address,
+    parse_duration,
+    positive_int,
+    tunnel_liveness,
+)
 from gateway.ops.metricslink import MetricsLink, PeerSnapshots, SnapshotSender
 from gateway.ops.rlimits import raise_open_file_limit
 from gateway.wire.http1 import Limits
@@ -100,10 +106,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="time to receive a request head (408 beyond; default: 30s)")
     lim.add_argument("--idle-timeout", type=_duration, default=120.0, metavar="DURATION",
                      help="close keep-alive connections idle this long (default: 120s)")
-    lim.add_argument("--response-header-timeout", type=_duration, default=120.0,
+    lim.add_argument("--response-header-timeout", type=_duration, default=60.0,
                      metavar="DURATION",
-                     help="time from request to response head (504 beyond; 0: none; "
-                     "default: 120s). There is no total timeout: watches last")
+                     help="time from a short request to its response head (504 beyond; 0: "
+                     "none; default: 60s, kube-apiserver's own request timeout). Watches, "
+                     "logs -f and upgrades are exempt, and there is no total timeout")
     lim.add_argument("--max-connections", type=positive_int, default=10000,
                      help="client connections at once (default: %(default)s)")
     lim.add_argument("--max-inflight", type=positive_int, default=10000,
@@ -123,6 +130,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      "(the sum of all workers, at most ~1s behind) and writes ClusterProfiles")
     lim.add_argument("--shutdown-timeout", type=_duration, default=25.0, metavar="DURATION",
                      help="on SIGTERM, wait this long for in-flight requests (default: 25s)")
+    add_tunnel_liveness_arguments(parser, "agent")
     parser.add_argument("--log-level", default="info",
                         choices=("debug", "info", "warning", "error"),
                         help="log level of diagnostics on stderr (default: %(default)s); the "
@@ -147,6 +155,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         validate_prefix(args.identity_prefix)
     except IdentityError as exc:
         raise ValueError(f"--identity-prefix: {exc}") from None
+    keepalive, tunnel_timeout = tunnel_liveness(args)
     health = None if args.health_listen in ("", "off") else parse_address(args.health_listen)
     head = Limits(max_head_bytes=args.max_header_bytes, max_request_line=args.max_request_line,
                   max_field_line=min(args.max_header_bytes, 64 * 1024),
@@ -175,6 +184,8 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         limits=limits,
         unknown_cluster_grace=args.unknown_cluster_grace,
         shutdown_timeout=args.shutdown_timeout,
+        tunnel_keepalive=keepalive,
+        tunnel_timeout=tunnel_timeout,
         workers=args.workers,
         replicas=args.replicas,
         hub_instance=workers_instance_id(),
