@@ -26,6 +26,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "certs": ("certs.cli", "create CAs and issue gateway, tunnel and agent certificates"),
     "kubeconfig": ("gateway.access.kubeconfig",
                    "print a kubeconfig for clusters behind the gateway"),
+    "clusters": ("gateway.access.clusters",
+                 "list the clusters a gateway serves (its health port's /clusters)"),
     "demo": ("gateway.demo", "run hub, two managed clusters, gateway and agents locally"),
     "kubesim": ("kubesim.cli", "run kubesim, a kube-apiserver stand-in for tests (not production)"),
 }

@@ -64,6 +64,9 @@ class SessionConfig:
     # Hub side only (0 / 1: not sent): this hub process's id and how many share its address.
     hub_instance: int = 0
     hub_instances: int = 1
+    # Agent side only (0: not sent): the agent's packed release and its process's random id.
+    agent_version: int = 0
+    agent_instance: int = 0
 
 
 class MemoryBudget:
@@ -253,10 +256,16 @@ class Session:
         if cfg.hub_instance:
             settings[f.S_HUB_INSTANCE] = cfg.hub_instance
             settings[f.S_HUB_INSTANCES] = cfg.hub_instances
+        if cfg.agent_version:
+            settings[f.S_AGENT_VERSION] = cfg.agent_version
+        if cfg.agent_instance:
+            settings[f.S_AGENT_INSTANCE] = cfg.agent_instance
         self._control.append(f.encode_settings(settings))
         self.peer_settings_received = False
         self.peer_hub_instance = 0  # 0: the hub did not say (a single hub process)
         self.peer_hub_instances = 1
+        self.peer_agent_version = 0  # 0: the agent did not say (an older agent)
+        self.peer_agent_instance = 0
 
     # Receiving ------------------------------------------------------------------------------
 
@@ -346,6 +355,8 @@ class Session:
         self.peer_max_metadata = settings.get(f.S_MAX_METADATA_SIZE, self.peer_max_metadata)
         self.peer_hub_instance = settings.get(f.S_HUB_INSTANCE, self.peer_hub_instance)
         self.peer_hub_instances = settings.get(f.S_HUB_INSTANCES, self.peer_hub_instances)
+        self.peer_agent_version = settings.get(f.S_AGENT_VERSION, self.peer_agent_version)
+        self.peer_agent_instance = settings.get(f.S_AGENT_INSTANCE, self.peer_agent_instance)
         self.peer_settings_received = True
         self._control.append(f.encode_settings_ack())
         self.events.append(SettingsReceived(settings))

@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import secrets
 import signal
 import ssl
 import sys
@@ -30,6 +31,7 @@ from gateway.agent.kubeapi import KubeAPIAccess, KubeAPIConfigError, load
 from gateway.ops import startup
 from gateway.ops.flags import add_tunnel_liveness_arguments, positive_int, tunnel_liveness
 from gateway.ops.rlimits import raise_open_file_limit
+from gateway.ops.version import pack_release, version
 
 log = logging.getLogger("hubproxy.agent")
 
@@ -236,10 +238,13 @@ async def serve(args: argparse.Namespace) -> int:
         [cert, key, hub_ca],
     )
     hub_host, hub_port = args.hub
+    # The same id on every session of this process: the hub counts agent replicas with it.
+    agent_instance = secrets.randbits(32) or 1
     # One session to each hub process behind the address (gateway workers, hub replicas).
     dialer = HubFanout(lambda fanout: AgentDialer(
         hub_host, hub_port, hub_tls.current, agent.on_open,
-        SessionConfig(ping_after=keepalive, dead_after=tunnel_timeout),
+        SessionConfig(ping_after=keepalive, dead_after=tunnel_timeout,
+                      agent_version=pack_release(version()), agent_instance=agent_instance),
         server_hostname=args.hub_server_name or hub_host, fanout=fanout))
     readiness = Readiness(dialer, kube)
     log.info("agent for cluster %s: hub %s:%d, apiserver %s, services allowed: %s",

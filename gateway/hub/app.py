@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import ssl
@@ -30,13 +31,17 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from gateway.hub import fleet
 from gateway.hub.admission.auth import Authenticator, TokenAuthenticator
 from gateway.hub.admission.authorize import Authorizer
 from gateway.hub.admission.identity import IdentityCache
 from gateway.hub.config import GatewayConfig
 from gateway.hub.exchange import Exchange
+from gateway.hub.fleet import FleetView
 from gateway.hub.frontdoor import FrontDoor
+from gateway.hub.requestclass import SHORT, STREAM, front_door_class
 from gateway.ops import audit, startup
+from gateway.ops.certexpiry import CertificateFiles
 from gateway.ops.health import HealthServer, Readiness, token_review_probe
 from gateway.ops.metrics import OTHER_CLUSTER, GatewayMetrics
 from tunnel.connection import ALPN, SessionConfig
@@ -60,6 +65,7 @@ class Gateway:
         tunnel_ssl: ssl.SSLContext | None = None,
         hub_probe: Callable[[], Awaitable[None]] | None = None,
         session_config: SessionConfig | None = None,
+        metrics: GatewayMetrics | None = None,
     ) -> None:
         self.config = config
         self.authenticator = authenticator
@@ -68,7 +74,14 @@ class Gateway:
         self.front_ssl = front_ssl
         self.tunnel_ssl = tunnel_ssl
         self.session_config = session_config
-        self.metrics = GatewayMetrics()
+        self.metrics = metrics or GatewayMetrics()
+        self.fleet = FleetView(registry, worker=config.worker_index)
+        self.metrics.fleet = self.fleet.snapshot
+        self.metrics.fleet_lines = fleet.metric_lines
+        self.metrics.agent_certificates = fleet.agent_certificates
+        own = {name: os.path.join(directory, "tls.crt") for name, directory in
+               (("serving", config.tls_dir), ("tunnel", config.tunnel_tls_dir)) if directory}
+        self.metrics.certificates = CertificateFiles(own).expiries
         self.identities = IdentityCache()
         self.connections: set[FrontDoor] = set()
         self.inflight = 0
@@ -111,7 +124,10 @@ class Gateway:
                      method: bytes | None, target: bytes | None, status: int, bytes_in: int,
                      bytes_out: int, duration: float, stream: bool = False) -> None:
         label = cluster if cluster in self.known_clusters else OTHER_CLUSTER
-        self.metrics.request(label, status, bytes_in, bytes_out)
+        kind = front_door_class(target) if target is not None else SHORT
+        if stream and kind == SHORT:
+            kind = STREAM  # an upgrade: its target does not say so
+        self.metrics.request(label, status, bytes_in, bytes_out, duration, kind)
         if self._audit:
             emit = audit.stream_end if stream else audit.request_done
             emit(request_id=request_id, user=user or None, cluster=cluster, method=method,
@@ -123,6 +139,12 @@ class Gateway:
             audit.stream_start(request_id=exchange.request_id, user=exchange.admitted.user or None,
                                cluster=exchange.admitted.cluster, method=door.head.method,
                                target=door.head.target, status=exchange.status)
+
+    def clusters_document(self) -> bytes:
+        """``GET /clusters``: this gateway's fleet, all workers' sessions merged (see
+        :mod:`gateway.hub.fleet`)."""
+        parts = [self.fleet.snapshot(), *(p.get("fleet") or {} for p in self.metrics.peers())]
+        return json.dumps(fleet.summarize(fleet.merge(parts)), indent=1).encode() + b"\n"
 
     def request_released(self) -> None:
         if self.inflight <= 0:
@@ -155,7 +177,8 @@ class Gateway:
                 raise startup.bind_error(exc, thost, tport, "--tunnel-listen") from None
             self.tunnel_port = int(self._tunnel.port)
         if config.health_listen is not None and config.worker_index == 0:
-            self._health = HealthServer(self.readiness, self.metrics.render)
+            self._health = HealthServer(self.readiness, self.metrics.render,
+                                        clusters=self.clusters_document)
             try:
                 self.health_port = await self._health.start(*config.health_listen)
             except OSError as exc:
@@ -298,13 +321,18 @@ async def build_gateway(config: GatewayConfig) -> tuple[Gateway, Any]:
 
     front_ssl, tunnel_ssl = front_tls(config), tunnel_tls(config)
     api_client = await hub_api_client(config.hub_kubeconfig, build_hub_api_client)
+    from gateway.hub.hubcalls import CountingAuthorizer, TimedTokenReviewer, timed_review
+
+    metrics = GatewayMetrics()
     reviewer = KubeTokenReviewer(api_client)
-    authenticator = TokenAuthenticator(reviewer, ttl=config.token_cache_ttl,
-                                       audiences=config.audiences)
-    authorizer: Authorizer = (
-        SarAuthorizer(api_client, config.token_cache_ttl) if config.authorize == "sar"
-        else NoAuthorizer()
-    )
+    authenticator = TokenAuthenticator(TimedTokenReviewer(reviewer, metrics),
+                                       ttl=config.token_cache_ttl, audiences=config.audiences)
+    authorizer: Authorizer = NoAuthorizer()
+    if config.authorize == "sar":
+        sar = SarAuthorizer(api_client, config.token_cache_ttl)
+        # Its review function is the seam for measuring each SAR actually sent.
+        sar._review = timed_review(sar._review, metrics)
+        authorizer = CountingAuthorizer(sar, metrics)
     # Hub-side session settings are the tunnel's defaults; concurrency toward an agent is
     # bounded by what that agent advertises, and by --max-inflight here.
     session_config = session_settings(config)
@@ -318,5 +346,6 @@ async def build_gateway(config: GatewayConfig) -> tuple[Gateway, Any]:
         tunnel_ssl=tunnel_ssl,
         hub_probe=probe,
         session_config=session_config,
+        metrics=metrics,
     )
     return gateway, api_client

@@ -66,7 +66,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     net.add_argument("--tunnel-listen", type=_address, default=("0.0.0.0", 8091),
                      metavar="HOST:PORT", help="agent tunnel, mTLS 1.3 (default: 0.0.0.0:8091)")
     net.add_argument("--health-listen", default="0.0.0.0:8000", metavar="HOST:PORT",
-                     help="plain HTTP /healthz /readyz /metrics; 'off' to disable "
+                     help="plain HTTP /healthz /readyz /metrics /clusters, "
+                     "unauthenticated: keep it on a private address; 'off' to disable "
                      "(default: 0.0.0.0:8000)")
     tls = parser.add_argument_group("certificates (reloaded when the files change)")
     tls.add_argument("--tls-dir", required=True, metavar="DIR",

@@ -5,9 +5,11 @@ response-header timeout (504), while watches and ``logs -f`` are exempt from it.
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import ssl
 import time
+import urllib.request
 from pathlib import Path
 
 import aiohttp
@@ -40,6 +42,12 @@ async def _get(fleet: Fleet, path: str, timeout: float = 30) -> tuple[int, bytes
         else:
             body = await response.read()
         return response.status, body, time.monotonic() - started
+
+
+def _clusters(fleet: Fleet) -> dict:
+    url = f"http://127.0.0.1:{fleet.health}/clusters"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return json.loads(response.read())
 
 
 def test_defaults_meet_the_operators_figures() -> None:
@@ -84,7 +92,11 @@ async def test_a_frozen_agent_is_found_within_10s_then_recovers(tmp_path: Path) 
             # Found by the keepalive (8 s of silence), not by anything faster or slower.
             print(f"frozen agent: 503 after {waited:.1f}s")
             assert 4 < waited < 10, waited
-            assert "declaring it dead" in fleet.gateway.output
+            await asyncio.to_thread(fleet.gateway.wait_for_line, "declaring it dead", 5)
+            # The fleet view says which cluster went and why.
+            [c1] = (await asyncio.to_thread(_clusters, fleet))["clusters"]
+            assert (c1["connected"], c1["last_error"]) == (False, "peer dead"), c1
+            assert c1["disconnected_at"] is not None
         finally:
             fleet.agent.signal(signal.SIGCONT)
         # The thawed agent sees its session gone and dials again.
@@ -95,6 +107,8 @@ async def test_a_frozen_agent_is_found_within_10s_then_recovers(tmp_path: Path) 
                 break
             assert time.monotonic() < deadline, "the agent did not come back"
             await asyncio.sleep(0.3)
+        [c1] = (await asyncio.to_thread(_clusters, fleet))["clusters"]
+        assert (c1["connected"], c1["sessions"], c1["last_error"]) == (True, 1, "peer dead")
 
 
 async def test_a_frozen_gateway_is_found_by_the_agent_within_10s(tmp_path: Path) -> None:
