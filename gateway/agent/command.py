@@ -29,6 +29,7 @@ from certs.identity import validate_cluster_name
 from certs.tls import TLS1_3, ReloadingContext, client_context
 from gateway.agent.kubeapi import KubeAPIAccess, KubeAPIConfigError, load
 from gateway.ops import startup
+from gateway.ops.certexpiry import CertificateFiles
 from gateway.ops.flags import add_tunnel_liveness_arguments, positive_int, tunnel_liveness
 from gateway.ops.rlimits import raise_open_file_limit
 from gateway.ops.version import pack_release, version
@@ -110,7 +111,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "together with the memory limit. Beyond it requests are answered 429")
     add_tunnel_liveness_arguments(parser, "hub")
     parser.add_argument("--health-listen", default="0.0.0.0:8000", metavar="ADDR",
-                        help="/healthz and /readyz ('off' to disable)")
+                        help="plain HTTP /healthz, /readyz and /metrics ('off' to disable)")
     parser.add_argument("--log-level", default="info",
                         choices=["debug", "info", "warning", "error"])
 
@@ -247,6 +248,9 @@ async def serve(args: argparse.Namespace) -> int:
                       agent_version=pack_release(version()), agent_instance=agent_instance),
         server_hostname=args.hub_server_name or hub_host, fanout=fanout))
     readiness = Readiness(dialer, kube)
+    agent.metrics.sessions = lambda: dialer.sessions
+    agent.metrics.version = version()
+    agent.metrics.certificates = CertificateFiles({"agent": str(cert)}).expiries
     log.info("agent for cluster %s: hub %s:%d, apiserver %s, services allowed: %s",
              cluster, hub_host, hub_port, kube.describe(),
              ", ".join(f"{n}/{s}:{p}" for n, s, p in args.allow_service) or "none")
@@ -258,10 +262,10 @@ async def serve(args: argparse.Namespace) -> int:
     if health_address is not None:
         host, port = health_address
         try:
-            health = await start_health_server(host, port, readiness)
+            health = await start_health_server(host, port, readiness, agent.metrics.render)
         except OSError as exc:
             raise startup.bind_error(exc, host, port, "--health-listen") from None
-        log.info("health on %s:%d (/healthz, /readyz)", host, port)
+        log.info("health on %s:%d (/healthz, /readyz, /metrics)", host, port)
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

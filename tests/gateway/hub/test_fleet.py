@@ -127,6 +127,26 @@ async def test_clusters_view_and_metrics_of_a_running_gateway(tmp_path: Path) ->
         assert len(types) == len(set(types))
         assert running.sims.user_token not in text and "serviceaccount" not in text
 
+        # The agent's own /metrics on its health port.
+        agent_text = await asyncio.to_thread(_scrape, running.agent_health)
+        assert _value(agent_text, 'hubproxy_agent_upstream_response_seconds_count'
+                                  '{upstream="kube-apiserver"}') >= 4
+        assert _value(agent_text, 'hubproxy_agent_streams_finished_total'
+                                  '{upstream="kube-apiserver",outcome="complete"}') == 3
+        assert _value(agent_text, "hubproxy_agent_streams_total") >= 4
+        pooled = sum(_value(agent_text, f'hubproxy_agent_upstream_connections{{state="{state}"}}')
+                     for state in ("idle", "in_use"))
+        assert 0 <= pooled <= _value(agent_text, "hubproxy_agent_upstream_dials_total")
+        assert _value(agent_text, "hubproxy_agent_upstream_dials_total") >= 1
+        assert _value(agent_text, "hubproxy_agent_upstream_connections_limit") == 2048
+        assert _value(agent_text, "hubproxy_agent_tunnel_sessions") == 1
+        assert _value(agent_text, "hubproxy_agent_tunnel_rtt_seconds") < 1
+        assert _value(agent_text, 'hubproxy_certificate_expiry_timestamp_seconds'
+                                  '{certificate="agent"}') == \
+            round(agent_cert.not_valid_after_utc.timestamp())
+        assert _value(agent_text, f'hubproxy_agent_info{{version="{version("hubproxy")}"}}') == 1
+        assert running.sims.agent_token not in agent_text
+
 
 def _part(worker: int, instance: str, *, error: str | None = None, at: float = 0.0) -> dict:
     return {"c1": {"sessions": [{"agent_version": "0.1.0", "agent_instance": instance,
@@ -167,3 +187,12 @@ def test_sessions_without_agent_ids_count_as_separate_instances() -> None:
     document = fleet.summarize(fleet.merge([part, _part(1, "y")]))
     [c1] = document["clusters"]
     assert c1["instances"] == 2 and c1["agent_versions"] == ["0.1.0", "unknown"]
+
+
+def test_agent_outcomes_become_bounded_labels() -> None:
+    from gateway.agent.metrics import outcome_kind
+
+    assert outcome_kind("refused OVERLOAD") == "refused_overload"
+    assert outcome_kind("reset: bytes after the end of the request body") == "reset"
+    assert outcome_kind("upstream failed") == "upstream_failed"
+    assert outcome_kind("") == "closed"
