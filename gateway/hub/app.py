@@ -106,6 +106,7 @@ class Gateway:
             len(list(registry.sessions(c))) for c in registry.clusters()
         )
         self.metrics.client_connections = lambda: len(self.connections)
+        self.metrics.tunnel_refused = lambda: self._tunnel.refused if self._tunnel else 0
         self.metrics.auth_reviews = lambda: (
             authenticator.reviews if isinstance(authenticator, TokenAuthenticator) else 0)
         self._audit = audit.logger.isEnabledFor(logging.INFO)

@@ -88,6 +88,10 @@ class GatewayMetrics:
     client_connections: Callable[[], int] = lambda: 0
     auth_reviews: Callable[[], int] = lambda: 0  # TokenReviews sent = cache misses
     auth_lookups: int = 0  # authentications asked for
+    # Agent connections that completed TLS but were refused (not TLS 1.3, wrong ALPN, no
+    # cluster in the certificate). Handshakes the TLS library itself fails (unknown CA, expired
+    # certificate) never reach our code: they are only in the log.
+    tunnel_refused: Callable[[], int] = lambda: 0
     # With --workers: the latest snapshots of the other workers (worker 0 serves /metrics).
     peers: Callable[[], Iterable[dict[str, Any]]] = lambda: ()
     # Request durations by (cluster, class: short/watch/stream).
@@ -146,6 +150,7 @@ class GatewayMetrics:
             "auth_reviews": self.auth_reviews(),
             "auth_lookups": self.auth_lookups,
             "authz_lookups": self.authz_lookups,
+            "tunnel_refused": self.tunnel_refused(),
             "latency": [[cluster, kind, h.to_json()]
                         for (cluster, kind), h in self.latency.items()],
             "hub_latency": [[call, h.to_json()] for call, h in self.hub_latency.items()],
@@ -166,7 +171,7 @@ class GatewayMetrics:
 
 SUMMED = ("bytes_in", "bytes_out", "active_streams", "streams_total", "connections_refused",
           "connected_agents", "client_connections", "auth_reviews", "auth_lookups",
-          "authz_lookups")
+          "authz_lookups", "tunnel_refused")
 
 
 def merge(snapshots: Iterable[dict[str, Any]]) -> dict[str, Any]:
@@ -249,6 +254,10 @@ def render(m: dict[str, Any]) -> bytes:
         "# TYPE hubproxy_bytes_total counter",
         f'hubproxy_bytes_total{{direction="in"}} {m["bytes_in"]}',
         f'hubproxy_bytes_total{{direction="out"}} {m["bytes_out"]}',
+        "# HELP hubproxy_tunnel_refused_total Agent connections refused after TLS (not TLS "
+        "1.3, wrong ALPN, no cluster in the certificate); TLS-level failures are only logged.",
+        "# TYPE hubproxy_tunnel_refused_total counter",
+        f"hubproxy_tunnel_refused_total {m['tunnel_refused']}",
     ]
     lines += _latency_lines(m)
     return ("\n".join(lines) + "\n").encode("ascii")
