@@ -214,3 +214,13 @@ def test_each_context_reaches_its_own_cluster(system: System, context: str) -> N
     got = system.kubectl("version", "-o", "json", context=context)
     assert got.returncode == 0, got.stderr
     assert context in json.loads(got.stdout)["serverVersion"]["gitVersion"]
+
+
+def test_kubectl_get_raw_without_the_cluster_prefix_gets_a_hint(system: System) -> None:
+    """kubectl get --raw drops the server URL's path (/cluster1): the gateway says so."""
+    got = system.kubectl("get", "--raw", "/version")
+    assert got.returncode != 0
+    assert 'cluster "version"' in got.stderr
+    assert "--raw /<cluster>/version" in got.stderr, got.stderr
+    fixed = system.kubectl("get", "--raw", "/cluster1/version")
+    assert fixed.returncode == 0 and '"gitVersion"' in fixed.stdout, fixed.stderr
