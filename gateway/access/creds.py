@@ -62,8 +62,13 @@ class ExecRequest:
     server: str
 
 
-def parse_exec_info(raw: str | None) -> ExecRequest:
-    """Validate an ExecCredential input document as client-go writes it."""
+def parse_exec_info(raw: str | None, cluster_name: str | None = None) -> ExecRequest:
+    """Validate an ExecCredential input document as client-go writes it.
+
+    ``cluster_name`` (``--cluster``) stands in for the cluster information when the client
+    cannot send it: Argo CD's ``execProviderConfig`` has no ``provideClusterInfo``. What the
+    client sends, when it sends it, wins.
+    """
     if raw is None or not raw.strip():
         raise CredentialError(
             "KUBERNETES_EXEC_INFO is not set: run hubproxy-creds as a client-go exec plugin"
@@ -87,10 +92,12 @@ def parse_exec_info(raw: str | None) -> ExecRequest:
         )
     spec = document.get("spec")
     cluster = spec.get("cluster") if isinstance(spec, dict) else None
+    if not isinstance(cluster, dict) and cluster_name is not None:
+        cluster = {"config": {"clusterName": cluster_name}}
     if not isinstance(cluster, dict):
         raise CredentialError(
             "no cluster information in KUBERNETES_EXEC_INFO: set provideClusterInfo: true"
-            " in the exec configuration"
+            " in the exec configuration (or pass --cluster NAME)"
         )
     config = cluster.get("config")
     cluster_name = config.get("clusterName") if isinstance(config, dict) else None
@@ -312,6 +319,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version",
                         version=f"hubproxy-creds {version()}")
     parser.add_argument(
+        "--cluster",
+        metavar="NAME",
+        help="the cluster's name when the client cannot send cluster information (Argo CD's"
+        " execProviderConfig has no provideClusterInfo); what the client sends wins",
+    )
+    parser.add_argument(
         "--token-file",
         type=Path,
         default=DEFAULT_TOKEN_FILE,
@@ -377,7 +390,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     os.environ[REENTRY_GUARD] = "1"
     try:
-        request = parse_exec_info(os.environ.get("KUBERNETES_EXEC_INFO"))
+        request = parse_exec_info(os.environ.get("KUBERNETES_EXEC_INFO"), args.cluster)
         if args.managed_serviceaccount or args.token_request_audience:
             check_hub_kubeconfig(args.hub_kubeconfig, os.environ)
         credential = asyncio.run(_credential(args, request))
