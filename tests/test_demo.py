@@ -39,9 +39,12 @@ def test_demo_starts_serves_kubectl_and_stops_on_sigterm(
     try:
         check_demo(demo, tmp_path)
     finally:
-        # If the test failed before the demo could stop its children, stop them (ours only).
+        # If the test failed while the demo still ran, stop its children (ours only). Once the
+        # demo has exited it has stopped them itself, and their PIDs may already belong to
+        # another test's processes: never signal those.
         pid_file = tmp_path / "pids"
-        for line in pid_file.read_text().splitlines() if pid_file.exists() else []:
+        running = demo.popen.poll() is None
+        for line in pid_file.read_text().splitlines() if running and pid_file.exists() else []:
             pid = int(line.split()[1])
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
@@ -137,6 +140,7 @@ def test_demo_shows_a_lost_agent_restarts_it_serves_port_forward_and_cleans_up(
         if forward is not None and forward.poll() is None:
             os.killpg(forward.pid, signal.SIGKILL)
             forward.wait(5)
-        for pid in pids:
+        # Only while the demo runs are these PIDs surely its children (see above).
+        for pid in pids if demo.popen.poll() is None else []:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
