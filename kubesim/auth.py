@@ -69,6 +69,11 @@ def service_account_groups(namespace: str) -> tuple[str, str]:
     return ("system:serviceaccounts", f"system:serviceaccounts:{namespace}")
 
 
+# What kube-apiserver's TokenReview says (status.error) for a token no authenticator claims
+# (not a JWT, or another issuer's), as a real 1.36 apiserver answers it.
+NOT_RECOGNISED = "invalid bearer token"
+
+
 @dataclass(frozen=True)
 class StaticUser:
     token: str
@@ -175,8 +180,8 @@ class Authenticator:
 
     def _service_account(self, token: str, targets: list[str]) -> tuple[UserInfo, list[str]]:
         parts = token.split(".")
-        if len(parts) != 3:
-            raise AuthenticationFailed("[invalid bearer token, token lookup failed]")
+        if len(parts) != 3:  # not a JWT: no authenticator claims it
+            raise AuthenticationFailed(NOT_RECOGNISED)
         try:
             signing_input = f"{parts[0]}.{parts[1]}".encode()
             expected = hmac.new(self.secret, signing_input, hashlib.sha256).digest()
@@ -186,10 +191,10 @@ class Authenticator:
                 )
             claims = json.loads(_unb64(parts[1]))
         except (ValueError, TypeError) as exc:
-            raise AuthenticationFailed("[invalid bearer token, token lookup failed]") from exc
+            raise AuthenticationFailed(NOT_RECOGNISED) from exc
         now = time.time()
-        if claims.get("iss") != self.issuer:
-            raise AuthenticationFailed("[invalid bearer token, token lookup failed]")
+        if claims.get("iss") != self.issuer:  # another issuer's JWT: not ours to judge
+            raise AuthenticationFailed(NOT_RECOGNISED)
         if claims.get("exp", 0) < now or claims.get("nbf", 0) > now + 60:
             raise AuthenticationFailed("[invalid bearer token, service account token has expired]")
         token_auds = claims.get("aud") or []

@@ -12,17 +12,17 @@ authorized separately with verb `impersonate`:
 | extra `<key>`         | `userextras/<key>` (authentication.k8s.io) | the value                  |
 | uid                   | `uids` (authentication.k8s.io)             | the uid                    |
 
-A denial is 403 with the apiserver's message. Groups, extras or a uid without a user is an
-error the real filter reports as a plain-text 500 (`responsewriters.InternalError`); kubesim
-does the same. The impersonated user gets `system:authenticated` (or `system:unauthenticated`
-for `system:anonymous`) unless already present; a service account impersonated without
-groups gets its fixed service-account groups.
+A denial is 403 with the apiserver's message. Groups, extras or a uid without a user is a
+400 BadRequest Status, as kube-apiserver 1.36 answers it (older releases sent a plain-text 500).
+The impersonated user gets `system:authenticated` (or `system:unauthenticated` for
+`system:anonymous`) unless already present; a service account impersonated without groups gets
+its fixed service-account groups.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from urllib.parse import unquote
 
 from kubesim import status
@@ -42,21 +42,12 @@ UID = "impersonate-uid"
 EXTRA_PREFIX = "impersonate-extra-"
 
 
-class ImpersonationHeaderError(Exception):
-    """Malformed combination of headers; answered with a plain-text 500 like kube-apiserver."""
-
-
 @dataclass(frozen=True)
 class _Request:
     kind: str  # ServiceAccount, User, Group, UserExtra, UID
     name: str
     namespace: str = ""
     field: str = ""
-
-    def go_repr(self) -> str:
-        # Roughly how Go prints the ObjectReference in the real error message.
-        api = "authentication.k8s.io/v1" if self.kind in ("UserExtra", "UID") else ""
-        return f"{{{self.kind} {self.namespace} {self.name}  {api}   {self.field}}}"
 
 
 def has_impersonation(headers: Iterable[str]) -> bool:
@@ -82,17 +73,42 @@ def _requests(headers: list[tuple[str, str]]) -> list[_Request]:
     if uids and uids[0]:
         out.append(_Request("UID", uids[0]))
     if (groups or extras or (uids and uids[0])) and not user:
-        reqs = " ".join(r.go_repr() for r in out)
-        raise ImpersonationHeaderError(f"requested [{reqs}] without impersonating a user")
+        raise status.StatusError(400, "BadRequest", _without_user_message(
+            uids[0] if uids else "", groups,
+            [(unquote(k.lower()[len(EXTRA_PREFIX):]), v) for k, v in extras]), None)
     return out
+
+
+def _go_strings(values: Iterable[str]) -> str:
+    return "[]string{" + ", ".join(f'"{v}"' for v in values) + "}"
+
+
+def _without_user_message(uid: str, groups: list[str], extras: list[tuple[str, str]]) -> str:
+    """The 1.36 message: the requested user.DefaultInfo as Go's %#v prints it."""
+    merged: dict[str, list[str]] = {}
+    for key, value in extras:
+        merged.setdefault(key, []).append(value)
+    extra = ("map[string][]string(nil)" if not merged else "map[string][]string{"
+             + ", ".join(f'"{k}":{_go_strings(v)}' for k, v in merged.items()) + "}")
+    group_repr = _go_strings(groups) if groups else "[]string(nil)"
+    info = f'&user.DefaultInfo{{Name:"", UID:"{uid}", Groups:{group_repr}, Extra:{extra}}}'
+    return f"requested {info} without impersonating a user name"
 
 
 def impersonate(
     requestor: UserInfo,
     headers: list[tuple[str, str]],
     authorize: Callable[[Attributes], tuple[bool, str]],
+    target: Attributes | None = None,
 ) -> UserInfo | None:
-    """The user to act as, None if no impersonation was asked for; raises StatusError (403)."""
+    """The user to act as, None if no impersonation was asked for; raises StatusError (403).
+
+    ``target`` is what the request itself asks to do, as the requestor. Kubernetes 1.36 tries
+    constrained impersonation (KEP-5284) when the legacy ``impersonate`` checks deny, and its
+    403 then names that check on the request (``impersonate-on:<mode>:<verb>``), not the
+    legacy ``users``/``serviceaccounts`` resource. kubesim grants only the legacy verbs but
+    words the refusal as 1.36 does.
+    """
     requests = _requests(headers)
     if not requests:
         return None
@@ -149,7 +165,10 @@ def impersonate(
             uid = req.name
         allowed, reason = authorize(attrs)
         if not allowed:
-            raise forbidden_error(attrs, reason)
+            if target is None:
+                raise forbidden_error(attrs, reason)
+            mode = "serviceaccount" if requests[0].kind == "ServiceAccount" else "user-info"
+            raise forbidden_error(replace(target, verb=f"impersonate-on:{mode}:{target.verb}"))
 
     if username != ANONYMOUS:
         if ALL_AUTHENTICATED not in groups and ALL_UNAUTHENTICATED not in groups:
@@ -159,4 +178,4 @@ def impersonate(
     return UserInfo(username, uid, tuple(groups), {k: tuple(v) for k, v in extra.items()})
 
 
-__all__ = ["ImpersonationHeaderError", "has_impersonation", "impersonate", "status"]
+__all__ = ["has_impersonation", "impersonate", "status"]

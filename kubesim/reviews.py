@@ -23,7 +23,10 @@ from kubesim.store import Store
 
 def _envelope(kind: str, api_version: str, body: dict[str, Any], name: str = "") -> dict[str, Any]:
     meta = dict(body.get("metadata") or {})
-    meta["creationTimestamp"] = None if not name else now()
+    # An unnamed review is never stored: the real apiserver sends no creationTimestamp at all
+    # (not null) in its metadata.
+    if name:
+        meta["creationTimestamp"] = now()
     return {
         "kind": kind,
         "apiVersion": api_version,

@@ -82,6 +82,28 @@ class ReceivedRequest:
         return [v for k, v in self.headers if k.lower() == name.lower()]
 
 
+class PathNotServed(Exception):
+    """No API group owns the path; answered with Go's plain-text "404 page not found"."""
+
+
+def _attributes(user: UserInfo, info: requestinfo.RequestInfo) -> Attributes:
+    """What the request asks to do, as the authorizer (and impersonation) sees it."""
+    if not info.resource_request:
+        return Attributes(user, info.verb, False, path=info.path)
+    return Attributes(
+        user,
+        info.verb,
+        True,
+        namespace=info.namespace,
+        api_group=info.group,
+        api_version=info.version,
+        resource=info.resource,
+        subresource=info.subresource,
+        name=info.name,
+        path=info.path,
+    )
+
+
 def _json(obj: Any, code: int = 200) -> web.Response:
     # Compact, newline-terminated: what kube-apiserver's JSON serializer writes.
     body = json.dumps(obj, separators=(",", ":")).encode() + b"\n"
@@ -225,11 +247,9 @@ class KubeSim:
                 response = await self._serve(request, record)
         except StatusError as err:
             response = _error(err)
-        except impersonation.ImpersonationHeaderError as err:
-            # kube-apiserver answers this with responsewriters.InternalError: plain text 500.
-            response = web.Response(
-                status=500, text=f'Internal Server Error: "{request.raw_path}": {err}\n'
-            )
+        except PathNotServed:
+            # No API group claims the path: Go's mux answers, in plain text, not a Status.
+            response = web.Response(status=404, text="404 page not found\n")
         record.status = response.status
         if not response.prepared:
             response.headers.setdefault("Audit-Id", str(uuid.uuid4()))
@@ -291,17 +311,17 @@ class KubeSim:
                 raise status.unauthorized()
             user = UserInfo(ANONYMOUS, "", (ALL_UNAUTHENTICATED,))
         record.user = user.name
+        query = dict(request.query)
+        info = requestinfo.parse(request.method, path, query)
         acting = impersonation.impersonate(
-            user, list(request.headers.items()), self.authz.authorize
+            user, list(request.headers.items()), self.authz.authorize, _attributes(user, info)
         )
         if acting is not None:
             user = acting
             record.acting_as = acting.name
         record.groups = user.groups
-        query = dict(request.query)
-        info = requestinfo.parse(request.method, path, query)
         if not info.resource_request:
-            attrs = Attributes(user, info.verb, False, path=path)
+            attrs = _attributes(user, info)
             if not self.authz.authorize(attrs)[0]:
                 raise forbidden_error(attrs)
             return self._non_resource(request, path)
@@ -361,7 +381,15 @@ class KubeSim:
                 doc = None
             if doc:
                 return _json(doc)
+        if not self._api_served(parts):
+            raise PathNotServed(path)
         raise status.resource_not_found()
+
+    def _api_served(self, parts: list[str]) -> bool:
+        """Whether an API handler owns this path: /api/..., /apis, /apis/<known group>/..."""
+        if parts[0] == "api" or parts == ["apis"]:
+            return True
+        return parts[0] == "apis" and self.registry.api_group(parts[1]) is not None
 
     # --- resources ---------------------------------------------------------------------
     async def _resource(
@@ -371,7 +399,15 @@ class KubeSim:
         user: UserInfo,
         query: dict[str, str],
     ) -> web.StreamResponse:
+        # Authorization is a filter in front of every handler: a user without the permission
+        # gets 403 even for a resource that does not exist, as from kube-apiserver.
+        attrs = _attributes(user, info)
+        allowed, _ = self.authz.authorize(attrs)
+        if not allowed:
+            raise forbidden_error(attrs)
         rtype = self.registry.lookup(info.group, info.version, info.resource)
+        if rtype is None and info.group and self.registry.api_group(info.group) is None:
+            raise PathNotServed(info.path)
         if rtype is None or info.parts_count > 3:
             raise status.resource_not_found()
         if (
@@ -392,21 +428,6 @@ class KubeSim:
         if info.verb not in allowed_verbs or misplaced:
             raise status.method_not_allowed()
 
-        attrs = Attributes(
-            user,
-            info.verb,
-            True,
-            namespace=info.namespace,
-            api_group=info.group,
-            api_version=info.version,
-            resource=info.resource,
-            subresource=info.subresource,
-            name=info.name,
-            path=info.path,
-        )
-        allowed, _ = self.authz.authorize(attrs)
-        if not allowed:
-            raise forbidden_error(attrs)
         if info.subresource in ("exec", "attach", "portforward") and info.verb == "get":
             # Websocket upgrades are GETs; since 1.30 they also need `create`, as SPDY POSTs do.
             create = Attributes(**{**attrs.__dict__, "verb": "create"})

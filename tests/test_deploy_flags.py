@@ -25,21 +25,28 @@ def env_names_of(command: str) -> set[str]:
 
 
 @pytest.mark.parametrize(
-    ("base", "command"),
-    [("deploy/hub", "gateway"), ("deploy/agent", "agent"),
-     ("deploy/examples/agent-cluster1", "agent")],
+    ("base", "commands"),
+    [("deploy/hub", {"gateway"}), ("deploy/agent", {"agent"}),
+     ("deploy/examples/agent-cluster1", {"agent"}), ("deploy/ocm", {"gateway", "agent"})],
 )
-def test_manifest_environment_names_real_flags(base: str, command: str) -> None:
-    rendered = subprocess.run(["kubectl", "kustomize", str(ROOT / base)], capture_output=True,
-                              text=True, check=True, timeout=60).stdout
-    deployments = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "Deployment"]
-    assert deployments
-    known = env_names_of(command)
+def test_manifest_environment_names_real_flags(base: str, commands: set[str]) -> None:
+    rendered = [d for d in yaml.safe_load_all(subprocess.run(
+        ["kubectl", "kustomize", str(ROOT / base)], capture_output=True, text=True, check=True,
+        timeout=60).stdout) if d]
+    deployments = [d for d in rendered if d["kind"] == "Deployment"]
+    # The OCM add-on carries the agent's Deployment inside its AddOnTemplate.
+    deployments += [m for d in rendered if d["kind"] == "AddOnTemplate"
+                    for m in d["spec"]["agentSpec"]["workload"]["manifests"]
+                    if m["kind"] == "Deployment"]
+    seen = set()
     for deployment in deployments:
         for container in deployment["spec"]["template"]["spec"]["containers"]:
-            assert container["command"] == ["hubproxy", command]
+            program, command = container["command"]
+            assert program == "hubproxy" and command in commands, container["command"]
+            seen.add(command)
             names = {e["name"] for e in container.get("env", [])}
-            assert names and names <= known, sorted(names - known)
+            assert names and names <= env_names_of(command), sorted(names - env_names_of(command))
+    assert seen == commands
 
 
 def test_documented_optional_settings_are_real_flags() -> None:

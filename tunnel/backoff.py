@@ -21,7 +21,7 @@ class Backoff:
     _connected_at: float | None = None
 
     def next_delay(self) -> float:
-        ceiling = min(self.cap, self.base * (2 ** min(self.attempt, 32)))
+        ceiling = min(self.cap, self.base * 2.0 ** min(self.attempt, 32))
         self.attempt += 1
         return self.rand() * ceiling
 

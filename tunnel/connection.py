@@ -87,7 +87,7 @@ class TunnelStream:
                  "metadata", "protocol", "stream_id", "target")
 
     def __init__(self, session: TunnelSession, stream_id: int, target: Target, metadata: bytes,
-                 protocol: StreamProtocol | None, accepted: bool) -> None:
+                 protocol: StreamProtocol, accepted: bool) -> None:
         self._session = session
         self.stream_id = stream_id
         self.target = target
@@ -207,7 +207,8 @@ class TunnelSession(asyncio.BufferedProtocol):
         self._core = ss.Session(self.config, opens_odd=on_open is None)
         self._streams: dict[int, TunnelStream] = {}
         self._transport: asyncio.Transport | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        # Set with the transport in connection_made; used only where a transport exists.
+        self._loop: asyncio.AbstractEventLoop
         size = max(256 * 1024, 2 * (self.config.max_frame_size + HEADER_SIZE))
         self._buf = bytearray(size)
         self._start = 0
@@ -411,26 +412,25 @@ class TunnelSession(asyncio.BufferedProtocol):
 
     def _dispatch(self) -> None:
         for ev in self._core.take_events():
-            t = type(ev)
-            if t is ss.DataReceived:
+            if type(ev) is ss.DataReceived:
                 self._on_data(ev.stream_id, ev.data, ev.fin)
-            elif t is ss.StreamOpened:
+            elif type(ev) is ss.StreamOpened:
                 self._on_stream_opened(ev)
-            elif t is ss.StreamClosed:
+            elif type(ev) is ss.StreamClosed:
                 stream = self._streams.get(ev.stream_id)
                 if stream is not None:
                     self._finish_if_closed(stream)
-            elif t is ss.StreamResetReceived:
+            elif type(ev) is ss.StreamResetReceived:
                 stream = self._streams.get(ev.stream_id)
                 if stream is not None:
-                    self._lose(stream, StreamReset(ev.code, "reset by peer"))
-            elif t is ss.OpenFailed:
+                    self._lose(stream, StreamReset(_reset_code(ev.code), "reset by peer"))
+            elif type(ev) is ss.OpenFailed:
                 stream = self._streams.get(ev.stream_id)
                 if stream is not None:
                     self._lose(stream, OpenRefused(_open_code(ev.code), ev.message))
-            elif t is ss.GoAwayReceived or t is ss.DrainReceived:
+            elif type(ev) is ss.GoAwayReceived or type(ev) is ss.DrainReceived:
                 self.draining = True
-            elif (t is ss.SettingsReceived and self._settings_fut is not None
+            elif (type(ev) is ss.SettingsReceived and self._settings_fut is not None
                   and not self._settings_fut.done()):
                 self._settings_fut.set_result(None)
 
@@ -438,7 +438,7 @@ class TunnelSession(asyncio.BufferedProtocol):
         """Dispatch events produced by local calls (e.g. a stream closing on accept)."""
         self._dispatch()
 
-    def _on_data(self, sid: int, data: memoryview, fin: bool) -> None:
+    def _on_data(self, sid: int, data: bytes | memoryview, fin: bool) -> None:
         stream = self._streams.get(sid)
         if stream is None:
             return
@@ -576,6 +576,14 @@ class TunnelSession(asyncio.BufferedProtocol):
                 cb(self)
             except Exception:
                 log.exception("tunnel session %s: on_closed callback failed", self.name)
+
+
+def _reset_code(code: int) -> ResetCode:
+    # A code this version does not know must not take the session down (as in HTTP/2).
+    try:
+        return ResetCode(code)
+    except ValueError:
+        return ResetCode.INTERNAL
 
 
 def _open_code(code: int) -> OpenErrorCode:

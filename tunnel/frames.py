@@ -248,7 +248,8 @@ def parse_open(payload: memoryview, max_metadata: int) -> tuple[Target, bytes, m
 
 
 def parse_u32(payload: memoryview) -> int:
-    return _U32.unpack_from(payload)[0]
+    value: int = _U32.unpack_from(payload)[0]
+    return value
 
 
 def parse_open_fail(payload: memoryview) -> tuple[int, str]:

@@ -3,8 +3,9 @@
 Contract (DESIGN §4, §6): the SSL context must require a client certificate verified against
 the agent CA (the gateway builds it with ``certs.tls.server_context``). Before any frame is
 read, the session checks that TLS 1.3 and our ALPN were negotiated and takes the cluster name
-from the verified certificate; anything else is aborted. Agents never open streams toward the
-hub (the hub's sessions have no ``on_open``).
+from the verified certificate (under the listener's :class:`tunnel.identity.AgentNaming`);
+anything else is aborted. Agents never open streams toward the hub (the hub's sessions have no
+``on_open``).
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ import asyncio
 import contextlib
 import logging
 import ssl
+from typing import cast
 
 from tunnel.connection import ALPN, SessionConfig, TunnelSession
-from tunnel.identity import AgentIdentityError, cluster_from_certificate
+from tunnel.identity import URI_NAMING, AgentIdentityError, AgentNaming, cluster_from_certificate
 from tunnel.registry import SessionRegistry
 
 log = logging.getLogger("hubproxy.tunnel")
@@ -39,7 +41,7 @@ class AgentSession(TunnelSession):
             log.warning("agent connection from %s refused: %s", peer, exc)
             self._listener.refused += 1
             self.closed = True  # never processes a frame
-            transport.abort()
+            cast(asyncio.Transport, transport).abort()
             return
         self.name = f"agent:{self.cluster}"
         super().connection_made(transport)
@@ -50,8 +52,7 @@ class AgentSession(TunnelSession):
             return
         super().buffer_updated(nbytes)
 
-    @staticmethod
-    def _identify(transport: asyncio.BaseTransport) -> str:
+    def _identify(self, transport: asyncio.BaseTransport) -> str:
         ssl_object = transport.get_extra_info("ssl_object")
         if ssl_object is None:
             raise AgentIdentityError("not a TLS connection")
@@ -59,13 +60,16 @@ class AgentSession(TunnelSession):
             raise AgentIdentityError(f"TLS 1.3 required, got {ssl_object.version()}")
         if ssl_object.selected_alpn_protocol() != ALPN:
             raise AgentIdentityError(f"ALPN {ALPN!r} required")
-        return cluster_from_certificate(ssl_object.getpeercert(binary_form=True))
+        return cluster_from_certificate(ssl_object.getpeercert(binary_form=True),
+                                        self._listener.naming)
 
 
 class TunnelListener:
-    def __init__(self, registry: SessionRegistry, config: SessionConfig) -> None:
+    def __init__(self, registry: SessionRegistry, config: SessionConfig,
+                 naming: AgentNaming = URI_NAMING) -> None:
         self.registry = registry
         self.config = config
+        self.naming = naming
         self.server: asyncio.Server | None = None
         self.sessions: set[AgentSession] = set()
         self.refused = 0
@@ -120,10 +124,11 @@ async def start_tunnel_listener(
     *,
     handshake_timeout: float = HANDSHAKE_TIMEOUT,
     reuse_port: bool = False,
+    naming: AgentNaming = URI_NAMING,
 ) -> TunnelListener:
     if ssl_context.verify_mode != ssl.CERT_REQUIRED:
         raise ValueError("the tunnel listener needs an SSL context that requires client certs")
-    listener = TunnelListener(registry, config or SessionConfig())
+    listener = TunnelListener(registry, config or SessionConfig(), naming)
     loop = asyncio.get_running_loop()
     listener.server = await loop.create_server(
         lambda: AgentSession(listener),

@@ -100,12 +100,14 @@ class Event:
     __slots__ = ()
 
     def __repr__(self) -> str:
-        fields = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__)
+        slots: tuple[str, ...] = self.__slots__
+        fields = ", ".join(f"{k}={getattr(self, k)!r}" for k in slots)
         return f"{type(self).__name__}({fields})"
 
     def __eq__(self, other: object) -> bool:
+        slots: tuple[str, ...] = self.__slots__
         return type(self) is type(other) and all(
-            getattr(self, k) == getattr(other, k) for k in self.__slots__)
+            getattr(self, k) == getattr(other, k) for k in slots)
 
 
 class SettingsReceived(Event):
@@ -231,7 +233,7 @@ class Session:
         self.conn_send_window = f.CONNECTION_WINDOW
         self.conn_recv_window = f.CONNECTION_WINDOW
         self._conn_recv_unacked = 0
-        self._control: list[bytes] = []
+        self._control: list[bytes | memoryview] = []
         self._ready: deque[StreamState] = deque()
         self._writable: list[int] = []
         self.events: list[Event] = []

@@ -23,15 +23,18 @@ import logging
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Protocol
 
 from gateway.agent.exchange import HttpExchange, Route
 from gateway.agent.kubeapi import KubeAPIAccess
 from gateway.agent.metrics import AgentMetrics
 from gateway.agent.pool import UpstreamKey, UpstreamPool
 from gateway.agent.tcp import RawRelay, Refusal
+from gateway.wire.identity import Identity, impersonation_headers
+from tunnel.connection import OpenRequest, StreamProtocol
 from tunnel.errors import OpenErrorCode, OpenRefused
-from tunnel.targets import KubeAPITarget, ServiceTarget, TCPTarget
+from tunnel.policy import ResolvedTarget
+from tunnel.targets import KubeAPITarget, ServiceTarget, Target, TCPTarget
 
 log = logging.getLogger(__name__)
 
@@ -46,15 +49,20 @@ class AgentStats:
     by_outcome: dict[str, int] = field(default_factory=dict)
 
 
-def _identity_api() -> tuple[Any, Callable[[Any], list[tuple[bytes, bytes]]]]:
-    from gateway.wire.identity import Identity, impersonation_headers
+class TargetResolver(Protocol):
+    """What the agent needs from its allow-list (``tunnel.policy.TargetPolicy``)."""
 
-    return Identity, impersonation_headers
+    def resolve_now(self, target: Target) -> ResolvedTarget | None:
+        """The checked address when it is known without waiting (no DNS), else None."""
+
+    async def resolve(self, target: Target) -> ResolvedTarget:
+        """The checked address; raises ``OpenRefused`` for a target that is not allowed."""
 
 
-def _passthrough(identity: Any) -> bool:
-    """Does the gateway ask for token passthrough? (attribute name per gateway.wire.identity)."""
-    return bool(getattr(identity, "passthrough", False))
+class Finished(Protocol):
+    """A stream handler that reports how it ended (``HttpExchange``, ``RawRelay``)."""
+
+    outcome: str
 
 
 class Agent:
@@ -62,7 +70,7 @@ class Agent:
         self,
         *,
         cluster: str,
-        policy: Any,  # tunnel.policy.TargetPolicy
+        policy: TargetResolver,
         kube: KubeAPIAccess | None,
         pool: UpstreamPool | None = None,
         service_ca: str | None = None,
@@ -79,13 +87,14 @@ class Agent:
         self.metrics.pool = self.pool
         self._service_ctx: ssl.SSLContext | None = None
         self._service_ca = service_ca or (kube.ca_file if kube else None)
-        self._identity_cls, self._impersonation_headers = _identity_api()
         self._identities: dict[bytes, tuple[bool, list[tuple[bytes, bytes]]]] = {}
+        self._decode_identity: Callable[[bytes], Identity] = Identity.from_metadata
 
     # ---------------------------------------------------------------- tunnel callback ----
-    def on_open(self, request: Any) -> Any:
+    def on_open(self, request: OpenRequest) -> StreamProtocol:
         self.stats.streams += 1
         target = request.target
+        log.debug("stream opened for a %s", type(target).__name__)
         if isinstance(target, KubeAPITarget):
             return self._kube_exchange(request)
         if isinstance(target, ServiceTarget):
@@ -116,18 +125,18 @@ class Agent:
                 return hit[0], hit[1], rid.decode("ascii")
         else:
             prefix = b""
-        identity = self._identity_cls.from_metadata(metadata)
-        passthrough = _passthrough(identity)
-        headers = [] if passthrough else list(self._impersonation_headers(identity))
+        identity = self._decode_identity(metadata)
+        passthrough = identity.passthrough
+        headers = [] if passthrough else impersonation_headers(identity)
         if not passthrough and not any(name.lower() == b"impersonate-user" for name, _ in headers):
             raise ValueError("identity without a user")
         if prefix:
             if len(self._identities) >= IDENTITY_CACHE_ENTRIES:
                 self._identities.clear()
             self._identities[prefix] = (passthrough, headers)
-        return passthrough, headers, getattr(identity, "request_id", "")
+        return passthrough, headers, identity.request_id
 
-    def _kube_exchange(self, request: Any) -> Any:
+    def _kube_exchange(self, request: OpenRequest) -> HttpExchange | Refusal:
         if self.kube is None:
             return self._refusal(OpenErrorCode.DENIED, "this agent serves no kube-apiserver")
         try:
@@ -141,7 +150,7 @@ class Agent:
         kube = self.kube
         target = request.target
 
-        def kube_route(resolved: Any) -> Route:
+        def kube_route(resolved: ResolvedTarget) -> Route:
             return Route(
                 key=UpstreamKey(resolved.host_ip, resolved.port, kube.server_hostname, True),
                 ssl_context=kube.ssl_context,
@@ -155,14 +164,13 @@ class Agent:
         async def route() -> Route:
             return kube_route(await self.policy.resolve(target))
 
-        resolve_now = getattr(self.policy, "resolve_now", None)
-        resolved = resolve_now(target) if resolve_now is not None else None
+        resolved = self.policy.resolve_now(target)
         known = kube_route(resolved) if resolved is not None else None
         self.stats.active += 1
         return HttpExchange(route, self.pool, request_id=request_id, on_done=self._done_kube,
                             known_route=known)
 
-    def _service_exchange(self, target: ServiceTarget) -> Any:
+    def _service_exchange(self, target: ServiceTarget) -> HttpExchange:
         insecure = (target.namespace, target.name, target.port) in self.insecure_services
 
         async def route() -> Route:
@@ -196,21 +204,21 @@ class Agent:
             self._service_ctx = ctx
         return self._service_ctx
 
-    def _done(self, exchange: Any, upstream: str = "kube-apiserver") -> None:
+    def _done(self, exchange: Finished, upstream: str = "kube-apiserver") -> None:
         self.stats.active = max(0, self.stats.active - 1)
-        outcome = getattr(exchange, "outcome", "") or "closed"
+        outcome = exchange.outcome or "closed"
         key = outcome.split(":")[0]
         self.stats.by_outcome[key] = self.stats.by_outcome.get(key, 0) + 1
         self.metrics.stream_done(upstream, outcome, getattr(exchange, "started", 0.0),
                                  getattr(exchange, "response_at", 0.0))
 
-    def _done_kube(self, exchange: Any) -> None:
+    def _done_kube(self, exchange: Finished) -> None:
         self._done(exchange, "kube-apiserver")
 
-    def _done_service(self, exchange: Any) -> None:
+    def _done_service(self, exchange: Finished) -> None:
         self._done(exchange, "service")
 
-    def _done_tcp(self, exchange: Any) -> None:
+    def _done_tcp(self, exchange: Finished) -> None:
         self._done(exchange, "tcp")
 
 

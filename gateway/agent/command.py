@@ -28,11 +28,12 @@ from typing import Any
 from certs.identity import validate_cluster_name
 from certs.tls import TLS1_3, ReloadingContext, client_context
 from gateway.agent.kubeapi import KubeAPIAccess, KubeAPIConfigError, load
-from gateway.ops import startup
+from gateway.ops import diagnostics, startup
 from gateway.ops.certexpiry import CertificateFiles
 from gateway.ops.flags import add_tunnel_liveness_arguments, positive_int, tunnel_liveness
 from gateway.ops.rlimits import raise_open_file_limit
 from gateway.ops.version import pack_release, version
+from tunnel.identity import URI_NAMING, AgentIdentityError, AgentNaming
 
 log = logging.getLogger("hubproxy.agent")
 
@@ -71,6 +72,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="this cluster's name; must match the agent certificate")
     hub.add_argument("--tls-dir", required=True, metavar="DIR",
                      help="tls.crt/tls.key (agent client cert) and ca.crt (tunnel CA)")
+    hub.add_argument("--agent-identity", choices=("uri", "ocm"), default="uri",
+                     help="how the certificate names this cluster, as the gateway reads it: "
+                     "uri (hubproxy certs) or ocm (an Open Cluster Management add-on "
+                     "certificate) (default: %(default)s)")
+    hub.add_argument("--ocm-addon-name", default="hubproxy", metavar="NAME",
+                     help="with --agent-identity=ocm, this add-on's name (default: %(default)s)")
     hub.add_argument("--hub-ca", metavar="FILE",
                      help="CA that verifies the hub (default DIR/ca.crt); never system roots")
     hub.add_argument("--hub-server-name", metavar="NAME",
@@ -157,31 +164,27 @@ class Readiness:
         self.apiserver_error = ""
 
 
-def _check_certificate_cluster(cert_file: Path, cluster: str) -> None:
+def _check_certificate_cluster(cert_file: Path, cluster: str,
+                               naming: AgentNaming = URI_NAMING) -> None:
     """Fail fast, with a clear message, if the certificate is for another cluster.
 
-    Only a friendly start-up check: the hub takes the cluster from the certificate anyway.
+    Only a friendly start-up check: the hub takes the cluster from the certificate anyway, with
+    the same rule (``tunnel.identity``).
     """
     from cryptography import x509
-
-    from certs.identity import CLUSTER_URI_PREFIX
 
     try:
         cert = x509.load_pem_x509_certificate(cert_file.read_bytes())
     except (OSError, ValueError) as exc:
         raise ValueError(f"cannot read the agent certificate {cert_file}: {exc}") from None
     try:
-        uris = cert.extensions.get_extension_for_class(
-            x509.SubjectAlternativeName
-        ).value.get_values_for_type(x509.UniformResourceIdentifier)
-    except x509.ExtensionNotFound:
-        uris = []
-    named = [u[len(CLUSTER_URI_PREFIX):] for u in uris if u.startswith(CLUSTER_URI_PREFIX)]
-    if named != [cluster]:
-        raise ValueError(
-            f"{cert_file} is an agent certificate for {', '.join(named) or 'no cluster'}, "
-            f"not {cluster!r}: fix --cluster or point --tls-dir at {cluster}'s certificate"
-        )
+        named = naming.cluster_of(cert)
+    except AgentIdentityError as exc:
+        raise ValueError(f"{cert_file} names no cluster ({exc}): point --tls-dir at this "
+                         "cluster's agent certificate") from None
+    if named != cluster:
+        raise ValueError(f"{cert_file} is an agent certificate for {named}, not {cluster!r}: "
+                         f"fix --cluster or point --tls-dir at {cluster}'s certificate")
 
 
 def build_policy(args: argparse.Namespace, kube: KubeAPIAccess | None) -> Any:
@@ -207,7 +210,11 @@ async def serve(args: argparse.Namespace) -> int:
     startup.check_key_pair(args.tls_dir, "--tls-dir")
     startup.check_ca_file(str(hub_ca), "--hub-ca" if args.hub_ca
                           else "--hub-ca (default: ca.crt in --tls-dir)")
-    _check_certificate_cluster(cert, cluster)
+    try:
+        naming = AgentNaming(args.agent_identity, args.ocm_addon_name)
+    except ValueError as exc:
+        raise ValueError(f"--ocm-addon-name: {exc}") from None
+    _check_certificate_cluster(cert, cluster, naming)
     health_address = None
     if args.health_listen and args.health_listen != "off":
         try:
@@ -305,11 +312,7 @@ def tunnel_alpn() -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=getattr(logging, args.log_level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    diagnostics.configure(args.log_level)
     try:
         try:
             import uvloop

@@ -34,7 +34,9 @@ from typing import Any
 from gateway.hub import fleet
 from gateway.hub.admission.auth import Authenticator, TokenAuthenticator
 from gateway.hub.admission.authorize import Authorizer
+from gateway.hub.admission.hubload import FailedAuthLimiter
 from gateway.hub.admission.identity import IdentityCache
+from gateway.hub.admission.streams import StreamQuota
 from gateway.hub.config import GatewayConfig
 from gateway.hub.exchange import Exchange
 from gateway.hub.fleet import FleetView
@@ -83,6 +85,9 @@ class Gateway:
                (("serving", config.tls_dir), ("tunnel", config.tunnel_tls_dir)) if directory}
         self.metrics.certificates = CertificateFiles(own).expiries
         self.identities = IdentityCache()
+        self.auth_failures = FailedAuthLimiter(rate=config.auth_failure_rate,
+                                               burst=config.auth_failure_burst)
+        self.stream_quota = StreamQuota(config.max_streams_per_identity)
         self.connections: set[FrontDoor] = set()
         self.inflight = 0
         self.draining = False
@@ -172,7 +177,7 @@ class Gateway:
             try:
                 self._tunnel = await start_tunnel_listener(
                     thost, tport, self.tunnel_ssl, self.registry, self.session_config,
-                    reuse_port=shared,
+                    reuse_port=shared, naming=config.agent_naming,
                 )
             except OSError as exc:
                 raise startup.bind_error(exc, thost, tport, "--tunnel-listen") from None
@@ -319,6 +324,7 @@ async def build_gateway(config: GatewayConfig) -> tuple[Gateway, Any]:
         build_hub_api_client,
     )
     from gateway.hub.admission.authorize import NoAuthorizer, SarAuthorizer
+    from gateway.hub.admission.hubload import HubCallLimit
 
     front_ssl, tunnel_ssl = front_tls(config), tunnel_tls(config)
     api_client = await hub_api_client(config.hub_kubeconfig, build_hub_api_client)
@@ -326,12 +332,16 @@ async def build_gateway(config: GatewayConfig) -> tuple[Gateway, Any]:
 
     metrics = GatewayMetrics()
     reviewer = KubeTokenReviewer(api_client)
+    # One bound for TokenReviews and SubjectAccessReviews together: both load the same hub.
+    hub_calls = HubCallLimit(config.hub_max_concurrent_reviews, config.hub_review_wait)
     authenticator = TokenAuthenticator(TimedTokenReviewer(reviewer, metrics),
-                                       ttl=config.token_cache_ttl, audiences=config.audiences)
+                                       ttl=config.token_cache_ttl, audiences=config.audiences,
+                                       hub_calls=hub_calls)
     authorizer: Authorizer = NoAuthorizer()
     if config.authorize == "sar":
-        sar = SarAuthorizer(api_client, config.token_cache_ttl)
-        # Its review function is the seam for measuring each SAR actually sent.
+        sar = SarAuthorizer(api_client, config.token_cache_ttl, hub_calls=hub_calls)
+        # Its review function is the seam for measuring each SAR actually sent (inside the
+        # hub-call slot, so the time is the hub's, not the wait for a slot).
         sar._review = timed_review(sar._review, metrics)
         authorizer = CountingAuthorizer(sar, metrics)
     # Hub-side session settings are the tunnel's defaults; concurrency toward an agent is

@@ -10,6 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gateway.wire.http1 import Limits
+from tunnel.identity import URI_NAMING, AgentNaming
+
+DEFAULT_MAX_REQUEST_BODY = 3 * 1024 * 1024  # kube-apiserver's MaxRequestBodyBytes
 
 
 @dataclass(frozen=True)
@@ -22,6 +25,7 @@ class FrontDoorLimits:
     # Short request sent -> response head (0: none); watches, follow and upgrades exempt.
     response_header_timeout: float = 60.0
     max_buffer: int = 256 * 1024  # client bytes held while authenticating / pipelined
+    max_request_body: int = DEFAULT_MAX_REQUEST_BODY  # 413 beyond (3 MiB, like kube-apiserver)
     max_connections: int = 10000
     max_inflight: int = 10000  # requests between head and response end (429 beyond)
     write_high_water: int = 512 * 1024  # client transport buffer that pauses the stream
@@ -39,12 +43,22 @@ class GatewayConfig:
     tls_dir: str | None = None  # tls.crt / tls.key of the front door
     tunnel_tls_dir: str | None = None  # tls.crt / tls.key of the tunnel listener
     agent_ca: str | None = None  # CA that issued agent client certificates (required)
+    agent_naming: AgentNaming = URI_NAMING  # where an agent certificate names its cluster
     hub_kubeconfig: str | None = None  # None: in-cluster service account
     audiences: tuple[str, ...] = ()
     token_cache_ttl: float = 10.0
     identity_prefix: str = "cluster:hub:"
     authorize: str = "sar"  # "sar" | "none"
     token_passthrough: bool = False
+    # The hub is not a free oracle (gateway.hub.admission.hubload): failed authentications per
+    # client address (token bucket), and concurrent hub reviews (503 after a short wait).
+    auth_failure_rate: float = 1.0  # per second and address, sustained
+    auth_failure_burst: int = 20
+    hub_max_concurrent_reviews: int = 64
+    hub_review_wait: float = 1.0  # seconds a review waits for a slot before 503
+    # Long-running requests (watches, logs -f, exec/attach/port-forward) open at once per
+    # (identity, cluster); 429 beyond (gateway.hub.admission.streams).
+    max_streams_per_identity: int = 500
     limits: FrontDoorLimits = field(default_factory=FrontDoorLimits)
     # Clusters never seen connected since start are "unknown" (404) -- except during this grace
     # after start, while agents are still reconnecting to a restarted gateway (503 then).

@@ -282,6 +282,7 @@ class Exchange:
         if self._state == _DONE:
             return
         self._state = _DONE
+        self.admitted.release_stream_slot()
         self._reset_stream()
         self.status = self.status or status
         if self.head_sent:
@@ -294,6 +295,7 @@ class Exchange:
         if self._state == _DONE:
             return
         self._state = _DONE
+        self.admitted.release_stream_slot()
         if not self.eof_sent:  # request body not finished (or an upgrade): nothing more to send
             self._reset_stream()
             keep_alive = False
@@ -310,6 +312,7 @@ class Exchange:
         """The client connection closed: cancel the upstream request."""
         if self._state != _DONE:
             self._state = _DONE
+            self.admitted.release_stream_slot()
             self._reset_stream()
 
     def timed_out(self) -> None:

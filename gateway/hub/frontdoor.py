@@ -14,6 +14,12 @@ is relayed verbatim as it arrives (Content-Length or chunked bytes; the tracker 
 it ends). The
 :class:`gateway.hub.exchange.Exchange` relays the response.
 
+Request bodies are bounded by ``max_request_body`` (``--max-request-body``, 3 MiB like
+kube-apiserver): a ``Content-Length`` over it is refused with 413 by admission, before anything
+is forwarded and before any ``100 Continue``; a chunked body is counted as it streams (the
+tracker refuses the chunk that would pass the limit), the stream is reset, and the client gets
+413 if no response byte was sent yet, else the connection is closed.
+
 ``Expect: 100-continue``: the gateway answers ``100 Continue`` itself once the request has been
 admitted (token verified, access authorized, header rules passed, cluster connected) and its
 stream opened, and does not forward ``Expect``. A refused request gets its final status at once
@@ -255,7 +261,7 @@ class FrontDoor(asyncio.Protocol):
                 self._searched = len(buf)
                 return
             head = parse_request_head(bytes(buf[:end]), limits)
-            tracker = framing_for_request(head)
+            tracker = framing_for_request(head, self.limits.max_request_body)
         except HTTPError as exc:
             self._refuse(exc.status, str(exc), close=True)
             return
@@ -279,7 +285,7 @@ class FrontDoor(asyncio.Protocol):
         self.phase = ADMITTING
         self._check_buffer()
         try:
-            prepared = prepare(head, self.client_ip)
+            prepared = prepare(head, self.client_ip, self.limits.max_request_body)
             admitted = admit_cached(gw, head, prepared, self.request_id)
         except Refusal as exc:
             self._refuse(exc.status, exc.message, retry_after=exc.retry_after,
@@ -299,7 +305,11 @@ class FrontDoor(asyncio.Protocol):
 
     def _admitted(self, task: asyncio.Task[Admitted]) -> None:
         self._task = None
-        if self.phase == CLOSED or task.cancelled():
+        if task.cancelled():
+            return
+        if self.phase == CLOSED:
+            if task.exception() is None:
+                task.result().release_stream_slot()  # admitted, but the client left
             return
         exc = task.exception()
         if isinstance(exc, Refusal):
@@ -327,6 +337,7 @@ class FrontDoor(asyncio.Protocol):
                 early = tracker.feed(self.buf)
             except HTTPError as exc:
                 self.exchange = None
+                exchange.client_gone()  # never opened; gives back its stream slot
                 self._refuse(exc.status, str(exc), close=True)
                 return
             if early:
@@ -342,6 +353,7 @@ class FrontDoor(asyncio.Protocol):
                      admitted.cluster, type(exc).__name__)
             self.gw.metrics.stream_closed()
             self.exchange = None
+            exchange.client_gone()  # never opened; gives back its stream slot
             self._refuse(503, f'cluster "{admitted.cluster}" cannot take requests now, retry',
                          retry_after=1)
             return
@@ -375,7 +387,12 @@ class FrontDoor(asyncio.Protocol):
         try:
             n = tracker.feed(data)
         except HTTPError as exc:
-            # Malformed chunked framing: the stream must not carry it; tell the client.
+            # Malformed chunked framing, or a chunked body over --max-request-body (413): the
+            # stream must not carry it. Reset it (the upstream request is cancelled), then tell
+            # the client -- with a Status if no response byte went out yet, else by closing.
+            if exchange.head_sent:
+                self.close()  # records the request through _abandon_exchange
+                return
             exchange.client_gone()
             self.exchange = None
             self.gw.metrics.stream_closed()
@@ -491,6 +508,8 @@ class FrontDoor(asyncio.Protocol):
                     del self.buf[:n]
                 else:
                     close = True
+        # Status messages are fixed wording (never a token): safe to say why at debug.
+        log.debug("request %s answered by the gateway: %d %s", self.request_id, status, message)
         if status == 401:
             extra_headers = (*extra_headers, (b"WWW-Authenticate", b'Bearer realm="hubproxy"'))
         response = error_response(

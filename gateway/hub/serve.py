@@ -10,9 +10,11 @@ Agents connect to --tunnel-listen with client certificates issued by --agent-ca;
 name is taken from the certificate. --agent-ca is required: without it the gateway refuses to
 start (fail closed). Certificates are reloaded when their files change.
 
-Errors are Kubernetes Status JSON: 400 bad request/path, 401 bad token, 403 refused
-(impersonation headers, hub authorization, Service not allowed), 404 unknown cluster, 503 cluster
-not connected or hub auth unavailable, 502/504 upstream unreachable/timeout, 429 overload.
+Errors are Kubernetes Status JSON: 400 bad request/path (or ambiguous credentials/upgrades),
+401 bad token, 403 refused (impersonation headers, hub authorization, Service not allowed),
+404 unknown cluster, 413 request body over --max-request-body, 429 overload (gateway, too many
+failed authentications from one address, too many long-running requests of one identity), 503
+cluster not connected or hub auth unavailable/busy, 502/504 upstream unreachable/timeout.
 SIGTERM: stop accepting, finish in-flight requests (up to --shutdown-timeout), then exit.
 """
 
@@ -28,18 +30,21 @@ import sys
 
 from gateway.hub.clusterprofile import component as clusterprofile
 from gateway.hub.config import FrontDoorLimits, GatewayConfig
+from gateway.hub.ocm import component as ocm
 from gateway.hub.workers import instance_id as workers_instance_id
-from gateway.ops import audit, gctune, startup
+from gateway.ops import audit, diagnostics, gctune, startup
 from gateway.ops.flags import (
     add_tunnel_liveness_arguments,
     parse_address,
     parse_duration,
+    parse_size,
     positive_int,
     tunnel_liveness,
 )
 from gateway.ops.metricslink import MetricsLink, PeerSnapshots, SnapshotSender
 from gateway.ops.rlimits import raise_open_file_limit
 from gateway.wire.http1 import Limits
+from tunnel.identity import AgentNaming
 
 log = logging.getLogger("hubproxy.gateway")
 
@@ -56,6 +61,23 @@ def _duration(value: str) -> float:
         return parse_duration(value)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _size(value: str) -> int:
+    try:
+        return parse_size(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _rate(value: str) -> float:
+    try:
+        rate = float(value)
+    except ValueError:
+        rate = 0.0
+    if not rate > 0 or rate == float("inf"):
+        raise argparse.ArgumentTypeError(f"{value!r}: expected a positive number")
+    return rate
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -77,6 +99,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     tls.add_argument("--agent-ca", required=True, metavar="FILE",
                      help="CA bundle that issued agent client certificates (REQUIRED: the "
                      "gateway refuses to start without it)")
+    tls.add_argument("--agent-identity", choices=("uri", "ocm"), default="uri",
+                     help="where an agent certificate names its cluster. uri: the URI SAN "
+                     "hubproxy://cluster/<name> (hubproxy certs); ocm: the subject Open Cluster "
+                     "Management gives an add-on agent, CN=system:open-cluster-management:"
+                     "cluster:<name>:addon:<addon>:agent:<agent> (deploy/ocm) "
+                     "(default: %(default)s)")
+    tls.add_argument("--ocm-addon-name", default="hubproxy", metavar="NAME",
+                     help="with --agent-identity=ocm, the add-on whose agents may connect "
+                     "(default: %(default)s)")
     hub = parser.add_argument_group("hub authentication and authorization")
     hub.add_argument("--hub-kubeconfig", metavar="FILE",
                      help="kubeconfig for the hub API (TokenReview, SubjectAccessReview); "
@@ -96,13 +127,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     hub.add_argument("--token-passthrough", action="store_true",
                      help="forward a token the hub cleanly rejects, untouched and without "
                      "impersonation (for managed-cluster tokens); off by default")
+    hub.add_argument("--auth-failure-rate", type=_rate, default=1.0, metavar="PER_SECOND",
+                     help="failed authentications allowed per second and client address "
+                     "(IPv6: per /64), sustained (default: %(default)s). Beyond it and the "
+                     "burst, that address's requests that would need a hub TokenReview get 429 "
+                     "with Retry-After; tokens already cached as valid still pass. Counted per "
+                     "gateway process (--workers, --replicas)")
+    hub.add_argument("--auth-failure-burst", type=positive_int, default=20, metavar="N",
+                     help="failed authentications a client address may make in a burst before "
+                     "--auth-failure-rate applies (default: %(default)s)")
+    hub.add_argument("--hub-max-concurrent-reviews", type=positive_int, default=64, metavar="N",
+                     help="TokenReview and SubjectAccessReview calls to the hub in flight at "
+                     "once, per gateway process (identical ones are coalesced; default: "
+                     "%(default)s)")
+    hub.add_argument("--hub-review-wait", type=_duration, default=1.0, metavar="DURATION",
+                     help="how long a review waits for one of those slots before the request "
+                     "gets 503 with Retry-After (default: 1s)")
     lim = parser.add_argument_group("limits and timeouts")
+    lim.add_argument("--max-streams-per-identity", type=positive_int, default=500, metavar="N",
+                     help="long-running requests (watches, logs -f, exec, attach, "
+                     "port-forward) one identity may hold open on one cluster at once; 429 "
+                     "beyond (default: %(default)s). The identity is the hub user (with "
+                     "--token-passthrough: the token). A controller that watches every resource "
+                     "type of a CRD-heavy cluster (Argo CD's cluster cache) needs one watch per "
+                     "type: size it for that")
     lim.add_argument("--max-header-bytes", type=positive_int, default=64 * 1024,
                      help="request head size limit (431 beyond; default: %(default)s)")
     lim.add_argument("--max-headers", type=positive_int, default=128,
                      help="header field count limit (431 beyond; default: %(default)s)")
     lim.add_argument("--max-request-line", type=positive_int, default=16 * 1024,
                      help="request line length limit (414 beyond; default: %(default)s)")
+    lim.add_argument("--max-request-body", type=_size, default=3 * 1024 * 1024, metavar="SIZE",
+                     help="request body size limit in bytes, or with Ki/Mi/Gi (default: 3Mi, "
+                     "kube-apiserver's own limit). 413 before anything is forwarded when "
+                     "Content-Length says more (no 100 Continue is sent); a chunked body is "
+                     "counted as it streams, and the request is cancelled upstream and "
+                     "answered 413 once it passes the limit")
     lim.add_argument("--header-timeout", type=_duration, default=30.0, metavar="DURATION",
                      help="time to receive a request head (408 beyond; default: 30s)")
     lim.add_argument("--idle-timeout", type=_duration, default=120.0, metavar="DURATION",
@@ -137,6 +197,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="log level of diagnostics on stderr (default: %(default)s); the "
                         "audit trail (one JSON line per request) always goes to stdout")
     clusterprofile.add_arguments(parser)
+    ocm.add_arguments(parser)
 
 
 def config_from_args(args: argparse.Namespace) -> GatewayConfig:
@@ -157,6 +218,10 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
     except IdentityError as exc:
         raise ValueError(f"--identity-prefix: {exc}") from None
     keepalive, tunnel_timeout = tunnel_liveness(args)
+    try:
+        naming = AgentNaming(args.agent_identity, args.ocm_addon_name)
+    except ValueError as exc:
+        raise ValueError(f"--ocm-addon-name: {exc}") from None
     health = None if args.health_listen in ("", "off") else parse_address(args.health_listen)
     head = Limits(max_head_bytes=args.max_header_bytes, max_request_line=args.max_request_line,
                   max_field_line=min(args.max_header_bytes, 64 * 1024),
@@ -168,6 +233,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         response_header_timeout=args.response_header_timeout,
         max_connections=args.max_connections,
         max_inflight=args.max_inflight,
+        max_request_body=args.max_request_body,
     )
     return GatewayConfig(
         listen=tuple(args.listen),
@@ -176,12 +242,18 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         tls_dir=args.tls_dir,
         tunnel_tls_dir=args.tunnel_tls_dir,
         agent_ca=args.agent_ca,
+        agent_naming=naming,
         hub_kubeconfig=args.hub_kubeconfig,
         audiences=tuple(args.audience or ()),
         token_cache_ttl=args.token_cache_ttl,
         identity_prefix=args.identity_prefix,
         authorize=args.authorize,
         token_passthrough=bool(args.token_passthrough),
+        auth_failure_rate=args.auth_failure_rate,
+        auth_failure_burst=args.auth_failure_burst,
+        hub_max_concurrent_reviews=args.hub_max_concurrent_reviews,
+        hub_review_wait=args.hub_review_wait,
+        max_streams_per_identity=args.max_streams_per_identity,
         limits=limits,
         unknown_cluster_grace=args.unknown_cluster_grace,
         shutdown_timeout=args.shutdown_timeout,
@@ -225,10 +297,13 @@ async def serve(config: GatewayConfig, args: argparse.Namespace | None = None,
         print(f"hubproxy gateway ready: front door port {gateway.front_port}, tunnel port "
               f"{gateway.tunnel_port}, health port {gateway.health_port or 'off'}",
               file=sys.stderr, flush=True)
-        if (args is not None and getattr(args, "clusterprofiles", None) is not None
-                and config.worker_index == 0):
-            extras.append(asyncio.ensure_future(
-                clusterprofile.run(args, api_client, gateway.registry)))
+        if args is not None and config.worker_index == 0:
+            if getattr(args, "clusterprofiles", None) is not None:
+                extras.append(asyncio.ensure_future(
+                    clusterprofile.run(args, api_client, gateway.registry)))
+            if getattr(args, "ocm_addon_conditions", False):
+                extras.append(asyncio.ensure_future(
+                    ocm.run(args, api_client, gateway.registry)))
         await stop.wait()
         log.info("shutting down: draining for up to %.0fs", config.shutdown_timeout)
         await gateway.shutdown()
@@ -245,11 +320,7 @@ async def serve(config: GatewayConfig, args: argparse.Namespace | None = None,
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=getattr(logging, args.log_level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    diagnostics.configure(args.log_level)
     logging.getLogger("hubproxy.audit").setLevel(logging.INFO)
     audit.install_writer(audit.AuditWriter(sys.stdout))
     try:

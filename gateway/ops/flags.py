@@ -1,4 +1,4 @@
-"""Flag values both programs parse the same way: addresses, counts and durations.
+"""Flag values both programs parse the same way: addresses, counts, sizes and durations.
 
 Each function is an argparse ``type=``: it returns the value or raises with a message that
 repeats what was given, so ``--help``-style errors name the problem.
@@ -25,6 +25,24 @@ def positive_int(value: str) -> int:
     if not value.strip().isdigit() or int(value) <= 0:
         raise argparse.ArgumentTypeError(f"{value!r}: expected a positive integer")
     return int(value)
+
+
+_SIZE_SUFFIXES = (("ki", 1024), ("mi", 1024**2), ("gi", 1024**3), ("k", 1000), ("m", 1000**2),
+                  ("g", 1000**3))
+
+
+def parse_size(value: str) -> int:
+    """``3145728``, ``512Ki``, ``3Mi``, ``1Gi`` (or decimal ``k``/``M``/``G``) -> a positive
+    number of bytes, as Kubernetes quantities write them. Raises ValueError."""
+    text = value.strip().lower()
+    number, factor = text, 1
+    for suffix, scale in _SIZE_SUFFIXES:
+        if text.endswith(suffix):
+            number, factor = text[: -len(suffix)], scale
+            break
+    if not number.isdigit() or int(number) <= 0:
+        raise ValueError(f"{value!r}: expected a positive size such as 3Mi, 512Ki or 1048576")
+    return int(number) * factor
 
 
 def parse_duration(value: str) -> float:

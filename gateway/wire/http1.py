@@ -449,15 +449,19 @@ class ChunkedBody:
     characters, CRLF), the CRLF after each chunk's data, and the trailer section (field lines
     like headers, ending with an empty line). Only a chunk-size or trailer line split across
     two feeds is kept, bounded by ``max_line``; trailers in total by ``max_trailer_bytes``.
-    ``error_status`` is 400 for request bodies, 502 for response bodies.
+    ``error_status`` is 400 for request bodies, 502 for response bodies. ``max_body`` (request
+    bodies): once the chunk sizes declared so far add up to more, :class:`HTTPError` 413 is
+    raised at that chunk's size line, before any of its data is taken.
     """
 
     __slots__ = (
         "_line",
         "_state",
         "_trailer_bytes",
+        "body_bytes",
         "complete",
         "error_status",
+        "max_body",
         "max_line",
         "max_trailer_bytes",
         "remaining",
@@ -465,9 +469,12 @@ class ChunkedBody:
     )
 
     def __init__(
-        self, *, max_line: int = 4096, max_trailer_bytes: int = 16384, error_status: int = 400
+        self, *, max_line: int = 4096, max_trailer_bytes: int = 16384, error_status: int = 400,
+        max_body: int | None = None,
     ) -> None:
         self._state = _SIZE
+        self.body_bytes = 0  # payload bytes declared by the chunk sizes so far
+        self.max_body = max_body
         self._line = bytearray()
         self._trailer_bytes = 0
         self.remaining = 0
@@ -547,6 +554,11 @@ class ChunkedBody:
         if semi and ext.translate(None, _EXT_OK):
             raise self._fail("invalid chunk extension")
         self.remaining = int(size, 16)
+        self.body_bytes += self.remaining
+        if self.max_body is not None and self.body_bytes > self.max_body:
+            raise HTTPError(
+                f"the request body is larger than the gateway's limit of {self.max_body} bytes",
+                413)
         if self.remaining:
             self._state = _DATA
         else:
@@ -573,12 +585,14 @@ class ChunkedBody:
 BodyTracker = NoBody | ContentLengthBody | ChunkedBody | CloseDelimitedBody
 
 
-def framing_for_request(head: RequestHead) -> BodyTracker:
-    """The tracker for a request body. CONNECT is refused (405): not a forward proxy."""
+def framing_for_request(head: RequestHead, max_body: int | None = None) -> BodyTracker:
+    """The tracker for a request body. CONNECT is refused (405): not a forward proxy.
+    ``max_body`` bounds a chunked body (413 while it streams); a ``Content-Length`` is the
+    caller's to check before reading the body."""
     if head.method == b"CONNECT":
         raise HTTPError("CONNECT is not supported", 405)
     if head.chunked:
-        return ChunkedBody(error_status=400)
+        return ChunkedBody(error_status=400, max_body=max_body)
     if head.content_length:
         return ContentLengthBody(head.content_length)
     return NO_BODY

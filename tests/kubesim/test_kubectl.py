@@ -301,8 +301,8 @@ def test_impersonation_flags(kube) -> None:
     ]
     denied = kube("get", "pods", "--as", "bob", user="alice", check=False)
     assert denied.stderr.strip() == (
-        'Error from server (Forbidden): users "bob" is forbidden: User "alice" cannot impersonate '
-        'resource "users" in API group "" at the cluster scope'
+        'Error from server (Forbidden): pods is forbidden: User "alice" cannot '
+        'impersonate-on:user-info:list resource "pods" in API group "" in the namespace "default"'
     )
 
 

@@ -16,8 +16,9 @@ from kubesim.auth import (
     parse_token_file,
     token_claims,
 )
-from kubesim.impersonation import ImpersonationHeaderError, impersonate
+from kubesim.impersonation import impersonate
 from kubesim.selectors import parse_field_selector, parse_label_selector
+from kubesim.status import StatusError
 from kubesim.testing import CLUSTERPROFILE_CRD
 
 
@@ -167,8 +168,11 @@ def test_impersonation_unit() -> None:
     )
     anon = impersonate(admin, [("Impersonate-User", "system:anonymous")], allow_all)
     assert anon is not None and anon.groups == ("system:unauthenticated",)
-    with pytest.raises(ImpersonationHeaderError):
+    with pytest.raises(StatusError) as refused:  # 400, as kube-apiserver 1.36 answers it
         impersonate(admin, [("Impersonate-Uid", "1")], allow_all)
+    assert refused.value.code == 400 and refused.value.message == (
+        'requested &user.DefaultInfo{Name:"", UID:"1", Groups:[]string(nil), '
+        "Extra:map[string][]string(nil)} without impersonating a user name")
     seen = []
     impersonate(
         admin,

@@ -215,3 +215,24 @@ async def test_burst_of_opens_accepted_immediately_is_not_overload(tls_contexts)
     hub.close()
     await asyncio.wait_for(asyncio.gather(*(c.lost for c in clients)), 5)
     server.close()
+
+
+async def test_a_reset_with_an_unknown_code_ends_only_its_stream(tls_contexts):
+    """A RESET code from a newer (or broken) peer is reported as INTERNAL; it used to raise
+    ValueError inside the session's event dispatch."""
+    from tunnel.errors import ResetCode
+    from tunnel.frames import encode_reset
+
+    hub, agent, server = await session_pair(tls_contexts, on_open=lambda req: Echo())
+    client = Collector()
+    stream = hub.open_stream(KubeAPITarget(), b"", client, initial_data=b"x")
+    agent._transport.write(encode_reset(stream.stream_id, 99))
+    lost = await asyncio.wait_for(client.lost, 5)
+    assert isinstance(lost, StreamReset) and lost.code == ResetCode.INTERNAL
+    assert not hub.closed
+    echo = Collector(keep=True)
+    hub.open_stream(KubeAPITarget(), b"", echo, initial_data=b"still alive").write_eof()
+    assert await asyncio.wait_for(echo.lost, 5) is None
+    assert bytes(echo.data) == b"still alive"
+    hub.close()
+    server.close()

@@ -8,9 +8,11 @@
   user's). Never cached: the next request asks again. DESIGN §6 rule 6: fail closed.
 
 A review is accepted only with ``authenticated: true``, an empty ``status.error``, a non-empty
-username that is not ``system:anonymous``, and -- when audiences are configured -- a
-``status.audiences`` that shares at least one of them (an empty one means the hub did not check
-audiences, which is refused).
+username that is not ``system:anonymous``, no ``system:unauthenticated`` among the groups (an
+authenticator that says "authenticated" while naming the anonymous group is contradicting
+itself; dropping the group silently would turn an anonymous caller into a named one), and --
+when audiences are configured -- a ``status.audiences`` that shares at least one of them (an
+empty one means the hub did not check audiences, which is refused).
 
 The cache (DESIGN §6 rule 5): keys are HMAC-SHA256 under a random per-process key of the
 audiences and the token, so neither the cache nor a memory dump of its keys yields a token;
@@ -26,6 +28,7 @@ callers await its outcome. Tokens longer than ``MAX_TOKEN_BYTES`` are refused wi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import json
@@ -34,12 +37,14 @@ import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 log = logging.getLogger(__name__)
 
 ANONYMOUS = "system:anonymous"
+UNAUTHENTICATED_GROUP = "system:unauthenticated"
 MAX_TOKEN_BYTES = 16 * 1024
 DEFAULT_REVIEW_TIMEOUT = 5.0
 
@@ -92,6 +97,18 @@ class Authenticator(Protocol):
 
     async def authenticate(self, token: str) -> UserInfo:
         """The hub user; raises :class:`Unauthenticated` or :class:`AuthUnavailable`."""
+
+
+class HubCalls(Protocol):
+    """A bound on concurrent hub reviews (``gateway.hub.admission.hubload.HubCallLimit``)."""
+
+    def slot(self) -> AbstractAsyncContextManager[None]:
+        """Hold one slot; raises :class:`AuthUnavailable` when none frees in time."""
+        ...
+
+
+def hub_call_slot(hub_calls: HubCalls | None) -> AbstractAsyncContextManager[None]:
+    return hub_calls.slot() if hub_calls is not None else contextlib.nullcontext()
 
 
 class TokenReviewer(Protocol):
@@ -216,6 +233,8 @@ def _user_from_status(status: Mapping[str, Any], audiences: tuple[str, ...]) -> 
         if not set(returned) & set(audiences):
             raise Unauthenticated("token audience not accepted", hub_token=True)
     groups = user.get("groups") or []
+    if UNAUTHENTICATED_GROUP in groups:
+        raise Unauthenticated("invalid bearer token")
     extra = user.get("extra") or {}
     return UserInfo(
         username=username,
@@ -236,8 +255,10 @@ class TokenAuthenticator:
         audiences: Iterable[str] = (),
         max_entries: int = 10000,
         clock: Callable[[], float] = time.monotonic,
+        hub_calls: HubCalls | None = None,
     ) -> None:
         self.reviewer = reviewer
+        self.hub_calls = hub_calls
         self.audiences = tuple(sorted(set(audiences)))
         self._hmac_key = secrets.token_bytes(32)
         # Audiences are fixed per authenticator, but they are part of the key anyway so that a
@@ -267,9 +288,10 @@ class TokenAuthenticator:
         return await self.cache.get(self.cache_key(token), lambda: self._review(token))
 
     async def _review(self, token: str) -> UserInfo:
-        self.reviews += 1
         try:
-            status = await self.reviewer.review(token, self.audiences)
+            async with hub_call_slot(self.hub_calls):
+                self.reviews += 1
+                status = await self.reviewer.review(token, self.audiences)
         except (AuthUnavailable, Unauthenticated):
             raise
         except Exception as exc:  # a reviewer bug must not become a 401 or leak details

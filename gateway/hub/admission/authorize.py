@@ -23,7 +23,14 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from gateway.hub.admission.auth import DEFAULT_REVIEW_TIMEOUT, CoalescingCache, UserInfo, hub_error
+from gateway.hub.admission.auth import (
+    DEFAULT_REVIEW_TIMEOUT,
+    CoalescingCache,
+    HubCalls,
+    UserInfo,
+    hub_call_slot,
+    hub_error,
+)
 
 PROXY_GROUP = "cluster.open-cluster-management.io"
 PROXY_RESOURCE = "managedclusters"
@@ -79,8 +86,10 @@ class SarAuthorizer:
         clock: Callable[[], float] = time.monotonic,
         timeout: float = DEFAULT_REVIEW_TIMEOUT,
         review: Review | None = None,
+        hub_calls: HubCalls | None = None,
     ) -> None:
         self.timeout = timeout
+        self.hub_calls = hub_calls
         self._api: Any = None
         if review is None:
             from kubernetes_asyncio import client
@@ -109,8 +118,10 @@ class SarAuthorizer:
         await self.cache.get(self.cache_key(user, cluster), lambda: self._decide(user, cluster))
 
     async def _decide(self, user: UserInfo, cluster: str) -> bool:
-        self.reviews += 1
-        if not await self._review(user, cluster):
+        async with hub_call_slot(self.hub_calls):
+            self.reviews += 1
+            allowed = await self._review(user, cluster)
+        if not allowed:
             raise NotAuthorized(denial_message(user, cluster))
         return True
 

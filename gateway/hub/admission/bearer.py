@@ -2,10 +2,11 @@
 
 :func:`extract_token` returns the caller's token and the headers to forward:
 
-* ``Authorization``: at most one header (more -> 401). An empty value means "no token". Otherwise
-  it must be ``Bearer <token>``: scheme case-insensitive, one space, a non-empty token without
-  whitespace (kube-apiserver splits on a single space too). Another scheme or a malformed value
-  -> :class:`BearerError` (401): the gateway can verify nothing but hub bearer tokens.
+* ``Authorization``: at most one header (more -> 400: which one counts would be ambiguous). An
+  empty value means "no token". Otherwise it must be ``Bearer <token>``: scheme
+  case-insensitive, one space, a non-empty token without whitespace (kube-apiserver splits on a
+  single space too). Another scheme or a malformed value -> :class:`BearerError` (401): the
+  gateway can verify nothing but hub bearer tokens.
 * WebSocket: browsers cannot set ``Authorization``, so Kubernetes also accepts the subprotocol
   ``base64url.bearer.authorization.k8s.io.<base64url(token)>`` in ``Sec-WebSocket-Protocol``
   (k8s.io/apiserver/pkg/authentication/request/websocket). As there, it is considered only for
@@ -35,9 +36,12 @@ _TOKEN_CHARS = bytes(range(0x21, 0x7F))  # visible ASCII
 
 
 class BearerError(ValueError):
-    """A credential the gateway refuses (401); the message never includes the token."""
+    """A credential the gateway refuses (``status`` 401, or 400 for an ambiguous request); the
+    message never includes the token."""
 
-    status = 401
+    def __init__(self, message: str, status: int = 401) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,14 +77,14 @@ def _authorization(value: bytes) -> str | None:
     return token.decode("ascii")
 
 
-def _decode_protocol_token(encoded: bytes) -> str:
+def _decode_protocol_token(encoded: bytes, status: int = 401) -> str:
     if encoded.translate(None, _B64URL) or len(encoded) % 4 == 1:
-        raise BearerError("invalid base64url bearer token subprotocol")
+        raise BearerError("invalid base64url bearer token subprotocol", status)
     try:
         raw = base64.urlsafe_b64decode(encoded + b"=" * (-len(encoded) % 4))
         return raw.decode("utf-8")
     except (binascii.Error, UnicodeDecodeError) as exc:
-        raise BearerError("invalid base64url bearer token subprotocol") from exc
+        raise BearerError("invalid base64url bearer token subprotocol", status) from exc
 
 
 def strip_token_subprotocols(headers: Headers) -> tuple[Headers, list[bytes], list[bytes]]:
@@ -109,12 +113,17 @@ def extract_token(headers: Headers) -> BearerToken:
     """The caller's bearer token (or None) and the forwardable headers. Raises BearerError."""
     auth = [value for name, value in headers if name.lower() == b"authorization"]
     if len(auth) > 1:
-        raise BearerError("more than one Authorization header")
+        raise BearerError("more than one Authorization header", status=400)
     forwarded, others, encoded_tokens = strip_token_subprotocols(headers)
     token = _authorization(auth[0]) if auth else None
+    websocket = bool(encoded_tokens) and _is_websocket(headers)
     if token is not None:
+        if websocket and any(_decode_protocol_token(e, status=400) not in ("", token)
+                             for e in encoded_tokens):
+            raise BearerError("the Authorization header and the bearer token subprotocol carry "
+                              "different tokens", status=400)
         return BearerToken(token, "authorization", forwarded)
-    if encoded_tokens and _is_websocket(headers):
+    if websocket:
         if len(encoded_tokens) > 1:
             raise BearerError("more than one bearer token subprotocol")
         ws_token = _decode_protocol_token(encoded_tokens[0])

@@ -5,17 +5,27 @@ turns each refusal into a :class:`Refusal` carrying the status the front door an
 Kubernetes ``Status``. Messages never contain tokens or internal addresses.
 
 1. :func:`gateway.hub.admission.routing.route` -- ``/<cluster>/<rest>``, strict path rules (400);
-2. :func:`gateway.hub.admission.upgrade.check_upgrade` -- only Kubernetes streams upgrade (400);
-3. :func:`gateway.hub.admission.bearer.extract_token` -- one bearer token (401);
-4. :func:`gateway.hub.admission.headers.rewrite_request_headers` -- what crosses (403/400);
-5. authentication on the hub (:class:`gateway.hub.admission.auth.Authenticator`, 401/503);
-6. authorization on the hub (:class:`gateway.hub.admission.authorize.Authorizer`, 403/503);
-7. identity mapping (:class:`gateway.hub.admission.identity.IdentityCache`, 403);
-8. the cluster's session (404 unknown, 503 not connected).
+2. :func:`gateway.hub.admission.body.check_body_size` -- a declared body over the limit (413);
+3. :func:`gateway.hub.admission.upgrade.check_upgrade` -- only Kubernetes streams upgrade (400);
+4. :func:`gateway.hub.admission.bearer.extract_token` -- one unambiguous bearer token (401/400);
+5. :func:`gateway.hub.admission.headers.rewrite_request_headers` -- what crosses (403/400);
+6. authentication on the hub (:class:`gateway.hub.admission.auth.Authenticator`, 401/503),
+   unless the client's address failed too often (:class:`hubload.FailedAuthLimiter`, 429);
+7. authorization on the hub (:class:`gateway.hub.admission.authorize.Authorizer`, 403/503);
+8. identity mapping (:class:`gateway.hub.admission.identity.IdentityCache`, 403);
+9. the cluster's session (404 unknown, 503 not connected);
+10. the identity's cap on long-running requests on that cluster
+    (:class:`gateway.hub.admission.streams.StreamQuota`, 429): the slot travels in
+    :class:`Admitted` and the exchange releases it when it ends.
 
-Steps 1-4 need nothing but the request (:func:`prepare`, pure). :func:`admit_cached` runs 5-8
+Steps 1-5 need nothing but the request (:func:`prepare`, pure). :func:`admit_cached` runs 6-10
 without awaiting when the hub's answers are cached (the common case), :func:`admit` otherwise;
 the decision is the same either way.
+
+The hub is not a free oracle (:mod:`gateway.hub.admission.hubload`): a token whose review is
+not cached costs a hub request, so an address whose authentications keep failing gets 429
+before the hub is asked (a token already cached as valid still passes), and the hub reviews in
+flight are bounded (503 when no slot frees in time).
 
 Ordering on purpose: the token is checked before the cluster is looked up, so an anonymous
 caller cannot enumerate which clusters are connected.
@@ -42,9 +52,12 @@ from typing import Protocol
 from gateway.hub.admission.auth import Authenticator, AuthUnavailable, Unauthenticated, UserInfo
 from gateway.hub.admission.authorize import Authorizer, NotAuthorized
 from gateway.hub.admission.bearer import BearerError, BearerToken, extract_token
+from gateway.hub.admission.body import DEFAULT_MAX_REQUEST_BODY, BodyTooLarge, check_body_size
 from gateway.hub.admission.headers import HeaderRefused, rewrite_request_headers
+from gateway.hub.admission.hubload import FailedAuthLimiter, TooManyFailures
 from gateway.hub.admission.identity import IdentityCache
 from gateway.hub.admission.routing import ClusterRoute, RouteError, route
+from gateway.hub.admission.streams import StreamQuota, StreamSlot, TooManyStreams, is_long_running
 from gateway.hub.admission.upgrade import UpgradeRefused, check_upgrade
 from gateway.hub.config import GatewayConfig
 from gateway.wire.http1 import Headers, RequestHead, serialize_request_head
@@ -85,6 +98,8 @@ class AdmissionContext(Protocol):
     identities: IdentityCache
     registry: ClusterSessions
     known_clusters: set[str]
+    auth_failures: FailedAuthLimiter
+    stream_quota: StreamQuota
 
     @property
     def metrics(self) -> AuthLookups: ...
@@ -103,6 +118,12 @@ class Admitted:
     head: bytes  # rewritten request head for the agent (initial_data of the OPEN)
     user: str  # hub user name for the audit line ("" with passthrough)
     upgrade: bool
+    # A long-running request's place under its identity's cap; released when the exchange ends.
+    stream_slot: StreamSlot | None = None
+
+    def release_stream_slot(self) -> None:
+        if self.stream_slot is not None:
+            self.stream_slot.release()
 
 
 @dataclass(slots=True)
@@ -120,16 +141,19 @@ def new_request_id() -> str:
     return os.urandom(8).hex()
 
 
-def prepare(head: RequestHead, client_ip: str) -> Prepared:
-    """Steps 1-4: route, upgrade check, bearer and header rules. Pure; raises :class:`Refusal`."""
+def prepare(head: RequestHead, client_ip: str,
+            max_request_body: int = DEFAULT_MAX_REQUEST_BODY) -> Prepared:
+    """Steps 1-5: route, body size, upgrade check, bearer and header rules. Pure; raises
+    :class:`Refusal`."""
     try:
         cluster_route = route(head.target)
+        check_body_size(head, max_request_body)
         upgrade = check_upgrade(head, cluster_route)
         bearer = extract_token(head.headers)
         headers = rewrite_request_headers(
             bearer.headers, client_ip=client_ip, host=head.host or b"unknown"
         )
-    except (RouteError, UpgradeRefused, BearerError, HeaderRefused) as exc:
+    except (RouteError, BodyTooLarge, UpgradeRefused, BearerError, HeaderRefused) as exc:
         raise Refusal(exc.status, str(exc)) from None
     if bearer.token is None:
         raise Refusal(401, "a bearer token is required")
@@ -138,7 +162,7 @@ def prepare(head: RequestHead, client_ip: str) -> Prepared:
 
 def admit_cached(gw: AdmissionContext, head: RequestHead, prepared: Prepared, request_id: str
                  ) -> Admitted | None:
-    """Steps 5-8 without awaiting, when the token's review and the user's authorization are
+    """Steps 6-10 without awaiting, when the token's review and the user's authorization are
     both cached: saves a task and two loop turns per request. None means "not cached": run
     :func:`admit`."""
     user = gw.authenticator.cached(prepared.token)
@@ -152,14 +176,21 @@ async def admit(gw: AdmissionContext, head: RequestHead, client_ip: str, request
                 prepared: Prepared | None = None) -> Admitted:
     """The whole chain; raises :class:`Refusal`."""
     if prepared is None:
-        prepared = prepare(head, client_ip)
+        prepared = prepare(head, client_ip, gw.config.limits.max_request_body)
     gw.metrics.auth_lookups += 1
+    if gw.authenticator.cached(prepared.token) is None:
+        try:
+            gw.auth_failures.check(client_ip)
+        except TooManyFailures as exc:
+            raise Refusal(429, str(exc), retry_after=exc.retry_after) from None
     try:
         user = await gw.authenticator.authenticate(prepared.token)
     except Unauthenticated as exc:
         if (gw.config.token_passthrough and prepared.bearer.source == "authorization"
                 and not exc.hub_token):
+            # Not counted as a failure: rejected tokens are what passthrough is for.
             return _admitted(gw, head, prepared, None, request_id)
+        gw.auth_failures.failed(client_ip)
         raise Refusal(401, str(exc) or "invalid bearer token") from None
     except AuthUnavailable:
         raise Refusal(503, "hub authentication is unavailable, retry later",
@@ -194,7 +225,7 @@ API_ROOTS = frozenset({"api", "apis", "version", "openapi", "healthz", "livez", 
 
 def _admitted(gw: AdmissionContext, head: RequestHead, prepared: Prepared,
               user: UserInfo | None, request_id: str) -> Admitted:
-    """Steps 7-8 once the hub has spoken; ``user`` None means token passthrough."""
+    """Steps 8-10 once the hub has spoken; ``user`` None means token passthrough."""
     cluster_route = prepared.route
     cluster = cluster_route.cluster
     headers = prepared.headers
@@ -226,5 +257,13 @@ def _admitted(gw: AdmissionContext, head: RequestHead, prepared: Prepared,
         )
     except ValueError:
         raise Refusal(400, "request cannot be forwarded") from None
+    slot = None
+    if is_long_running(cluster_route.upstream_target, prepared.upgrade):
+        quota = gw.stream_quota
+        try:
+            slot = quota.acquire(quota.identity(user.username if user else None, prepared.token),
+                                 cluster)
+        except TooManyStreams as exc:
+            raise Refusal(429, str(exc), retry_after=5) from None
     return Admitted(cluster, session, target, metadata, head_bytes,
-                    "" if user is None else user.username, prepared.upgrade)
+                    "" if user is None else user.username, prepared.upgrade, slot)

@@ -5,11 +5,19 @@
 * ``/<cluster>/<rest>?<query>`` -> cluster ``<cluster>``, upstream target ``/<rest>?<query>``,
   byte for byte: nothing is decoded or normalised, so the managed apiserver sees exactly what the
   client sent after the prefix. ``/<cluster>`` and ``/<cluster>?q`` become ``/`` and ``/?q``.
+  Because nothing is decoded here but the apiserver decodes the path before routing it, the
+  Kubernetes API form must not contain anything whose decoding changes the path's *structure*
+  (see "Refused" below): then the path the gateway routed, authorized and audited is the path
+  the apiserver serves. The query string is not checked (selectors legitimately encode ``/``).
 * The service form
   ``/<cluster>/api/v1/namespaces/<ns>/services/[<scheme>:]<svc>:<port>/proxy-service/<path>``
   -> a :class:`ServiceRef` and upstream target ``/<path>`` (+ query). ``<ns>`` and ``<svc>`` are
   DNS-1123 labels, ``<port>`` 1-65535 in plain digits, ``<scheme>`` ``http`` or ``https``
   (default ``http``). Whether the agent lets it through is the agent's allow-list's business.
+  The remainder after ``proxy-service/`` belongs to the application behind the Service: it is
+  forwarded untouched (not decoded, not normalised) and only the rules that hold for every path
+  apply to it (dot-segments, backslash, NUL); an encoded ``/`` or ``.`` or an empty segment in it
+  is the application's business, as it would be if the client called the Service directly.
 
 Refused with :class:`RouteError` (400), because Kubernetes API paths never contain them and each
 is a known way to make a proxy and an upstream disagree about the path:
@@ -20,7 +28,12 @@ is a known way to make a proxy and an upstream disagree about the path:
 * a ``.`` or ``..`` path segment anywhere in the path, literal or percent-encoded in any case
   or mix (``%2e``, ``.%2E``...);
 * a backslash (raw or ``%5c``) anywhere in the path, a NUL (raw or ``%00``) anywhere in the
-  target.
+  target;
+* in the Kubernetes API form (every path that is not the service form), also an encoded slash
+  (``%2f``, any case), an encoded dot (``%2e`` anywhere, not only as a whole segment) and an
+  empty segment (``//``; one trailing ``/`` is allowed). The apiserver would decode
+  ``/namespaces/demo%2Fconfigmaps`` into a different path from the one routed here, and no
+  client encodes an unreserved ``.`` or sends ``//``.
 """
 
 from __future__ import annotations
@@ -84,6 +97,17 @@ def _check_path(path: bytes) -> None:
                 raise RouteError("dot-segment in path")
 
 
+def _check_api_path(path: bytes) -> None:
+    """The Kubernetes API form's extra rules (see the module docstring)."""
+    lowered = path.lower()
+    if b"%2f" in lowered:
+        raise RouteError("encoded slash in path")
+    if b"%2e" in lowered:
+        raise RouteError("encoded dot in path")
+    if b"//" in path:
+        raise RouteError("empty segment in path")
+
+
 def _service(rest: bytes, query: bytes) -> tuple[ServiceRef, bytes] | None:
     """The service form, if ``rest`` is one (None otherwise); RouteError if it is malformed."""
     if not rest.startswith(_SERVICE_PREFIX):
@@ -139,4 +163,5 @@ def route(target: bytes) -> ClusterRoute:
     service = _service(rest, query)
     if service is not None:
         return ClusterRoute(cluster.decode(), service[1], service[0])
+    _check_api_path(rest)
     return ClusterRoute(cluster.decode(), rest + query)

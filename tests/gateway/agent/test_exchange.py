@@ -41,6 +41,9 @@ class FakePolicy:
         self.kube = kube
         self.services = services
 
+    def resolve_now(self, target: Any) -> None:
+        return None  # always the awaited path
+
     async def resolve(self, target: Any) -> Resolved:
         if isinstance(target, KubeAPITarget):
             return Resolved(self.kube[0], self.kube[1], None, True)

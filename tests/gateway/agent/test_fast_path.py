@@ -74,7 +74,7 @@ async def request(agent: Agent, meta: bytes, path: str = "/echo/x") -> Any:
 
 async def test_a_users_later_requests_reuse_the_decoded_identity(agent: Agent) -> None:
     CountingIdentity.decoded = 0
-    agent._identity_cls = CountingIdentity
+    agent._decode_identity = CountingIdentity.from_metadata
     alice, bob = "cluster:hub:alice", "cluster:hub:bob"
     seen = []
     for user, rid in ((alice, "0a1b"), (alice, "ffee"), (bob, "0a1b"), (alice, "77")):
@@ -89,7 +89,7 @@ async def test_a_users_later_requests_reuse_the_decoded_identity(agent: Agent) -
 
 async def test_metadata_of_another_shape_is_decoded_and_checked_every_time(agent: Agent) -> None:
     CountingIdentity.decoded = 0
-    agent._identity_cls = CountingIdentity
+    agent._decode_identity = CountingIdentity.from_metadata
     good = metadata("cluster:hub:alice", "0a1b")
     prefix = good.rpartition(b',"rid":"')[0]
     # The cached prefix with a tail that is not a plain request id: each is decoded in full,

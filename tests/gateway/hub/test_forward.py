@@ -76,9 +76,10 @@ async def test_bearer_refusals(gw: Harness, auth: str, status: int) -> None:
     assert got == status and obj["reason"] == "Unauthorized"
 
 
-async def test_two_authorization_headers_401(gw: Harness) -> None:
+async def test_two_authorization_headers_400(gw: Harness) -> None:
     raw = get("/c1/api", extra=f"Authorization: Bearer {HUB_TOKEN}\r\n", close=True)
-    assert status_of(await gw.exchange(raw))[0] == 401
+    assert status_of(await gw.exchange(raw))[0] == 400
+    assert gw.streams() == []
 
 
 async def test_no_token_401_and_connection_kept(gw: Harness) -> None:
@@ -168,7 +169,8 @@ async def test_upgrade_answered_without_101_relays_error_and_closes(gw: Harness)
         stream.send_eof()
 
     gw.connect_cluster("c2", no_agent)
-    raw = get(EXEC.replace("/c1/", "/c2/"), extra="Upgrade: SPDY/3.1\r\nConnection: Upgrade\r\n")
+    raw = get(EXEC.replace("/c1/", "/c2/"), extra="Upgrade: SPDY/3.1\r\nConnection: Upgrade\r\n"
+              "X-Stream-Protocol-Version: v4.channel.k8s.io\r\n")
     data = await gw.exchange(raw)  # read to EOF: the gateway closed the connection
     assert parse_raw(data)[0] == 403
     stream = gw.streams("c2")[0]
@@ -442,20 +444,23 @@ def test_identity_cache_metadata_equals_the_slow_path() -> None:
 
 
 @pytest.mark.parametrize(
-    ("protocols", "upgrade"),
+    ("protocols", "upgrade", "expected"),
     [
-        ("", True),  # the token protocol alone: the server could not echo a protocol back
-        ("v5.channel.k8s.io", False),  # not a WebSocket upgrade: the protocol is not a token
+        # the token protocol alone: no Kubernetes stream protocol offered (and the server could
+        # not echo a protocol back), refused before the token is looked at
+        ("", True, 400),
+        ("v5.channel.k8s.io", False, 401),  # not a WebSocket upgrade: the protocol is no token
     ],
 )
-async def test_websocket_token_rules(gw: Harness, protocols: str, upgrade: bool) -> None:
+async def test_websocket_token_rules(gw: Harness, protocols: str, upgrade: bool, expected: int
+                                     ) -> None:
     enc = base64.urlsafe_b64encode(HUB_TOKEN.encode()).rstrip(b"=").decode()
     value = ", ".join(p for p in (f"base64url.bearer.authorization.k8s.io.{enc}", protocols) if p)
     extra = f"Sec-WebSocket-Protocol: {value}\r\n"
     if upgrade:
         extra += "Upgrade: websocket\r\nConnection: Upgrade\r\n"
     data = await gw.exchange(get(EXEC, token=None, extra=extra, close=not upgrade))
-    assert status_of(data)[0] == 401
+    assert status_of(data)[0] == expected
     assert gw.streams() == []
 
 

@@ -399,6 +399,7 @@ async def running(tls: Tls, *, authorizer: Any = None, **overrides: Any
         await asyncio.sleep(0.01)
     assert gateway.metrics.active_streams == 0, "a stream was never accounted as closed"
     assert gateway.inflight == 0, "an in-flight slot was never released"
+    assert len(gateway.stream_quota) == 0, "a long-running request's slot was never released"
 
 
 @pytest.fixture

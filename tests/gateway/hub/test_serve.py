@@ -78,6 +78,18 @@ def test_environment_sets_every_flag(pki: Path) -> None:
     assert config.identity_prefix == "hub1:"
 
 
+def test_max_request_body_flag(pki: Path) -> None:
+    parser = build_parser()
+    default = config_from_args(parser.parse_args(["gateway", *base_flags(pki)]))
+    assert default.limits.max_request_body == 3 * 1024 * 1024
+    apply_environment(parser, {"HUBPROXY_MAX_REQUEST_BODY": "512Ki"})
+    config = config_from_args(parser.parse_args(["gateway", *base_flags(pki)]))
+    assert config.limits.max_request_body == 512 * 1024
+    for bad in ("0", "-1", "3MB", "x"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["gateway", *base_flags(pki), "--max-request-body", bad])
+
+
 def test_rejects_a_prefix_that_could_reach_reserved_names(pki: Path) -> None:
     out = subprocess.run([*CMD, *base_flags(pki), "--identity-prefix", "system:"],
                          capture_output=True, text=True, timeout=30)

@@ -233,6 +233,7 @@ def test_sigterm_reaches_every_worker_and_the_parent_exits_0() -> None:
     proc = supervised("normal")
     assert proc.stdout is not None
     seen = [proc.stdout.readline(), proc.stdout.readline()]
+    assert all(len(line.split()) > 3 for line in seen), (seen, proc.poll())
     assert sorted(line.split()[1] for line in seen) == ["0", "1"]
     assert len({line.split()[3] for line in seen}) == 2  # distinct hub instance ids
     proc.send_signal(signal.SIGTERM)  # the parent only: it forwards

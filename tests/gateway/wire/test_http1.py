@@ -583,3 +583,16 @@ def test_one_bad_field_among_many_is_found_wherever_it_is(position: int) -> None
     raw = b"GET / HTTP/1.1\r\nHost: h\r\n" + b"\r\n".join(lines) + b"\r\n\r\n"
     with pytest.raises(HTTPError, match="invalid header name"):
         parse_request_head(raw)
+
+
+def test_chunked_request_body_limit_counts_declared_chunk_sizes() -> None:
+    from gateway.wire.http1 import ChunkedBody
+
+    tracker = ChunkedBody(max_body=10)
+    assert tracker.feed(b"4\r\nabcd\r\n6\r\nefghij\r\n") == 20  # exactly 10: fine
+    with pytest.raises(HTTPError) as info:
+        tracker.feed(b"1\r\nk\r\n")  # refused at the size line, before its data
+    assert info.value.status == 413
+    unlimited = ChunkedBody()
+    unlimited.feed(b"10\r\n" + b"x" * 16 + b"\r\n0\r\n\r\n")
+    assert unlimited.complete and unlimited.body_bytes == 16

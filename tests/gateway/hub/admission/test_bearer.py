@@ -99,15 +99,37 @@ def test_rule2_token_subprotocol_removed_even_without_upgrade() -> None:
     assert result.headers == []  # the header was only the token: dropped
 
 
-def test_authorization_wins_and_subprotocol_still_removed() -> None:
+@pytest.mark.parametrize("ws_token", ["header-token", ""])
+def test_same_token_in_authorization_and_subprotocol_and_subprotocol_removed(ws_token: str
+                                                                            ) -> None:
     headers = [
         *WS,
         (b"Authorization", b"Bearer header-token"),
-        (b"Sec-WebSocket-Protocol", b"v5.channel.k8s.io," + proto("other")),
+        (b"Sec-WebSocket-Protocol", b"v5.channel.k8s.io," + proto(ws_token)),
     ]
     result = extract_token(headers)
     assert result.token == "header-token"
     assert not any(TOKEN_PROTOCOL_PREFIX in v for _, v in result.headers)
+
+
+@pytest.mark.parametrize(
+    "protocols",
+    [proto("other"), TOKEN_PROTOCOL_PREFIX + b"not*base64",
+     proto("header-token") + b"," + proto("x")],
+)
+def test_different_token_in_authorization_and_subprotocol_is_400(protocols: bytes) -> None:
+    headers = [*WS, (b"Authorization", b"Bearer header-token"),
+               (b"Sec-WebSocket-Protocol", b"v5.channel.k8s.io," + protocols)]
+    with pytest.raises(BearerError) as info:
+        extract_token(headers)
+    assert info.value.status == 400 and "header-token" not in str(info.value)
+
+
+def test_two_authorization_headers_are_400() -> None:
+    headers = [(b"Authorization", b"Bearer a"), (b"authorization", b"Bearer a")]
+    with pytest.raises(BearerError) as info:
+        extract_token(headers)
+    assert info.value.status == 400
 
 
 @pytest.mark.parametrize(

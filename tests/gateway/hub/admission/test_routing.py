@@ -31,8 +31,9 @@ def refused(target: bytes) -> RouteError:
         (b"/c1/", "c1", b"/"),
         (b"/c1?timeout=32s", "c1", b"/?timeout=32s"),
         (b"/my-cluster.example.com/version", "my-cluster.example.com", b"/version"),
-        (b"/c1//api", "c1", b"//api"),
-        (b"/c1/api/v1/namespaces/a%2Fb", "c1", b"/api/v1/namespaces/a%2Fb"),
+        (b"/c1/api/v1/pods?labelSelector=a%2Fb%3Dc", "c1", b"/api/v1/pods?labelSelector=a%2Fb%3Dc"),
+        (b"/c1/apis/", "c1", b"/apis/"),
+        (b"/c1/api/v1/namespaces/a%252Fb", "c1", b"/api/v1/namespaces/a%252Fb"),
         (b"/c1/api/x?q=..&r=%2e%2e", "c1", b"/api/x?q=..&r=%2e%2e"),
         (b"/c1/api/v1/pods/a.b..c", "c1", b"/api/v1/pods/a.b..c"),
         (b"/c1/apis/x/v1/...", "c1", b"/apis/x/v1/..."),
@@ -175,6 +176,47 @@ def test_rule6_bad_targets_refused(target: bytes) -> None:
     refused(target)
 
 
+@pytest.mark.parametrize(
+    ("target", "reason"),
+    [
+        (b"/c1/api/v1/namespaces/demo%2Fconfigmaps", "encoded slash"),
+        (b"/c1/api/v1/namespaces/demo%2fconfigmaps", "encoded slash"),
+        (b"/c1/api%2Fv1/pods", "encoded slash"),
+        (b"/c1/api/v1/pods/a%2e", "encoded dot"),
+        (b"/c1/api/v1/pods/a%2Eb", "encoded dot"),
+        (b"/c1/apis/apps/v1/namespaces/x/deployments/web%2E", "encoded dot"),
+        (b"/c1/api/v1/pods/a%5cb", "backslash"),
+        (b"/c1//api", "empty segment"),
+        (b"/c1/api//v1/pods", "empty segment"),
+        (b"/c1/api/v1/namespaces//pods", "empty segment"),
+        (b"/c1/api/v1/pods//", "empty segment"),
+        # not the service form (the marker is encoded), so the API-form rules apply
+        (b"/c1/api/v1/namespaces/ns/services/web:80/proxy-service%2Fx", "encoded slash"),
+        (b"/c1/api/v1/namespaces/ns/services/web:80%2Fproxy-service/x", "encoded slash"),
+    ],
+)
+def test_rule6_encoded_separators_and_empty_segments_refused_in_api_form(
+    target: bytes, reason: str
+) -> None:
+    assert reason in str(refused(target))
+
+
+@pytest.mark.parametrize(
+    ("remainder", "upstream"),
+    [
+        (b"a%2Fb", b"/a%2Fb"),
+        (b"a%2fb/c%2Ed", b"/a%2fb/c%2Ed"),
+        (b"x//y", b"/x//y"),
+        (b"", b"/"),
+    ],
+)
+def test_service_form_remainder_passes_untouched(remainder: bytes, upstream: bytes) -> None:
+    prefix = b"/c1/api/v1/namespaces/ns/services/web:80/proxy-service/"
+    result = route(prefix + remainder + b"?q=%2F")
+    assert result.service == ServiceRef("ns", "web", 80, "http")
+    assert result.upstream_target == upstream + b"?q=%2F"
+
+
 def test_cluster_name_rules() -> None:
     assert is_cluster_name(b"a")
     assert is_cluster_name(b"a.b-c.d")
@@ -213,6 +255,9 @@ def test_property_accepted_round_trips_and_no_dot_segment_passes(cluster: str, r
     assert result.cluster == cluster
     if result.service is None:
         assert b"/" + cluster.encode() + result.upstream_target == target
+        api_path = result.upstream_target.split(b"?", 1)[0]
+        assert b"%2f" not in api_path.lower() and b"%2e" not in api_path.lower()
+        assert b"//" not in api_path
     else:
         tail = target[target.find(b"/proxy-service") + len(b"/proxy-service") :]
         assert result.upstream_target == (tail if tail.startswith(b"/") else b"/" + tail)
@@ -243,7 +288,9 @@ def test_property_dot_segments_never_pass(
     rest=st.from_regex(rb"\A(/[A-Za-z0-9_~%-]{1,8}){0,5}(\?[A-Za-z0-9=&%.]{0,12})?\Z"),
 )
 def test_property_plain_paths_forward_exactly(cluster: str, rest: bytes) -> None:
-    assume(b"%00" not in rest and b"%5c" not in rest.lower())
+    path = rest.split(b"?", 1)[0].lower()
+    assume(b"%00" not in rest and b"%5c" not in path)
+    assume(b"%2f" not in path and b"%2e" not in path)
     assume(not re.search(rb"/(%2[eE]){1,2}(/|$|\?)", rest))
     target = b"/" + cluster.encode() + rest
     result = route(target)

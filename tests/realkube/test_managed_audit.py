@@ -1,0 +1,51 @@
+"""The managed apiserver's own audit log: who made each request, and whom it impersonated.
+
+Every request that reached the managed cluster through hubproxy was made by the agent's
+ServiceAccount impersonating a prefixed hub identity; the agent's credential was never used
+bare; and no token appears in the audit log or in the gateway's and agent's output.
+"""
+
+from __future__ import annotations
+
+import json
+
+from tests.realkube.conftest import AGENT_SA, CLUSTER, PREFIX, Fleet
+
+AGENT_USER = "system:serviceaccount:{}:{}".format(*AGENT_SA)
+
+
+def test_every_agent_request_impersonates_the_mapped_hub_user(fleet: Fleet) -> None:
+    code, _ = fleet.gateway.curl(
+        f"/{CLUSTER}/api/v1/namespaces/team/configmaps/audit-marker", fleet.alice)
+    assert code == 404  # a real answer from the managed apiserver, as alice's mapped identity
+
+    events = fleet.managed.audit_events()
+    marker = [e for e in events if e["requestURI"].endswith("/configmaps/audit-marker")]
+    assert len(marker) == 1, marker
+    assert marker[0]["user"]["username"] == AGENT_USER
+    assert marker[0]["impersonatedUser"]["username"] == f"{PREFIX}system:serviceaccount:fleet:alice"
+    assert marker[0]["impersonatedUser"]["uid"] == fleet.alice_uid
+    assert marker[0]["responseStatus"]["code"] == 404
+
+    # (A request refused before authentication has no user in its event.)
+    by_agent = [e for e in events if e.get("user", {}).get("username") == AGENT_USER]
+    bare = [e["requestURI"] for e in by_agent if "impersonatedUser" not in e]
+    assert bare == [], "the agent's credential was used without impersonation"
+    assert all(e["impersonatedUser"]["username"].startswith(PREFIX) for e in by_agent)
+    # Every request that acted as a hub identity came through the agent.
+    as_hub = [e for e in events
+              if e.get("impersonatedUser", {}).get("username", "").startswith(PREFIX)]
+    assert {e["user"]["username"] for e in as_hub} == {AGENT_USER}
+    # And those requests were the tier's traffic (tests in this directory ran before), not one.
+    assert len(by_agent) > 1
+
+
+def test_no_token_in_audit_logs_or_process_output(fleet: Fleet) -> None:
+    text = (fleet.managed.audit_log.read_text() + fleet.hub.audit_log.read_text()
+            + fleet.gateway.logs())
+    leaked = [i for i, token in enumerate(fleet.tokens) if token in text]
+    assert leaked == []
+    # The gateway's audit lines are there and name the hub user, not the credential.
+    lines = [json.loads(line) for line in fleet.gateway.process.output.splitlines()
+             if line.startswith('{"event":"request"')]
+    assert any(line.get("user") == "system:serviceaccount:fleet:alice" for line in lines)
