@@ -284,6 +284,18 @@ class TunnelSession(asyncio.BufferedProtocol):
         return self._core.peer_hub_instances
 
     @property
+    def hub_peers(self) -> tuple[int, ...]:
+        """The live hub instances the hub last announced (HUB_PEER); () if it announces none."""
+        return self._core.peer_hub_peers
+
+    def announce_hub_peers(self, peers: tuple[int, ...]) -> None:
+        """Hub side: send the live instances to the agent (a SETTINGS, see PROTOCOL.md §5)."""
+        if self.closed:
+            return
+        self._core.announce_hub_peers(peers)
+        self._schedule_flush()
+
+    @property
     def peer_settings_received(self) -> bool:
         return self._core.peer_settings_received
 

@@ -14,10 +14,13 @@
 
 Several hub processes may share one address (gateway workers, hub replicas behind a Service);
 each serves only the agents that hold a session to it. :class:`HubFanout` keeps one session to
-each: the hub's SETTINGS name its instance and how many there are, a dial that reaches an
-instance already served is drained and redialled after a short random delay that grows when
-such dials repeat (connections are spread by the kernel or the load balancer), and dialers are
-added until every instance has one.
+each: the hub's SETTINGS name its instance and either the live instances (HUB_PEER, from the
+hub's Leases; the union of what every session announces) or only how many there are; a dial
+that reaches an instance already served is drained and redialled after a short random delay
+that grows when such dials repeat (connections are spread by the kernel or the load balancer),
+dialers are added until every instance has one and removed when there are fewer instances, and
+a session to an instance that the other instances have stopped listing for ``GONE_AFTER`` is
+drained (its process is gone from the hub but its connection lingers).
 """
 
 from __future__ import annotations
@@ -49,6 +52,9 @@ REDIAL_DELAY = (0.05, 0.3)
 REDIAL_FREE = 3  # duplicates in a row before the delay starts doubling
 REDIAL_DELAY_CAP = 30.0
 REFUSAL_LOG_INTERVAL = 60.0  # the same refusal is logged at WARNING at most this often
+# A session's instance that no other session has listed for this long is gone. Longer than a
+# Lease (15 s) plus a listing period, so an instance that just started is listed first.
+GONE_AFTER = 20.0
 
 
 class AgentDialer:
@@ -226,6 +232,8 @@ class AgentDialer:
                 return "hub sent GOAWAY"
             if self._caching_factory and self.ssl_context_factory() is not context:
                 return "certificate rotated"
+            if self.fanout is not None and self.fanout.observe(self, session):
+                return f"hub instance {session.hub_instance} is gone"
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), WATCH_INTERVAL)
 
@@ -265,6 +273,7 @@ class HubFanout:
         self.dialers: list[AgentDialer] = []
         self.instances = 1  # as the hub last announced
         self._served: dict[int, AgentDialer] = {}
+        self._listed_at: dict[int, float] = {}  # instance -> last time another session listed it
         self._tasks: set[asyncio.Task[None]] = set()
         self._changed = asyncio.Event()
         self._stopping = False
@@ -296,18 +305,47 @@ class HubFanout:
         if holder is not None and holder is not dialer:
             return False
         self._served[instance] = dialer
-        self.instances = session.hub_instances
+        self._listed_at[instance] = time.monotonic()
+        self.instances = self._count(session)
         self._grow()
         return True
+
+    def _count(self, extra: TunnelSession | None = None) -> int:
+        """How many instances to hold: the union of the live sets the sessions announce, or,
+        from hubs that announce no set, the count in their SETTINGS."""
+        sessions = [s for s in (*self.sessions, extra) if s is not None and not s.closed]
+        peers = {peer for s in sessions for peer in s.hub_peers}
+        if peers:
+            return len(peers)
+        return max((s.hub_instances for s in sessions), default=self.instances)
+
+    def observe(self, dialer: AgentDialer, session: TunnelSession) -> bool:
+        """Called while ``dialer`` holds ``session``: follow the announced set (more dialers
+        when it grew) and say whether the session's instance is gone (True: drop it)."""
+        count = self._count()
+        if count != self.instances:
+            self.instances = count
+            self._grow()
+        instance = session.hub_instance
+        others = [d.session for d in self.dialers if d is not dialer and d.session is not None
+                  and d.session.hub_peers and not d.session.draining]
+        now = time.monotonic()
+        if instance == 0 or not others or any(instance in s.hub_peers for s in others):
+            self._listed_at[instance] = now
+            return False
+        return now - self._listed_at.setdefault(instance, now) > GONE_AFTER
 
     def release(self, dialer: AgentDialer, session: TunnelSession) -> None:
         if self._served.get(session.hub_instance) is dialer:
             del self._served[session.hub_instance]
+            self._listed_at.pop(session.hub_instance, None)
 
     def surplus(self, dialer: AgentDialer) -> bool:
-        """Should ``dialer`` stop because the hub now has fewer instances than dialers?"""
-        if len(self.dialers) > self.instances and dialer is self.dialers[-1]:
-            self.dialers.pop()
+        """Should ``dialer`` (which holds no session now) stop because the hub has fewer
+        instances than dialers?"""
+        self.instances = self._count()
+        if len(self.dialers) > self.instances and dialer in self.dialers:
+            self.dialers.remove(dialer)
             log.info("the hub has %d instance(s): one session fewer", self.instances)
             return True
         return False

@@ -49,6 +49,9 @@ S_HUB_INSTANCE, S_HUB_INSTANCES = 5, 6
 # Sent by the agent only, for the hub's view of its fleet: the agent's release (major << 24 |
 # minor << 16 | patch) and a random id of the agent process (its replicas differ).
 S_AGENT_VERSION, S_AGENT_INSTANCE = 7, 8
+# Sent by the hub only, repeated once per live hub instance (its own id included): the set of
+# instances behind the address, from their Leases. A SETTINGS that carries any replaces the set.
+S_HUB_PEER = 9
 MAX_HUB_INSTANCES = 64
 MAX_WINDOW = 2**31 - 1
 MIN_FRAME_SIZE, MAX_FRAME_SIZE_LIMIT = 16 * 1024, 16 * 1024 * 1024
@@ -74,8 +77,10 @@ def header(ftype: int, flags: int, stream_id: int, length: int) -> bytes:
     return HEADER.pack(length, ftype, flags, 0, stream_id)
 
 
-def encode_settings(settings: dict[int, int]) -> bytes:
-    payload = b"".join(_SETTING.pack(k, v) for k, v in sorted(settings.items()))
+def encode_settings(settings: dict[int, int], peers: tuple[int, ...] = ()) -> bytes:
+    """SETTINGS with ``settings`` and one HUB_PEER entry per id in ``peers``."""
+    pairs = [*sorted(settings.items()), *((S_HUB_PEER, peer) for peer in peers)]
+    payload = b"".join(_SETTING.pack(k, v) for k, v in pairs)
     return header(SETTINGS, 0, 0, len(payload)) + payload
 
 
@@ -204,12 +209,22 @@ _FIXED_LENGTH = {OPEN_ACK: 0, WINDOW_UPDATE: 4, RESET: 4, PING: PING_PAYLOAD,
 # Payload parsers (the header was already checked by check_header).
 
 def parse_settings(payload: memoryview) -> dict[int, int]:
+    return parse_settings_and_peers(payload)[0]
+
+
+def parse_settings_and_peers(payload: memoryview) -> tuple[dict[int, int], tuple[int, ...]]:
+    """The settings (the last value of each id) and the HUB_PEER ids in order."""
     out: dict[int, int] = {}
+    peers: list[int] = []
     for i in range(0, len(payload), _SETTING.size):
         key, value = _SETTING.unpack_from(payload, i)
         check_setting(key, value)
+        if key == S_HUB_PEER:
+            if len(peers) >= MAX_HUB_INSTANCES:
+                raise BadSettings(f"more than {MAX_HUB_INSTANCES} HUB_PEER entries")
+            peers.append(value)
         out[key] = value
-    return out
+    return out, tuple(peers)
 
 
 def check_setting(key: int, value: int) -> None:
@@ -225,7 +240,7 @@ def check_setting(key: int, value: int) -> None:
         ok = value != 0
     elif key == S_HUB_INSTANCES:
         ok = 1 <= value <= MAX_HUB_INSTANCES
-    elif key in (S_AGENT_VERSION, S_AGENT_INSTANCE):
+    elif key in (S_AGENT_VERSION, S_AGENT_INSTANCE, S_HUB_PEER):
         ok = value != 0
     else:
         ok = True  # unknown settings are ignored, so later versions can add some

@@ -203,6 +203,14 @@ class TunnelListener:
 
         session.on_closed.append(gone)
 
+    def announce_hub_peers(self, peers: tuple[int, ...]) -> None:
+        """The live hub instances changed: new sessions announce ``peers`` in their first
+        SETTINGS, established ones get a SETTINGS with them now (PROTOCOL.md §5, HUB_PEER)."""
+        self.config.hub_peers = peers
+        self.config.hub_instances = max(1, min(len(peers), frames.MAX_HUB_INSTANCES))
+        for session in list(self.sessions):
+            session.announce_hub_peers(peers)
+
     def close(self) -> None:
         """Stop accepting and abort every session (their streams see SessionClosed)."""
         self._stop_accepting()

@@ -64,6 +64,9 @@ class SessionConfig:
     # Hub side only (0 / 1: not sent): this hub process's id and how many share its address.
     hub_instance: int = 0
     hub_instances: int = 1
+    # Hub side, with instance discovery: the live instances (HUB_PEER). The gateway replaces it
+    # as instances come and go, so each new session announces the latest set.
+    hub_peers: tuple[int, ...] = ()
     # Agent side only (0: not sent): the agent's packed release and its process's random id.
     agent_version: int = 0
     agent_instance: int = 0
@@ -262,10 +265,12 @@ class Session:
             settings[f.S_AGENT_VERSION] = cfg.agent_version
         if cfg.agent_instance:
             settings[f.S_AGENT_INSTANCE] = cfg.agent_instance
-        self._control.append(f.encode_settings(settings))
+        self._control.append(f.encode_settings(settings, cfg.hub_peers if cfg.hub_instance
+                                               else ()))
         self.peer_settings_received = False
         self.peer_hub_instance = 0  # 0: the hub did not say (a single hub process)
         self.peer_hub_instances = 1
+        self.peer_hub_peers: tuple[int, ...] = ()  # (): the hub announces no set (count only)
         self.peer_agent_version = 0  # 0: the agent did not say (an older agent)
         self.peer_agent_instance = 0
 
@@ -342,7 +347,7 @@ class Session:
         elif t == f.SETTINGS:
             if not fr.flags & f.FLAG_ACK:
                 self._rate("settings", self.config.max_settings_per_second)
-                self._on_settings(f.parse_settings(fr.payload))
+                self._on_settings(*f.parse_settings_and_peers(fr.payload))
         elif t == f.GOAWAY:
             last, code, msg = f.parse_goaway(fr.payload)
             self._on_goaway(last, code, msg)
@@ -350,7 +355,14 @@ class Session:
             self.drain_received = True
             self.events.append(DrainReceived())
 
-    def _on_settings(self, settings: dict[int, int]) -> None:
+    def announce_hub_peers(self, peers: tuple[int, ...]) -> None:
+        """Hub side: tell the agent the live instances now (HUB_PEER, and HUB_INSTANCES for
+        agents that know only the count)."""
+        count = max(1, min(len(peers), f.MAX_HUB_INSTANCES))
+        self._control.append(f.encode_settings({f.S_HUB_INSTANCES: count},
+                                               peers[:f.MAX_HUB_INSTANCES]))
+
+    def _on_settings(self, settings: dict[int, int], peers: tuple[int, ...] = ()) -> None:
         self.peer_initial_window = settings.get(f.S_INITIAL_WINDOW, self.peer_initial_window)
         self.peer_max_frame = settings.get(f.S_MAX_FRAME_SIZE, self.peer_max_frame)
         self.peer_max_streams = settings.get(f.S_MAX_CONCURRENT_STREAMS, self.peer_max_streams)
@@ -359,6 +371,8 @@ class Session:
         self.peer_hub_instances = settings.get(f.S_HUB_INSTANCES, self.peer_hub_instances)
         self.peer_agent_version = settings.get(f.S_AGENT_VERSION, self.peer_agent_version)
         self.peer_agent_instance = settings.get(f.S_AGENT_INSTANCE, self.peer_agent_instance)
+        if peers:
+            self.peer_hub_peers = peers
         self.peer_settings_received = True
         self._control.append(f.encode_settings_ack())
         self.events.append(SettingsReceived(settings))

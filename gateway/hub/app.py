@@ -154,6 +154,11 @@ class Gateway:
         parts = [self.fleet.snapshot(), *(p.get("fleet") or {} for p in self.metrics.peers())]
         return json.dumps(fleet.summarize(fleet.merge(parts)), indent=1).encode() + b"\n"
 
+    def announce_instances(self, peers: tuple[int, ...]) -> None:
+        """The live gateway instances changed: tell every agent session (HUB_PEER)."""
+        if self._tunnel is not None:
+            self._tunnel.announce_hub_peers(peers)
+
     def request_released(self) -> None:
         if self.inflight <= 0:
             self._idle.set()
@@ -293,8 +298,12 @@ def session_settings(config: GatewayConfig) -> SessionConfig:
         liveness["ping_after"] = config.tunnel_keepalive
     if config.tunnel_timeout is not None:
         liveness["dead_after"] = config.tunnel_timeout
-    return SessionConfig(hub_instance=config.hub_instance,
-                         hub_instances=config.replicas * config.workers, **liveness)
+    # With instance discovery the count and the set follow the Leases (see
+    # Gateway.announce_instances); until the first listing, agents hold at least this one.
+    instances = 1 if config.lease_namespace else config.replicas * config.workers
+    peers = (config.hub_instance,) if config.lease_namespace and config.hub_instance else ()
+    return SessionConfig(hub_instance=config.hub_instance, hub_instances=instances,
+                         hub_peers=peers, **liveness)
 
 
 async def hub_api_client(kubeconfig: str | None,

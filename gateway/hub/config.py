@@ -38,7 +38,14 @@ class GatewayConfig:
     health_listen: tuple[str, int] | None = ("0.0.0.0", 8000)
     workers: int = 1  # processes sharing the front door and tunnel ports (SO_REUSEPORT)
     worker_index: int = 0  # which of them this is; worker 0 also serves health and metrics
-    replicas: int = 1  # gateway pods sharing the tunnel address
+    replicas: int = 1  # gateway pods sharing the tunnel address (deprecated: --lease-namespace)
+    # Live instance discovery (gateway.hub.instances): each process holds a Lease in this
+    # namespace and tells its agents the live set. None: off (the count is replicas x workers).
+    lease_namespace: str | None = None
+    lease_duration: int = 15  # seconds an instance Lease stays live without renewal
+    # Readiness gate: not Ready before serving every cluster the other instances serve, for at
+    # most this long after start.
+    ready_wait: float = 30.0
     hub_instance: int = 0  # this process's id in the tunnel's SETTINGS (0: not announced)
     tls_dir: str | None = None  # tls.crt / tls.key of the front door
     tunnel_tls_dir: str | None = None  # tls.crt / tls.key of the tunnel listener

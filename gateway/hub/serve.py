@@ -27,6 +27,7 @@ import logging
 import os
 import signal
 import sys
+from typing import Any
 
 from gateway.hub.clusterprofile import component as clusterprofile
 from gateway.hub.config import FrontDoorLimits, GatewayConfig
@@ -180,10 +181,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      metavar="DURATION",
                      help="after start, answer 503 (not 404) for clusters not seen yet, while "
                      "agents reconnect (default: 60s)")
-    lim.add_argument("--replicas", type=positive_int, default=1, metavar="N",
-                     help="gateway pods sharing the tunnel address, i.e. the Deployment's "
-                     "replicas (default: %(default)s). Agents keep one session to each of "
-                     "replicas x workers gateway processes, so keep it equal to the real count")
+    lim.add_argument("--replicas", type=positive_int, default=None, metavar="N",
+                     help="deprecated: instances are discovered from Leases (--lease-namespace). "
+                     "Only without Leases: gateway pods sharing the tunnel address, i.e. the "
+                     "Deployment's replicas (default: 1); agents keep one session to each of "
+                     "replicas x workers processes. Given with Leases, it is ignored (a "
+                     "warning says so)")
+    lim.add_argument("--lease-namespace", default=None, metavar="NAMESPACE",
+                     help="live instance discovery: every gateway process (each worker too) "
+                     "holds a coordination.k8s.io Lease in this hub namespace, renewed every "
+                     "5s and deleted on exit, and tells its agents the live instances so they "
+                     "hold one session to each (no replica count to keep in step). Default: "
+                     "the pod's namespace when running in a cluster, else off; 'off' disables. "
+                     "Needs hub RBAC on leases in that namespace (deploy/hub/rbac.yaml)")
+    lim.add_argument("--lease-duration", type=positive_int, default=15, metavar="SECONDS",
+                     help="with Leases: an instance whose Lease was not renewed for this long "
+                     "is gone (killed, cut off) and no longer announced; renewed every third "
+                     "of it (default: %(default)s)")
+    lim.add_argument("--ready-wait", type=_duration, default=30.0, metavar="DURATION",
+                     help="with Leases: /readyz stays 503 until this instance serves every "
+                     "cluster the other live instances serve, for at most this long after "
+                     "start (default: 30s; 0: no gate), so the Service sends no request to an "
+                     "instance that agents have not reached yet")
     lim.add_argument("--workers", type=positive_int, default=1, metavar="N",
                      help="gateway processes sharing the front door and tunnel ports "
                      "(default: %(default)s). Agents keep one session to each. Each worker "
@@ -260,9 +279,40 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         tunnel_keepalive=keepalive,
         tunnel_timeout=tunnel_timeout,
         workers=args.workers,
-        replicas=args.replicas,
+        replicas=args.replicas or 1,
         hub_instance=workers_instance_id(),
+        lease_namespace=lease_namespace(args.lease_namespace),
+        lease_duration=args.lease_duration,
+        ready_wait=args.ready_wait,
     )
+
+
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def lease_namespace(flag: str | None) -> str | None:
+    """--lease-namespace: the namespace given, None for 'off', else the pod's namespace."""
+    if flag is not None:
+        return None if flag.strip() in ("", "off") else flag.strip()
+    with contextlib.suppress(OSError), open(SERVICE_ACCOUNT_NAMESPACE, encoding="utf-8") as file:
+        return file.read().strip() or None
+    return None
+
+
+def start_instance_discovery(config: GatewayConfig, gateway: Any, api_client: Any) -> Any:
+    """This process's Lease and the live set announced to agents; None when off."""
+    if not config.lease_namespace or not config.hub_instance:
+        return None
+    from gateway.hub.instances.announcer import InstanceAnnouncer
+
+    announcer = InstanceAnnouncer(
+        api_client, config.lease_namespace, config.hub_instance,
+        clusters=gateway.registry.clusters, on_change=gateway.announce_instances,
+        duration=config.lease_duration, ready_wait=config.ready_wait)
+    if config.ready_wait > 0:
+        gateway.readiness.gates.append(announcer.readiness_reason)
+    announcer.start()
+    return announcer
 
 
 async def serve(config: GatewayConfig, args: argparse.Namespace | None = None,
@@ -279,6 +329,7 @@ async def serve(config: GatewayConfig, args: argparse.Namespace | None = None,
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     extras: list[asyncio.Task[None]] = []
+    announcer = None
     peers: PeerSnapshots | SnapshotSender | None = None
     try:
         try:
@@ -293,6 +344,7 @@ async def serve(config: GatewayConfig, args: argparse.Namespace | None = None,
         elif link is not None:
             peers = link.sender(config.worker_index)
             peers.start(gateway.metrics.snapshot)
+        announcer = start_instance_discovery(config, gateway, api_client)
         gctune.settle()
         print(f"hubproxy gateway ready: front door port {gateway.front_port}, tunnel port "
               f"{gateway.tunnel_port}, health port {gateway.health_port or 'off'}",
@@ -306,8 +358,16 @@ async def serve(config: GatewayConfig, args: argparse.Namespace | None = None,
                     ocm.run(args, api_client, gateway.registry)))
         await stop.wait()
         log.info("shutting down: draining for up to %.0fs", config.shutdown_timeout)
+        # The Lease goes first (in parallel with the drain): peers and agents stop counting
+        # this instance while its in-flight requests finish.
+        leaving = asyncio.ensure_future(announcer.stop()) if announcer is not None else None
         await gateway.shutdown()
+        if leaving is not None:
+            await leaving
+            announcer = None
     finally:
+        if announcer is not None:
+            await announcer.stop()
         for task in extras:
             task.cancel()
         if peers is not None:
@@ -328,6 +388,10 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"hubproxy gateway: {exc}", file=sys.stderr)
         return 2
+    if args.replicas is not None and config.lease_namespace:
+        log.warning("--replicas is deprecated and ignored: gateway instances are discovered "
+                    "from Leases in namespace %s (--lease-namespace off to use the count)",
+                    config.lease_namespace)
     problem = clusterprofile.validate(args)
     if problem:
         print(f"hubproxy gateway: {problem}", file=sys.stderr)

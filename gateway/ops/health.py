@@ -45,6 +45,8 @@ class Readiness:
         self.draining = False
         self.hub_ok_at: float | None = None
         self.hub_error = "hub authentication not checked yet"
+        # More conditions (e.g. the instance readiness gate): each says why not ready, or None.
+        self.gates: list[Callable[[], str | None]] = []
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -62,6 +64,10 @@ class Readiness:
             return "listeners not up"
         if not self.hub_ok:
             return self.hub_error
+        for gate in self.gates:
+            why = gate()
+            if why is not None:
+                return why
         return None
 
     async def check_once(self) -> None:

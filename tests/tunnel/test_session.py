@@ -402,3 +402,33 @@ def test_hub_instance_settings_out_of_range_are_refused(key, value):
     agent = fresh_agent()
     with pytest.raises(ProtocolError):
         feed(agent, f.encode_settings({key: value}))
+
+
+def test_hub_announces_its_live_instances_first_and_whenever_they_change():
+    hub, agent, _ = pair(hub_cfg=SessionConfig(hub_instance=5, hub_instances=2,
+                                               hub_peers=(5, 9)))
+    assert agent.peer_hub_peers == (5, 9)
+    # On the wire: HUB_PEER is repeated, once per instance, in the same SETTINGS.
+    hub.announce_hub_peers((5, 9, 12))
+    out = wire(hub)
+    frame = next(fr for fr, _ in f.decode_frames(memoryview(out), 1 << 20))
+    assert frame.type == f.SETTINGS
+    assert f.parse_settings_and_peers(frame.payload) == ({f.S_HUB_INSTANCES: 3,
+                                                          f.S_HUB_PEER: 12}, (5, 9, 12))
+    feed(agent, out)
+    assert (agent.peer_hub_peers, agent.peer_hub_instances) == ((5, 9, 12), 3)
+    # A SETTINGS without HUB_PEER leaves the set alone.
+    feed(agent, f.encode_settings({f.S_INITIAL_WINDOW: 65536}))
+    assert agent.peer_hub_peers == (5, 9, 12)
+    # A hub without discovery announces no set: agents follow the count.
+    _, plain, _ = pair(hub_cfg=SessionConfig(hub_instance=5, hub_instances=2))
+    assert (plain.peer_hub_peers, plain.peer_hub_instances) == ((), 2)
+
+
+def test_hub_peer_entries_are_bounded_and_non_zero():
+    agent = fresh_agent()
+    with pytest.raises(ProtocolError):
+        feed(agent, f.encode_settings({}, tuple(range(1, f.MAX_HUB_INSTANCES + 2))))
+    with pytest.raises(ProtocolError):
+        feed(fresh_agent(), f.encode_settings({}, (0,)))
+    feed(fresh_agent(), f.encode_settings({}, tuple(range(1, f.MAX_HUB_INSTANCES + 1))))

@@ -1,0 +1,58 @@
+"""Debian's HAProxy in front of several gateway processes, the way a Kubernetes Service (or a
+cloud load balancer) spreads connections over gateway pods.
+
+Two TCP frontends: the front door, balanced only over backends whose ``/readyz`` answers 200
+(a Service of Ready pods), and the tunnel, balanced over every backend that accepts a
+connection (``publishNotReadyAddresses``: agents must reach a new instance before it is Ready).
+Backends are declared up front; one that is not running is simply down.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.support import LOOPBACK, BackgroundProcess, ProcessGroup, free_port, wait_for_port
+
+HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
+
+
+@dataclass(frozen=True)
+class Backend:
+    front: int
+    tunnel: int
+    health: int
+
+
+def backends(count: int) -> list[Backend]:
+    return [Backend(free_port(), free_port(), free_port()) for _ in range(count)]
+
+
+def config(front: int, tunnel: int, servers: list[Backend]) -> str:
+    lines = [
+        "global", "  maxconn 4096",
+        "defaults", "  mode tcp", "  timeout connect 1s", "  timeout client 1h",
+        "  timeout server 1h", "  retries 3", "  option redispatch",
+        "frontend front", f"  bind {LOOPBACK}:{front}", "  default_backend front",
+        "frontend tunnel", f"  bind {LOOPBACK}:{tunnel}", "  default_backend tunnel",
+        "backend front", "  balance roundrobin", "  option httpchk GET /readyz",
+        *(f"  server g{i} {LOOPBACK}:{b.front} check port {b.health} inter 200ms fall 1 rise 1"
+          for i, b in enumerate(servers)),
+        "backend tunnel", "  balance roundrobin",
+        *(f"  server g{i} {LOOPBACK}:{b.tunnel} check inter 200ms fall 1 rise 1"
+          for i, b in enumerate(servers)),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def start_haproxy(group: ProcessGroup, root: Path, servers: list[Backend]
+                  ) -> tuple[BackgroundProcess, int, int]:
+    """HAProxy in the foreground; returns it, its front door port and its tunnel port."""
+    front, tunnel = free_port(), free_port()
+    path = root / "haproxy.cfg"
+    path.write_text(config(front, tunnel, servers))
+    process = group.start([HAPROXY, "-db", "-f", str(path)])
+    wait_for_port(front, timeout=10)
+    wait_for_port(tunnel, timeout=10)
+    return process, front, tunnel

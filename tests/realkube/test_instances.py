@@ -1,0 +1,156 @@
+"""Issue 13: gateway instances discovered from Leases on a real hub, with real processes.
+
+Gateways are separate processes behind Debian's HAProxy (tests/realkube/loadbalancer.py), the
+way gateway pods sit behind their Services; an agent for CLUSTER dials the tunnel frontend.
+The gateways use the hubproxy-gateway ServiceAccount of deploy/hub, so deploy/hub's Lease RBAC
+is what lets them announce themselves.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.realkube.conftest import Fleet
+from tests.realkube.hubproxy import CLUSTER, CURL
+from tests.realkube.loadbalancer import HAPROXY, Backend, backends, start_haproxy
+from tests.support import LOOPBACK, BackgroundProcess, ProcessGroup, free_port, wait_for_port
+
+NAMESPACE = "hubproxy"  # deploy/hub's namespace, where its Role grants the leases
+SELECTOR = "app.kubernetes.io/component=gateway-instance"
+
+pytestmark = pytest.mark.skipif(shutil.which("haproxy") is None and not Path(HAPROXY).exists(),
+                                reason="needs Debian's haproxy (apt-get install haproxy)")
+
+
+LOGS: list[BackgroundProcess] = []  # this test's processes, whose output a failure shows
+
+
+def wait(check: Callable[[], object], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            logs = "\n".join(f"--- {' '.join(p.args[3:5])}\n{p.output[-2500:]}" for p in LOGS)
+            raise AssertionError(f"not reached in {timeout:.0f}s: {what}\n{logs}")
+        time.sleep(0.1)
+
+
+def http_get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://{LOOPBACK}:{port}{path}", timeout=5) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except OSError as exc:
+        return 0, str(exc)
+
+
+def agent_sessions(health: int) -> int:
+    status, text = http_get(health, "/metrics")
+    for line in text.splitlines() if status == 200 else ():
+        if line.startswith("hubproxy_agent_tunnel_sessions "):
+            return int(float(line.split()[1]))
+    return -1
+
+
+def instance_leases(fleet: Fleet) -> dict[str, dict[str, object]]:
+    listing = json.loads(fleet.hub.admin("get", "leases", "-n", NAMESPACE, "-l", SELECTOR,
+                                         "-o", "json"))
+    return {item["metadata"]["name"]: item for item in listing["items"]}
+
+
+@pytest.fixture
+def group(fleet: Fleet) -> Iterator[ProcessGroup]:
+    processes = ProcessGroup()
+    LOGS.clear()
+    try:
+        yield processes
+    finally:
+        processes.stop_all()
+        # Leases of instances this test SIGKILLed (they would only expire).
+        fleet.hub.admin("delete", "leases", "-n", NAMESPACE, "-l", SELECTOR,
+                        "--ignore-not-found")
+
+
+def start_instance(group: ProcessGroup, fleet: Fleet, backend: Backend,
+                   *extra: str) -> BackgroundProcess:
+    pki = fleet.pki
+    process = group.hubproxy(
+        "gateway", "--listen", f"{LOOPBACK}:{backend.front}",
+        "--tunnel-listen", f"{LOOPBACK}:{backend.tunnel}",
+        "--health-listen", f"{LOOPBACK}:{backend.health}",
+        "--tls-dir", str(pki / "gateway"), "--tunnel-tls-dir", str(pki / "tunnel-server"),
+        "--agent-ca", str(pki / "tunnel-ca" / "ca.crt"),
+        "--hub-kubeconfig", str(fleet.gateway_kubeconfig), "--lease-namespace", NAMESPACE,
+        *extra)
+    LOGS.append(process)
+    try:
+        wait_for_port(backend.health, timeout=30)
+    except TimeoutError:
+        raise RuntimeError(f"gateway did not start:\n{process.output[-3000:]}") from None
+    return process
+
+
+def start_agent(group: ProcessGroup, fleet: Fleet, tunnel: int) -> tuple[BackgroundProcess, int]:
+    health = free_port()
+    agent = group.hubproxy(
+        "agent", "--hub", f"{LOOPBACK}:{tunnel}", "--cluster", CLUSTER,
+        "--tls-dir", str(fleet.pki / "agents" / CLUSTER),
+        "--kubeconfig", str(fleet.agent_kubeconfig),
+        "--health-listen", f"{LOOPBACK}:{health}", "--drain-timeout", "2")
+    LOGS.append(agent)
+    wait_for_port(health, timeout=30)
+    return agent, health
+
+
+def test_instances_are_discovered_from_leases_and_departed_ones_dropped(
+        fleet: Fleet, group: ProcessGroup, tmp_path: Path) -> None:
+    slots = backends(3)
+    _lb, _front, tunnel = start_haproxy(group, tmp_path, slots)
+    first = start_instance(group, fleet, slots[0], "--lease-duration", "6")
+    _agent, agent_health = start_agent(group, fleet, tunnel)
+    wait(lambda: len(instance_leases(fleet)) == 1, 15, "the first instance's Lease")
+    lease = next(iter(instance_leases(fleet).values()))
+    assert lease["spec"]["leaseDurationSeconds"] == 6
+    wait(lambda: agent_sessions(agent_health) == 1, 15, "one session")
+    wait(lambda: CLUSTER in instance_leases(fleet)[lease["metadata"]["name"]]["metadata"]
+         .get("annotations", {}).get("hubproxy.io/clusters", ""), 15,
+         "the Lease names the clusters the instance serves")
+
+    # Scale up: nobody says how many instances there are; the agent learns it and reaches both.
+    second = start_instance(group, fleet, slots[1], "--lease-duration", "6")
+    wait(lambda: len(instance_leases(fleet)) == 2, 15, "two Leases")
+    wait(lambda: agent_sessions(agent_health) == 2, 20, "a session to the new instance")
+
+    # A graceful exit deletes its Lease (well before it could expire) and the agent drops to one.
+    second.signal(signal.SIGTERM)
+    assert second.popen.wait(timeout=30) == 0
+    assert len(instance_leases(fleet)) == 1, "the Lease is deleted on exit, not left to expire"
+    wait(lambda: agent_sessions(agent_health) == 1, 15, "back to one session")
+
+    # A killed instance leaves its Lease behind: it is ignored once expired, and the agent
+    # holds sessions only to the live instance.
+    third = start_instance(group, fleet, slots[2], "--lease-duration", "6")
+    wait(lambda: agent_sessions(agent_health) == 2, 20, "a session to the third instance")
+    seen = len(first.output)
+    third.signal(signal.SIGKILL)
+    third.popen.wait(timeout=10)
+    assert len(instance_leases(fleet)) == 2, "a killed instance cannot delete its Lease"
+    wait(lambda: agent_sessions(agent_health) == 1, 15, "the killed instance's session dropped")
+    wait(lambda: "live gateway instances: 1 " in first.output[seen:], 20,
+         "the first instance announces itself alone once the killed one's Lease expired")
+    # Still one session a while later: the agent does not keep dialling a gone instance in.
+    time.sleep(2)
+    assert agent_sessions(agent_health) == 1
+    assert first.popen.poll() is None
