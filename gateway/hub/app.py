@@ -10,10 +10,12 @@ registry, authentication, authorization, metrics, the audit line) and the listen
 * health (``config.health_listen``): ``/healthz``, ``/readyz``, ``/metrics``.
 
 Graceful shutdown (:meth:`Gateway.shutdown`), in this order and bounded by one deadline:
-``/readyz`` turns 503 and the front door stops accepting; idle keep-alive connections close at
-once and busy ones after their current response; new requests on them get 503; the tunnel
-listener drains agent sessions (GOAWAY, in-flight streams finish) in parallel; at the deadline
-whatever is left is closed.
+``/readyz`` turns 503 (and requests are still served for ``--shutdown-delay``, while load
+balancers notice), then the front door stops accepting; idle keep-alive connections close at
+once and busy ones after their current response; watches and ``logs -f`` end at once with a
+clean last chunk (clients re-watch through another instance), upgrades are closed; new
+requests on open connections get 503; the tunnel listener drains agent sessions (GOAWAY,
+in-flight streams finish) in parallel; at the deadline whatever is left is closed.
 
 :func:`build_gateway` makes a production gateway from a :class:`GatewayConfig`; tests build a
 :class:`Gateway` directly with fakes (authenticator, authorizer, registry, no tunnel listener).
@@ -206,13 +208,23 @@ class Gateway:
     async def shutdown(self, timeout: float | None = None) -> None:
         """Stop accepting, let in-flight requests finish (bounded), close everything."""
         timeout = self.config.shutdown_timeout if timeout is None else timeout
-        self.draining = True
         self.readiness.draining = True
+        if self.config.shutdown_delay > 0:
+            # Not ready, still serving: until the load balancer has stopped sending new
+            # connections here, closing the front door would refuse (or reset) them.
+            log.info("not ready; serving for %.1fs more before draining",
+                     self.config.shutdown_delay)
+            await asyncio.sleep(self.config.shutdown_delay)
+        self.draining = True
         if self._front is not None:
             self._front.close()
         for door in list(self.connections):
             if door.idle:
                 door.close()
+            elif door.exchange is not None and door.exchange.streaming:
+                # Watches and follows never finish on their own: end them cleanly now so
+                # clients re-watch elsewhere while short requests finish here.
+                door.exchange.end_stream()
         drain: asyncio.Task[None] | None = None
         if self._tunnel is not None:
             drain = asyncio.ensure_future(self._tunnel.drain(timeout))

@@ -71,6 +71,9 @@ class GatewayConfig:
     # after start, while agents are still reconnecting to a restarted gateway (503 then).
     unknown_cluster_grace: float = 60.0
     shutdown_timeout: float = 25.0
+    # On SIGTERM, keep serving this long with /readyz 503 first, so load balancers and the
+    # Service's endpoints stop sending here before the front door closes.
+    shutdown_delay: float = 0.0
     # Tunnel liveness (--tunnel-keepalive / --tunnel-timeout); None: the tunnel's defaults.
     tunnel_keepalive: float | None = None
     tunnel_timeout: float | None = None

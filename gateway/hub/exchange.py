@@ -22,6 +22,7 @@ from gateway.hub.admission.chain import Admitted
 from gateway.wire.http1 import (
     NO_BODY,
     BodyTracker,
+    ChunkedBody,
     HTTPError,
     Limits,
     ResponseHead,
@@ -93,6 +94,7 @@ class Exchange:
         "response",
         "started",
         "status",
+        "stopping",
         "stream",
         "streaming",
         "tracker",
@@ -119,6 +121,7 @@ class Exchange:
         self.eof_sent = False  # we half-closed the stream (request complete)
         self.status = 0
         self.streaming = False  # a watch, follow or upgrade: audited as stream_start/_end
+        self.stopping = False  # the gateway is shutting down: end at the next chunk boundary
         self.bytes_in = 0
         self.bytes_out = 0
         self.started = time.monotonic()
@@ -157,6 +160,8 @@ class Exchange:
             if n < len(data):
                 # Bytes after the end of the response: the agent broke the stream contract.
                 self._fail(502, "the cluster sent more than one response")
+            elif self.stopping:
+                self._end_at_boundary()
         elif state == _HEAD:
             self._resp_buf += data
             self._parse_head()
@@ -268,6 +273,32 @@ class Exchange:
             if taken < len(rest):
                 self._fail(502, "the cluster sent more than one response")
             # The agent's EOF ends the exchange.
+
+    # --- gateway shutdown ----------------------------------------------------------------
+
+    def end_stream(self) -> None:
+        """The gateway is going away: end a watch or ``logs -f`` cleanly, with the last chunk
+        at the next chunk boundary (client-go then sees the watch end, not an error, and
+        re-watches through another instance); cancel the upstream request. Upgrades (exec,
+        port-forward) have no clean end in HTTP: they are closed."""
+        if self._state == _DONE:
+            return
+        if self._state == _RAW:
+            self._finish(keep_alive=False)
+        elif self._state == _BODY and isinstance(self.tracker, ChunkedBody):
+            self.stopping = True
+            self._end_at_boundary()
+
+    def _end_at_boundary(self) -> None:
+        tracker = self.tracker
+        if not isinstance(tracker, ChunkedBody) or not tracker.between_chunks:
+            return  # mid-chunk: the rest of this event first
+        self.transport.write(b"0\r\n\r\n")
+        self.bytes_out += 5
+        self._state = _DONE
+        self.admitted.release_stream_slot()
+        self._reset_stream()
+        self.door.exchange_finished(self, keep_alive=False)
 
     # --- helpers ---------------------------------------------------------------------------
 

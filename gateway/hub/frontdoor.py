@@ -428,6 +428,8 @@ class FrontDoor(asyncio.Protocol):
             exchange.streaming = True
             self.gw.audit_stream_start(self, exchange)
             self._slim(exchange)
+            if self.gw.draining:  # started while the gateway shuts down: end it at once
+                exchange.end_stream()
 
     def upgraded(self, exchange: Exchange) -> None:
         """A real 101: splice. Client bytes that waited for it go first."""

@@ -210,6 +210,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      "(the sum of all workers, at most ~1s behind) and writes ClusterProfiles")
     lim.add_argument("--shutdown-timeout", type=_duration, default=25.0, metavar="DURATION",
                      help="on SIGTERM, wait this long for in-flight requests (default: 25s)")
+    lim.add_argument("--shutdown-delay", type=_duration, default=0.0, metavar="DURATION",
+                     help="on SIGTERM, first answer /readyz with 503 and keep serving this "
+                     "long, so the Service and load balancers stop sending here before the "
+                     "front door closes (default: 0s; deploy/hub uses 5s). Then "
+                     "--shutdown-timeout applies")
     add_tunnel_liveness_arguments(parser, "agent")
     parser.add_argument("--log-level", default="info",
                         choices=("debug", "info", "warning", "error"),
@@ -276,6 +281,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         limits=limits,
         unknown_cluster_grace=args.unknown_cluster_grace,
         shutdown_timeout=args.shutdown_timeout,
+        shutdown_delay=args.shutdown_delay,
         tunnel_keepalive=keepalive,
         tunnel_timeout=tunnel_timeout,
         workers=args.workers,
@@ -309,6 +315,7 @@ def start_instance_discovery(config: GatewayConfig, gateway: Any, api_client: An
         api_client, config.lease_namespace, config.hub_instance,
         clusters=gateway.registry.clusters, on_change=gateway.announce_instances,
         duration=config.lease_duration, ready_wait=config.ready_wait)
+    gateway.registry.subscribe(announcer.cluster_changed)
     if config.ready_wait > 0:
         gateway.readiness.gates.append(announcer.readiness_reason)
     announcer.start()

@@ -581,6 +581,12 @@ class ChunkedBody:
         if not self.complete:
             raise self._fail("connection closed before the end of the chunked body")
 
+    @property
+    def between_chunks(self) -> bool:
+        """True where the body could end cleanly now: before a chunk-size line, none of it
+        read (a gateway that stops a watch writes the last chunk there)."""
+        return self._state == _SIZE and not self._line
+
 
 BodyTracker = NoBody | ContentLengthBody | ChunkedBody | CloseDelimitedBody
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.realkube.apiserver import write_private
 from tests.realkube.conftest import Fleet
 from tests.realkube.hubproxy import CLUSTER, CURL
 from tests.realkube.loadbalancer import HAPROXY, Backend, backends, start_haproxy
@@ -154,3 +155,115 @@ def test_instances_are_discovered_from_leases_and_departed_ones_dropped(
     time.sleep(2)
     assert agent_sessions(agent_health) == 1
     assert first.popen.poll() is None
+
+
+class Load:
+    """Sequential GETs through the load balancer with curl (a new connection each), bounded in
+    count and time; statuses counted."""
+
+    def __init__(self, fleet: Fleet, front: int, limit: int = 3000, seconds: float = 120) -> None:
+        self.args = [CURL, "-sS", "-w", "\n%{http_code}", "--max-time", "10",
+                     "--cacert", str(fleet.pki / "front-ca" / "ca.crt"),
+                     "-H", f"@{auth_header(fleet)}", f"https://{LOOPBACK}:{front}/{CLUSTER}/version"]
+        self.limit, self.seconds = limit, seconds
+        self.statuses: Counter[str] = Counter()
+        self.failures: list[tuple[float, str]] = []  # (when, body) of the first few failures
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        deadline = time.monotonic() + self.seconds
+        while not self._stop.is_set() and time.monotonic() < deadline \
+                and sum(self.statuses.values()) < self.limit:
+            done = subprocess.run(self.args, capture_output=True, text=True, timeout=15)
+            body, _, code = done.stdout.rpartition("\n")
+            status = code.strip() or f"curl exit {done.returncode}"
+            self.statuses[status] += 1
+            if status != "200" and len(self.failures) < 5:
+                self.failures.append((time.time(), (body or done.stderr)[:300]))
+
+    def __enter__(self) -> Load:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=20)
+
+
+def auth_header(fleet: Fleet) -> Path:
+    """alice's Authorization header in a file for curl -H @FILE: not on a command line that a
+    failure message would print."""
+    path = fleet.root / "alice.header"
+    if not path.exists():
+        write_private(path, f"Authorization: Bearer {fleet.alice}\n")
+    return path
+
+
+def ready(health: int) -> bool:
+    return http_get(health, "/readyz")[0] == 200
+
+
+def test_new_instance_is_not_ready_until_it_serves_what_the_others_serve_within_its_bound(
+        fleet: Fleet, group: ProcessGroup) -> None:
+    first_slot, second_slot = backends(2)
+    start_instance(group, fleet, first_slot)
+    _agent, agent_health = start_agent(group, fleet, first_slot.tunnel)
+    wait(lambda: ready(first_slot.health), 20, "the first instance ready")
+    wait(lambda: agent_sessions(agent_health) == 1, 15, "the agent connected")
+    # No agent can reach the second instance (nothing dials its tunnel port): it says why it
+    # is not ready, naming the cluster the first instance serves, until its bound passes.
+    started = time.monotonic()
+    second = start_instance(group, fleet, second_slot, "--ready-wait", "6s")
+    wait(lambda: CLUSTER in http_get(second_slot.health, "/readyz")[1], 10,
+         "the second instance waits for the cluster the first serves")
+    assert not ready(second_slot.health)
+    wait(lambda: ready(second_slot.health), 15, "ready after --ready-wait")
+    assert time.monotonic() - started >= 5.5
+    wait(lambda: "ready: the readiness wait passed" in second.output, 5, "the reason logged")
+
+
+def test_rolling_replacement_behind_a_load_balancer_fails_no_request_and_ends_watches_cleanly(
+        fleet: Fleet, group: ProcessGroup, tmp_path: Path) -> None:
+    slots = backends(3)
+    _lb, front, tunnel = start_haproxy(group, tmp_path, slots)
+    options = ("--lease-duration", "6", "--ready-wait", "30s", "--shutdown-delay", "1s")
+    old = start_instance(group, fleet, slots[0], *options)
+    _agent, agent_health = start_agent(group, fleet, tunnel)
+    wait(lambda: ready(slots[0].health), 20, "the first instance ready")
+    wait(lambda: fleet.gateway.curl(f"/{CLUSTER}/version", fleet.alice)[0] == 200, 10, "")
+    with Load(fleet, front) as load:
+        wait(lambda: load.statuses["200"] >= 5, 20, "requests through the load balancer")
+        for slot in (1, 2):
+            # Surge: a new instance; it is Ready (so the load balancer sends it requests) only
+            # once the agent reached it -- not by the bound.
+            new = start_instance(group, fleet, slots[slot], *options)
+            wait(lambda s=slot: ready(slots[s].health), 25, "the new instance ready")
+            wait(lambda n=new: "serves every cluster the other instances serve" in n.output, 5,
+                 "ready because the agent reached it")
+            wait(lambda: agent_sessions(agent_health) == 2, 15, "sessions to both")
+            # A watch on the instance about to go (only it is behind the LB's port for now).
+            watch = group.start(
+                [CURL, "-sS", "-N", "-o", "/dev/null", "--cacert",
+                 str(fleet.pki / "front-ca" / "ca.crt"), "-H", f"@{auth_header(fleet)}",
+                 f"https://{LOOPBACK}:{slots[slot - 1].front}/{CLUSTER}/api/v1/namespaces/team/"
+                 "configmaps?watch=1"])
+            time.sleep(1)
+            assert watch.popen.poll() is None, "the watch is open"
+            # Unavailable 0: the old instance leaves only now, gracefully.
+            stopped = time.monotonic()
+            old.signal(signal.SIGTERM)
+            # The watch ends with a clean last chunk (curl exits 0, not 18 "partial file")
+            # right after the shutdown delay, not at the 25 s drain deadline.
+            assert watch.popen.wait(timeout=15) == 0, watch.output
+            assert time.monotonic() - stopped < 5
+            assert old.popen.wait(timeout=30) == 0
+            wait(lambda: agent_sessions(agent_health) == 1, 15, "the old session dropped")
+            old = new
+        time.sleep(1)
+    print(f"requests through the load balancer during the replacement: {dict(load.statuses)}")
+    # Every process's log, to read after a failure (pytest keeps the last runs' tmp_path).
+    (tmp_path / "processes.log").write_text("\n".join(
+        f"--- {' '.join(p.args[3:5])}\n{p.output}" for p in LOGS) + f"\n{load.failures}")
+    assert set(load.statuses) == {"200"}, (load.statuses, load.failures)
+    assert load.statuses["200"] >= 30, load.statuses

@@ -32,6 +32,7 @@ log = logging.getLogger("hubproxy.gateway")
 
 DEFAULT_DURATION = 15  # seconds a Lease stays live without renewal
 DEFAULT_INTERVAL = 2.0  # listing period: how soon a new or departed instance is seen
+MIN_GAP = 0.25  # between two steps, however often clusters come and go (bounds Lease writes)
 
 
 def _now() -> datetime.datetime:
@@ -63,6 +64,8 @@ class InstanceAnnouncer:
         self.listed = False  # at least one listing succeeded
         self._renewed_at = 0.0
         self._version: str | None = None  # resourceVersion of our Lease; None: not created
+        self._published: list[str] = []  # the clusters our Lease names
+        self._wake = asyncio.Event()  # a cluster came or went: publish it now
         self._task: asyncio.Task[None] | None = None
         self._failures = 0
 
@@ -92,6 +95,11 @@ class InstanceAnnouncer:
 
     # --- loop ----------------------------------------------------------------------------------
 
+    def cluster_changed(self, _cluster: str, _connected: bool) -> None:
+        """Registry subscriber: publish the new cluster list at once (not at the next period),
+        so a peer that starts now does not read a list without the cluster and turn Ready."""
+        self._wake.set()
+
     def start(self) -> None:
         if self._task is None:
             self._task = asyncio.ensure_future(self._loop())
@@ -110,14 +118,21 @@ class InstanceAnnouncer:
                 if self._failures in (1, 10) or self._failures % 100 == 0:
                     log.warning("instance Lease %s/%s: %s (keeping the last live set of %d)",
                                 self.namespace, self.name, _why(exc), len(self.peers))
-            await asyncio.sleep(self.interval)
+            await asyncio.sleep(MIN_GAP)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.interval - MIN_GAP)
+            self._wake.clear()
 
     async def step(self) -> None:
         """Renew (or create) our Lease when due, then list the live instances."""
         now_m = time.monotonic()
-        if self._version is None or now_m - self._renewed_at >= self.duration / 3:
-            await self._renew()
+        clusters = sorted(self.clusters())
+        # Also at once when the clusters changed: a new peer's readiness gate reads them.
+        if (self._version is None or now_m - self._renewed_at >= self.duration / 3
+                or clusters != self._published):
+            await self._renew(clusters)
             self._renewed_at = now_m
+            self._published = clusters
         listing = await self.api.list_namespaced_lease(
             self.namespace, label_selector=leases.SELECTOR)
         self.live = leases.live_instances(list(listing.items or []), _now())
@@ -129,13 +144,12 @@ class InstanceAnnouncer:
             self.peers = peers
             self.on_change(peers)
 
-    async def _renew(self) -> None:
+    async def _renew(self, clusters: list[str]) -> None:
         from kubernetes_asyncio.client.exceptions import ApiException
 
         # The whole Lease each time (update with the version we last wrote: Leases refuse
         # unconditional updates), so the RBAC needs no patch verb.
-        body = leases.lease_body(self.instance, self.holder, self.duration,
-                                 sorted(self.clusters()), _now())
+        body = leases.lease_body(self.instance, self.holder, self.duration, clusters, _now())
         if self._version is not None:
             body["metadata"]["resourceVersion"] = self._version
             try:
@@ -147,7 +161,7 @@ class InstanceAnnouncer:
                 if exc.status == 409:  # written by someone else: take its version, retry
                     current = await self.api.read_namespaced_lease(self.name, self.namespace)
                     self._version = current.metadata.resource_version
-                    return await self._renew()
+                    return await self._renew(clusters)
                 if exc.status != 404:
                     raise
                 self._version = None  # deleted under us: create it again
