@@ -102,7 +102,14 @@ class AgentMetrics:
             ]
         sessions = [s for s in self.sessions() if not getattr(s, "closed", False)]
         rtts = [s.rtt for s in sessions if getattr(s, "rtt", None) is not None]
+        usable = [s for s in sessions if not getattr(s, "draining", False)]
         lines += [
+            # Readiness says "connected" too, but a PodDisruptionBudget with AlwaysAllow (and a
+            # drain) may ignore it: alert on this instead.
+            "# HELP hubproxy_agent_hub_connected 1 while the agent holds a usable session to "
+            "the hub.",
+            "# TYPE hubproxy_agent_hub_connected gauge",
+            f"hubproxy_agent_hub_connected {1 if usable else 0}",
             "# HELP hubproxy_agent_tunnel_sessions Tunnel sessions to the hub.",
             "# TYPE hubproxy_agent_tunnel_sessions gauge",
             f"hubproxy_agent_tunnel_sessions {len(sessions)}",

@@ -57,12 +57,16 @@ def http_get(port: int, path: str) -> tuple[int, str]:
         return 0, str(exc)
 
 
-def agent_sessions(health: int) -> int:
+def agent_metric(health: int, name: str) -> int:
     status, text = http_get(health, "/metrics")
     for line in text.splitlines() if status == 200 else ():
-        if line.startswith("hubproxy_agent_tunnel_sessions "):
+        if line.startswith(f"{name} "):
             return int(float(line.split()[1]))
     return -1
+
+
+def agent_sessions(health: int) -> int:
+    return agent_metric(health, "hubproxy_agent_tunnel_sessions")
 
 
 def instance_leases(fleet: Fleet) -> dict[str, dict[str, object]]:
@@ -155,6 +159,11 @@ def test_instances_are_discovered_from_leases_and_departed_ones_dropped(
     time.sleep(2)
     assert agent_sessions(agent_health) == 1
     assert first.popen.poll() is None
+    assert agent_metric(agent_health, "hubproxy_agent_hub_connected") == 1
+    # No instance left (a hub outage, as the agent sees it): the metric says so.
+    first.signal(signal.SIGTERM)
+    wait(lambda: agent_metric(agent_health, "hubproxy_agent_hub_connected") == 0, 15,
+         "the agent reports it lost the hub")
 
 
 class Load:

@@ -140,6 +140,7 @@ async def test_clusters_view_and_metrics_of_a_running_gateway(tmp_path: Path) ->
         assert _value(agent_text, "hubproxy_agent_upstream_dials_total") >= 1
         assert _value(agent_text, "hubproxy_agent_upstream_connections_limit") == 2048
         assert _value(agent_text, "hubproxy_agent_tunnel_sessions") == 1
+        assert _value(agent_text, "hubproxy_agent_hub_connected") == 1
         assert _value(agent_text, "hubproxy_agent_tunnel_rtt_seconds") < 1
         assert _value(agent_text, 'hubproxy_certificate_expiry_timestamp_seconds'
                                   '{certificate="agent"}') == \
