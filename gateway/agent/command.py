@@ -26,6 +26,7 @@ from typing import Any
 
 from certs.identity import validate_cluster_name
 from certs.tls import TLS1_3, ReloadingContext, client_context
+from gateway.agent.impersonation import ProfileWatch
 from gateway.agent.kubeapi import KubeAPIAccess, KubeAPIConfigError, load
 from gateway.ops import diagnostics
 from gateway.ops.flags import positive_int
@@ -122,9 +123,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 class Readiness:
     """Ready = connected to the hub AND the apiserver completed a TLS handshake recently."""
 
-    def __init__(self, dialer: Any, kube: KubeAPIAccess | None) -> None:
+    def __init__(self, dialer: Any, kube: KubeAPIAccess | None,
+                 profile: ProfileWatch | None = None) -> None:
         self.dialer = dialer
         self.kube = kube
+        self.profile = profile
         self.apiserver_ok_at = 0.0
         self.apiserver_error = "not checked yet"
 
@@ -133,6 +136,9 @@ class Readiness:
             return False, "not connected to the hub"
         if self.kube is not None and time.monotonic() - self.apiserver_ok_at > READINESS_STALE:
             return False, f"kube-apiserver not reachable: {self.apiserver_error}"
+        if self.profile is not None:
+            # For operators (no metrics endpoint on the agent yet): what the credential may do.
+            return True, f"ok (impersonation profile: {self.profile.profile.name})"
         return True, "ok"
 
     async def probe_forever(self) -> None:
@@ -233,7 +239,8 @@ async def serve(args: argparse.Namespace) -> int:
     dialer = HubFanout(lambda fanout: AgentDialer(
         hub_host, hub_port, hub_tls.current, agent.on_open, SessionConfig(),
         server_hostname=args.hub_server_name or hub_host, fanout=fanout))
-    readiness = Readiness(dialer, kube)
+    profile = ProfileWatch(kube)
+    readiness = Readiness(dialer, kube, profile)
     log.info("agent for cluster %s: hub %s:%d, apiserver %s, services allowed: %s",
              cluster, hub_host, hub_port, kube.describe(),
              ", ".join(f"{n}/{s}:{p}" for n, s, p in args.allow_service) or "none")
@@ -254,6 +261,7 @@ async def serve(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, stop.set)
     run_task = loop.create_task(dialer.run(), name="dialer")
     probe_task = loop.create_task(readiness.probe_forever(), name="readiness")
+    profile_task = loop.create_task(profile.run(), name="impersonation-profile")
     stop_task = loop.create_task(stop.wait())
     print(f"hubproxy agent {cluster} started", flush=True)
     try:
@@ -266,9 +274,9 @@ async def serve(args: argparse.Namespace) -> int:
             await asyncio.wait_for(dialer.drain(args.drain_timeout), args.drain_timeout + 5)
         return 0
     finally:
-        for task in (run_task, probe_task, stop_task):
+        for task in (run_task, probe_task, profile_task, stop_task):
             task.cancel()
-        for task in (run_task, probe_task, stop_task):
+        for task in (run_task, probe_task, profile_task, stop_task):
             with contextlib.suppress(BaseException):
                 await task
         pool.close()
