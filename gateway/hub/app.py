@@ -7,7 +7,9 @@ registry, authentication, authorization, metrics, the audit line) and the listen
   :class:`gateway.hub.frontdoor.FrontDoor` per connection;
 * tunnel (``config.tunnel_listen``): agents' mTLS sessions (``tunnel.listener``), registered
   in the :class:`tunnel.registry.SessionRegistry` under the cluster named by their certificate;
-* health (``config.health_listen``): ``/healthz``, ``/readyz``, ``/metrics``.
+* health (``config.health_listen``): ``/healthz``, ``/readyz``, ``/metrics``;
+* with ``config.revalidate_streams``, the task that asks the hub again about open
+  long-running requests (:mod:`gateway.hub.revalidation`).
 
 Graceful shutdown (:meth:`Gateway.shutdown`), in this order and bounded by one deadline:
 ``/readyz`` turns 503 and the front door stops accepting; idle keep-alive connections close at
@@ -27,9 +29,10 @@ import logging
 import os
 import ssl
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
+from gateway.hub import revalidation
 from gateway.hub.admission.auth import Authenticator, TokenAuthenticator
 from gateway.hub.admission.authorize import Authorizer
 from gateway.hub.admission.hubload import FailedAuthLimiter
@@ -38,6 +41,7 @@ from gateway.hub.admission.streams import StreamQuota
 from gateway.hub.config import GatewayConfig
 from gateway.hub.exchange import Exchange
 from gateway.hub.frontdoor import FrontDoor
+from gateway.hub.revalidation import StreamRevalidator, period_for
 from gateway.ops import audit
 from gateway.ops.health import HealthServer, Readiness, token_review_probe
 from gateway.ops.metrics import OTHER_CLUSTER, GatewayMetrics
@@ -84,6 +88,11 @@ class Gateway:
         self._front: asyncio.base_events.Server | None = None
         self._tunnel: Any = None
         self._health: HealthServer | None = None
+        self.revalidator: StreamRevalidator | None = None
+        if config.revalidate_streams:
+            self.revalidator = StreamRevalidator(self, authenticator, authorizer,
+                                                 period_for(config.token_cache_ttl))
+        self._revalidation: asyncio.Task[None] | None = None
         self.front_port = 0
         self.tunnel_port = 0
         self.health_port = 0
@@ -133,6 +142,12 @@ class Gateway:
         if self.inflight <= 0:
             self._idle.set()
 
+    def open_streams(self) -> Iterator[Exchange]:
+        """The request in progress on each client connection (for the revalidator)."""
+        for door in self.connections:
+            if door.exchange is not None:
+                yield door.exchange
+
     # --- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
@@ -158,6 +173,8 @@ class Gateway:
             self.health_port = await self._health.start(*config.health_listen)
         self.readiness.listeners_up = True
         self.readiness.start()
+        if self.revalidator is not None:
+            self._revalidation = revalidation.start(self.revalidator)
         log.info("gateway listening: front door %s:%d, tunnel %s, health %s", host,
                  self.front_port, f"{config.tunnel_listen[0]}:{self.tunnel_port}"
                  if self._tunnel else "off",
@@ -192,6 +209,8 @@ class Gateway:
 
     async def close(self) -> None:
         """Abort: close listeners and every connection now."""
+        await revalidation.stop(self._revalidation)
+        self._revalidation = None
         if self._front is not None:
             self._front.close()
         for door in list(self.connections):

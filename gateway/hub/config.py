@@ -58,6 +58,9 @@ class GatewayConfig:
     # Long-running requests (watches, logs -f, exec/attach/port-forward) open at once per
     # (identity, cluster); 429 beyond (gateway.hub.admission.streams).
     max_streams_per_identity: int = 500
+    # Re-validate open long-running requests (token review + hub authorization) as their
+    # cached answers expire; close them once the hub cleanly says no (gateway.hub.revalidation).
+    revalidate_streams: bool = True
     limits: FrontDoorLimits = field(default_factory=FrontDoorLimits)
     # Clusters never seen connected since start are "unknown" (404) -- except during this grace
     # after start, while agents are still reconnecting to a restarted gateway (503 then).

@@ -143,6 +143,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      "--token-passthrough: the token). A controller that watches every resource "
                      "type of a CRD-heavy cluster (Argo CD's cluster cache) needs one watch per "
                      "type: size it for that")
+    lim.add_argument("--revalidate-streams", action=argparse.BooleanOptionalAction,
+                     default=True,
+                     help="ask the hub again about open long-running requests (watches, logs "
+                     "-f, exec, attach, port-forward) as their cached TokenReview and "
+                     "authorization expire (--token-cache-ttl), and close them once the hub "
+                     "cleanly says no (token revoked, ServiceAccount deleted, "
+                     "managedclusters/proxy lost): within the TTL + 5s. A watch ends cleanly "
+                     "(client-go re-lists and gets 401/403), exec/attach get a Status and a "
+                     "WebSocket close, SPDY streams are closed. Hub errors never close a "
+                     "stream. Not for --token-passthrough requests (default: on)")
     lim.add_argument("--max-header-bytes", type=positive_int, default=64 * 1024,
                      help="request head size limit (431 beyond; default: %(default)s)")
     lim.add_argument("--max-headers", type=positive_int, default=128,
@@ -245,6 +255,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         hub_max_concurrent_reviews=args.hub_max_concurrent_reviews,
         hub_review_wait=args.hub_review_wait,
         max_streams_per_identity=args.max_streams_per_identity,
+        revalidate_streams=args.revalidate_streams,
         limits=limits,
         unknown_cluster_grace=args.unknown_cluster_grace,
         shutdown_timeout=args.shutdown_timeout,

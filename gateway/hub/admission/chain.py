@@ -16,7 +16,10 @@ Kubernetes ``Status``. Messages never contain tokens or internal addresses.
 9. the cluster's session (404 unknown, 503 not connected);
 10. the identity's cap on long-running requests on that cluster
     (:class:`gateway.hub.admission.streams.StreamQuota`, 429): the slot travels in
-    :class:`Admitted` and the exchange releases it when it ends.
+    :class:`Admitted` and the exchange releases it when it ends. With ``revalidate_streams``
+    a long-running request also carries what it was admitted on
+    (:class:`gateway.hub.admission.recheck.Recheck`), for ``gateway.hub.revalidation`` to ask
+    the hub again while it stays open.
 
 Steps 1-5 need nothing but the request (:func:`prepare`, pure). :func:`admit_cached` runs 6-10
 without awaiting when the hub's answers are cached (the common case), :func:`admit` otherwise;
@@ -56,6 +59,7 @@ from gateway.hub.admission.body import DEFAULT_MAX_REQUEST_BODY, BodyTooLarge, c
 from gateway.hub.admission.headers import HeaderRefused, rewrite_request_headers
 from gateway.hub.admission.hubload import FailedAuthLimiter, TooManyFailures
 from gateway.hub.admission.identity import IdentityCache
+from gateway.hub.admission.recheck import Recheck
 from gateway.hub.admission.routing import ClusterRoute, RouteError, route
 from gateway.hub.admission.streams import StreamQuota, StreamSlot, TooManyStreams, is_long_running
 from gateway.hub.admission.upgrade import UpgradeRefused, check_upgrade
@@ -120,6 +124,9 @@ class Admitted:
     upgrade: bool
     # A long-running request's place under its identity's cap; released when the exchange ends.
     stream_slot: StreamSlot | None = None
+    # A long-running request with a hub identity, when --revalidate-streams: what to ask the
+    # hub again while it stays open (gateway.hub.revalidation).
+    recheck: Recheck | None = None
 
     def release_stream_slot(self) -> None:
         if self.stream_slot is not None:
@@ -246,6 +253,7 @@ def _admitted(gw: AdmissionContext, head: RequestHead, prepared: Prepared,
     except ValueError:
         raise Refusal(400, "request cannot be forwarded") from None
     slot = None
+    recheck = None
     if is_long_running(cluster_route.upstream_target, prepared.upgrade):
         quota = gw.stream_quota
         try:
@@ -253,5 +261,9 @@ def _admitted(gw: AdmissionContext, head: RequestHead, prepared: Prepared,
                                  cluster)
         except TooManyStreams as exc:
             raise Refusal(429, str(exc), retry_after=5) from None
+        if user is not None and gw.config.revalidate_streams:
+            path = cluster_route.upstream_target.partition(b"?")[0]
+            recheck = Recheck(prepared.token, user, cluster,
+                              exec_like=path.endswith((b"/exec", b"/attach")))
     return Admitted(cluster, session, target, metadata, head_bytes,
-                    "" if user is None else user.username, prepared.upgrade, slot)
+                    "" if user is None else user.username, prepared.upgrade, slot, recheck)
