@@ -31,13 +31,7 @@ from gateway.wire.http1 import (
     framing_for_response,
     parse_response_head,
 )
-from gateway.wire.websocket import (
-    CLOSE_POLICY_VIOLATION,
-    STATUS_CHANNEL_PROTOCOLS,
-    FrameBoundary,
-    channel_status_frame,
-    close_frame,
-)
+from gateway.wire.websocket import CLOSE_POLICY_VIOLATION, FrameBoundary, close_frame, exec_goodbye
 from tunnel.connection import TunnelStream
 from tunnel.errors import OpenErrorCode, OpenRefused, SessionClosed, StreamError
 from tunnel.targets import KubeAPITarget
@@ -425,12 +419,13 @@ class Exchange:
     def _end_websocket(self) -> None:
         revoked = self._ending
         assert revoked is not None
-        goodbye = b""
         recheck = self.admitted.recheck
-        if recheck is not None and recheck.exec_like \
-                and self.ws_protocol in STATUS_CHANNEL_PROTOCOLS:
-            goodbye = channel_status_frame(revoked.status, revoked.reason, revoked.message)
-        self._to_client(goodbye + close_frame(CLOSE_POLICY_VIOLATION, revoked.message))
+        if recheck is not None and recheck.exec_like:
+            goodbye = exec_goodbye(self.ws_protocol, revoked.status, revoked.reason,
+                                   revoked.message)
+        else:  # port-forward, a Service's WebSocket: no error channel to speak on
+            goodbye = close_frame(CLOSE_POLICY_VIOLATION, revoked.message)
+        self._to_client(goodbye)
         self._reset_stream()
         self._finish(keep_alive=False)
 

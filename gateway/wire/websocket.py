@@ -19,6 +19,7 @@ import struct
 
 OP_BINARY = 0x2
 OP_CLOSE = 0x8
+CLOSE_NORMAL = 1000
 CLOSE_POLICY_VIOLATION = 1008
 MAX_CLOSE_REASON = 123  # a control frame's payload is at most 125 bytes, 2 are the code
 ERROR_CHANNEL = 3
@@ -119,3 +120,16 @@ def channel_status_frame(code: int, reason: str, message: str) -> bytes:
     status = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
               "message": message, "reason": reason, "code": code}
     return binary_frame(bytes([ERROR_CHANNEL]) + json.dumps(status).encode())
+
+
+def exec_goodbye(protocol: bytes, code: int, reason: str, message: str) -> bytes:
+    """What ends an exec/attach WebSocket so that kubectl prints ``message``.
+
+    client-go reads the error channel to its end, which a normal close of the connection is
+    (as kube-apiserver ends an exec; v5's close-channel message is the client's, kubectl
+    discards it from a server), and then decodes the Status. Any other subprotocol gets only a
+    close frame that says why (1008, policy violation).
+    """
+    if protocol not in STATUS_CHANNEL_PROTOCOLS:
+        return close_frame(CLOSE_POLICY_VIOLATION, message)
+    return channel_status_frame(code, reason, message) + close_frame(CLOSE_NORMAL, "")

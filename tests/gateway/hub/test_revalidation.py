@@ -81,7 +81,7 @@ async def read_chunks(reader: asyncio.StreamReader, timeout: float) -> list[byte
                 return chunks
 
 
-async def test_revoked_token_ends_a_watch_with_its_last_chunk(tls, carol) -> None:  # noqa: F811
+async def test_rule1_revoked_token_ends_a_watch_with_its_last_chunk(tls, carol) -> None:  # noqa: F811
     async with running(tls, token_cache_ttl=TTL) as h:
         streams, agent = streaming_agent(chunk(EVENT))
         h.connect_cluster("c1", agent)
@@ -225,7 +225,7 @@ async def read_ws_frame(reader: asyncio.StreamReader) -> tuple[int, bytes]:
     return b0 & 0x0F, await reader.readexactly(length)
 
 
-async def test_lost_cluster_access_ends_an_exec_with_a_status_and_a_close_frame(
+async def test_rule1_lost_cluster_access_ends_an_exec_with_a_status_and_a_close_frame(
         tls) -> None:  # noqa: F811
     authorizer = RevocableAuthorizer()
     async with running(tls, token_cache_ttl=TTL, authorizer=authorizer) as h:
@@ -250,8 +250,8 @@ async def test_lost_cluster_access_ends_an_exec_with_a_status_and_a_close_frame(
             assert (status["status"], status["code"], status["reason"]) == (
                 "Failure", 403, "Forbidden")
             assert "revoked" in status["message"]
-            opcode, payload = await read_ws_frame(reader)
-            assert opcode == 8 and struct.unpack("!H", payload[:2])[0] == 1008
+            opcode, payload = await read_ws_frame(reader)  # a normal close ends the channel
+            assert opcode == 8 and struct.unpack("!H", payload[:2])[0] == 1000
             assert await reader.read(-1) == b""  # then the connection closes
         await wait_for(lambda: streams[0].closed)
         writer.close()
@@ -299,4 +299,23 @@ async def test_a_short_request_is_not_revalidated(tls, carol) -> None:  # noqa: 
         writer.write(get("/c1/api/v1/namespaces/team/configmaps", carol, close=True))
         assert (await read_response(reader))[0] == 200
         assert seen == [None]
+        writer.close()
+
+
+async def test_a_port_forward_websocket_gets_a_close_frame_that_says_why(tls, carol) -> None:  # noqa: F811
+    async with running(tls, token_cache_ttl=TTL) as h:
+        streams, agent = websocket_agent(b"SPDY/3.1+portforward.k8s.io", b"")
+        h.connect_cluster("c1", agent)
+        reader, writer = await h.open()
+        writer.write(ws_request("/c1/api/v1/namespaces/team/pods/web/portforward?ports=80",
+                                carol, protocols="SPDY/3.1+portforward.k8s.io"))
+        async with asyncio.timeout(5):
+            assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 101")
+        del USERS[carol]
+        async with asyncio.timeout(TTL + 0.5 + 2.0):
+            opcode, payload = await read_ws_frame(reader)
+            assert opcode == 8 and struct.unpack("!H", payload[:2])[0] == 1008
+            assert payload[2:] == b"the bearer token is no longer valid on the hub"
+            assert await reader.read(-1) == b""
+        await wait_for(lambda: streams[0].closed)
         writer.close()
