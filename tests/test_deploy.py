@@ -80,6 +80,9 @@ def test_hub_rbac_is_exactly_what_the_gateway_calls(hub: list[dict]) -> None:
         (("multicluster.x-k8s.io",), ("clusterprofiles",), ("get", "list", "watch"), (), ()),
         (("multicluster.x-k8s.io",), ("clusterprofiles/status",), ("get", "patch", "update"),
          (), ()),
+        # The cluster inventory on an OCM hub (--cluster-inventory): names only, no get.
+        (("cluster.open-cluster-management.io",), ("managedclusters",), ("list", "watch"),
+         (), ()),
     ])
     (binding,) = by_kind(hub)["ClusterRoleBinding"]
     assert binding["roleRef"]["name"] == by_kind(hub)["ClusterRole"][0]["metadata"]["name"]

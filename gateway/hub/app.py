@@ -30,7 +30,7 @@ import os
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 from gateway.hub import revalidation
 from gateway.hub.admission.auth import Authenticator, TokenAuthenticator
@@ -50,6 +50,12 @@ from tunnel.listener import start_tunnel_listener
 from tunnel.registry import SessionRegistry
 
 log = logging.getLogger("hubproxy.gateway")
+
+
+class ClusterList(Protocol):
+    """The hub's cluster inventory (``gateway.hub.inventory.ClusterInventory``)."""
+
+    def listed(self, cluster: str) -> bool | None: ...
 
 
 class Gateway:
@@ -89,6 +95,8 @@ class Gateway:
         self._tunnel: Any = None
         self._health: HealthServer | None = None
         self.revalidator: StreamRevalidator | None = None
+        # The hub's cluster inventory (gateway.hub.inventory), set by the process before start.
+        self.inventory: ClusterList | None = None
         if config.revalidate_streams:
             self.revalidator = StreamRevalidator(self, authenticator, authorizer,
                                                  period_for(config.token_cache_ttl))
@@ -115,6 +123,9 @@ class Gateway:
 
     def in_startup_grace(self) -> bool:
         return time.monotonic() - self.started_at < self.config.unknown_cluster_grace
+
+    def cluster_listed(self, cluster: str) -> bool | None:
+        return None if self.inventory is None else self.inventory.listed(cluster)
 
     def _cluster_changed(self, cluster: str, connected: bool) -> None:
         if connected:

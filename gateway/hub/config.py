@@ -65,5 +65,9 @@ class GatewayConfig:
     # Clusters never seen connected since start are "unknown" (404) -- except during this grace
     # after start, while agents are still reconnecting to a restarted gateway (503 then).
     unknown_cluster_grace: float = 60.0
+    # Where the hub lists its clusters (gateway.hub.inventory): with one, unknown is 404 and
+    # known-but-not-connected 503 at once, and the grace above is not needed.
+    cluster_inventory: str = "auto"  # auto | managedclusters | clusterprofiles | none
+    inventory_namespaces: tuple[str, ...] = ()  # ClusterProfile namespaces (empty: all)
     shutdown_timeout: float = 25.0
     readiness_interval: float = 10.0  # hub auth probe period for /readyz

@@ -180,7 +180,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     lim.add_argument("--unknown-cluster-grace", type=_duration, default=60.0,
                      metavar="DURATION",
                      help="after start, answer 503 (not 404) for clusters not seen yet, while "
-                     "agents reconnect (default: 60s)")
+                     "agents reconnect (default: 60s). Only without a --cluster-inventory")
+    lim.add_argument("--cluster-inventory", default="auto",
+                     choices=("auto", "managedclusters", "clusterprofiles", "none"),
+                     help="where the hub lists its clusters, to answer a cluster that is not "
+                     "connected at once: 404 if the inventory does not know it, 503 if it "
+                     "does. managedclusters: OCM ManagedCluster objects; clusterprofiles: "
+                     "ClusterProfile objects (in the --clusterprofile-namespace namespaces, "
+                     "default all); auto: the first of the two that the hub has, the gateway "
+                     "may list, and that lists at least one cluster; none: no inventory, "
+                     "--unknown-cluster-grace instead (default: %(default)s). Needs list and "
+                     "watch on the resource (deploy/hub grants both)")
     lim.add_argument("--replicas", type=positive_int, default=1, metavar="N",
                      help="gateway pods sharing the tunnel address, i.e. the Deployment's "
                      "replicas (default: %(default)s). Agents keep one session to each of "
@@ -258,6 +268,8 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         revalidate_streams=args.revalidate_streams,
         limits=limits,
         unknown_cluster_grace=args.unknown_cluster_grace,
+        cluster_inventory=args.cluster_inventory,
+        inventory_namespaces=tuple(getattr(args, "clusterprofile_namespace", None) or ()),
         shutdown_timeout=args.shutdown_timeout,
         workers=args.workers,
         replicas=args.replicas,
@@ -270,6 +282,14 @@ async def serve(config: GatewayConfig, args: argparse.Namespace | None = None,
     from gateway.hub.app import build_gateway
 
     gateway, api_client = await build_gateway(config)
+    inventory_task = None
+    if config.cluster_inventory != "none":
+        from gateway.hub import inventory
+
+        cluster_list = inventory.ClusterInventory(api_client, config.cluster_inventory,
+                                                  config.inventory_namespaces)
+        gateway.inventory = cluster_list
+        inventory_task = inventory.start(cluster_list)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -302,6 +322,8 @@ async def serve(config: GatewayConfig, args: argparse.Namespace | None = None,
     finally:
         for task in extras:
             task.cancel()
+        if inventory_task is not None:
+            inventory_task.cancel()
         if peers is not None:
             peers.stop()
         await gateway.close()

@@ -33,10 +33,12 @@ flight are bounded (503 when no slot frees in time).
 Ordering on purpose: the token is checked before the cluster is looked up, so an anonymous
 caller cannot enumerate which clusters are connected.
 
-Cluster lookup (404 vs 503): the registry only knows connected clusters, so the gateway
-remembers every cluster that connected since it started. Not connected but seen before -> 503
-(``Retry-After``); never seen -> 404, except during ``unknown_cluster_grace`` after start (agents
-of a restarted gateway are still reconnecting), when it is 503 too.
+Cluster lookup (404 vs 503) for a cluster that is not connected: where the hub has a cluster
+inventory (``gateway.hub.inventory``: OCM ManagedClusters or ClusterProfiles), it decides --
+listed -> 503 (``Retry-After``), not listed -> 404, at once. Without one (or before it is first
+listed) the gateway remembers every cluster that connected since it started: seen before ->
+503; never seen -> 404, except during ``unknown_cluster_grace`` after start (agents of a
+restarted gateway are still reconnecting), when it is 503 too.
 
 ``--token-passthrough``: when the hub *cleanly* rejects an ``Authorization: Bearer`` token (not
 on hub errors, never for the WebSocket-subprotocol form, never for a hub token of another
@@ -109,6 +111,10 @@ class AdmissionContext(Protocol):
     def metrics(self) -> AuthLookups: ...
 
     def in_startup_grace(self) -> bool: ...
+
+    def cluster_listed(self, cluster: str) -> bool | None:
+        """Whether the hub's cluster inventory knows ``cluster``; None without one."""
+        ...
 
 
 @dataclass(slots=True)
@@ -213,7 +219,11 @@ async def admit(gw: AdmissionContext, head: RequestHead, client_ip: str, request
 
 
 def cluster_unavailable(gw: AdmissionContext, cluster: str) -> Refusal:
-    if cluster in gw.known_clusters or gw.in_startup_grace():
+    listed = gw.cluster_listed(cluster)
+    # No inventory (None): clusters seen since start, and the start-up grace.
+    known = listed if listed is not None else (
+        cluster in gw.known_clusters or gw.in_startup_grace())
+    if known:
         return Refusal(503, f'cluster "{cluster}" is not connected', retry_after=5)
     return Refusal(404, f'cluster "{cluster}" is not known to this gateway')
 
