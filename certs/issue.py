@@ -104,8 +104,13 @@ def issue_server(
     )
 
 
-def issue_agent(ca: Issued, cluster: str, *, days: int, key_type: KeyType = "ec") -> Issued:
-    """An agent client certificate: CN=<cluster>, URI SAN hubproxy://cluster/<cluster>."""
+def issue_agent(ca: Issued, cluster: str, *, days: int, key_type: KeyType = "ec",
+                valid_from: datetime.datetime | None = None) -> Issued:
+    """An agent client certificate: CN=<cluster>, URI SAN hubproxy://cluster/<cluster>.
+
+    Valid for ``days`` from ``valid_from`` (default now); a past start makes an expired
+    certificate, which tests of the hub's refusals need.
+    """
     validate_cluster_name(cluster)
     return _issue_leaf(
         ca,
@@ -114,6 +119,7 @@ def issue_agent(ca: Issued, cluster: str, *, days: int, key_type: KeyType = "ec"
         ExtendedKeyUsageOID.CLIENT_AUTH,
         days=days,
         key_type=key_type,
+        valid_from=valid_from,
     )
 
 
@@ -125,11 +131,12 @@ def _issue_leaf(
     *,
     days: int,
     key_type: KeyType,
+    valid_from: datetime.datetime | None = None,
 ) -> Issued:
     key = new_key(key_type)
     ca_ski = ca.cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
     builder = (
-        _validity(x509.CertificateBuilder(), days)
+        _validity(x509.CertificateBuilder(), days, valid_from)
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
         .issuer_name(ca.cert.subject)
         .public_key(key.public_key())
@@ -150,10 +157,11 @@ def _issue_leaf(
     return Issued(builder.sign(ca.key, hashes.SHA256()), key)
 
 
-def _validity(builder: x509.CertificateBuilder, days: int) -> x509.CertificateBuilder:
+def _validity(builder: x509.CertificateBuilder, days: int,
+              valid_from: datetime.datetime | None = None) -> x509.CertificateBuilder:
     if days < 1:
         raise ValueError(f"--days must be at least 1, got {days}")
-    now = datetime.datetime.now(datetime.UTC)
+    now = valid_from or datetime.datetime.now(datetime.UTC)
     return builder.not_valid_before(now - BACKDATE).not_valid_after(
         now + datetime.timedelta(days=days)
     )

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import os
 import sys
 from collections.abc import Mapping, Sequence
+
+from gateway.ops.version import version
 
 ENV_PREFIX = "HUBPROXY_"
 
@@ -24,9 +27,28 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "certs": ("certs.cli", "create CAs and issue gateway, tunnel and agent certificates"),
     "kubeconfig": ("gateway.access.kubeconfig",
                    "print a kubeconfig for clusters behind the gateway"),
+    "clusters": ("gateway.access.clusters",
+                 "list the clusters a gateway serves (its health port's /clusters)"),
     "demo": ("gateway.demo", "run hub, two managed clusters, gateway and agents locally"),
     "kubesim": ("kubesim.cli", "run kubesim, a kube-apiserver stand-in for tests (not production)"),
 }
+
+# Subcommands that need kubesim, which only a source checkout has: the container image installs
+# the production packages alone. Without it they stay listed and say why they cannot run.
+NEEDS_KUBESIM = frozenset({"kubesim", "demo"})
+
+
+def _kubesim_installed() -> bool:
+    return importlib.util.find_spec("kubesim") is not None
+
+
+def _unavailable(name: str) -> int:
+    """What a kubesim command says where kubesim is missing, instead of a traceback."""
+    print(f"hubproxy {name}: not available in this installation: it needs kubesim, the "
+          "kube-apiserver stand-in for tests and demos, which is not installed here (the "
+          "container image ships only the gateway, the agent and their tools). Run it from "
+          "a source checkout: pip install -e .", file=sys.stderr)
+    return 2
 
 
 def env_name(option: str) -> str:
@@ -84,8 +106,15 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         epilog="Every --flag can also be set as HUBPROXY_<FLAG> in the environment.",
     )
+    parser.add_argument("--version", action="version", version=f"hubproxy {version()}",
+                        help="print the version and exit")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    kubesim = _kubesim_installed()
     for name, (module_name, help_text) in SUBCOMMANDS.items():
+        if name in NEEDS_KUBESIM and not kubesim:
+            # Listed, so --help tells the whole story; main() answers before parsing.
+            subparsers.add_parser(name, help=f"{help_text} [not installed here]")
+            continue
         module = importlib.import_module(module_name)
         sub = subparsers.add_parser(
             name,
@@ -99,6 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in NEEDS_KUBESIM and not _kubesim_installed():
+        return _unavailable(argv[0])
     parser = build_parser()
     apply_environment(parser, os.environ)
     args = parser.parse_args(argv)

@@ -191,6 +191,40 @@ def test_example_overlay_sets_hub_and_cluster() -> None:
     assert env["HUBPROXY_CLUSTER"] == "cluster1"
 
 
+def images_of(docs: list[dict]) -> set[str]:
+    return {c["image"] for d in docs if d["kind"] == "Deployment"
+            for c in d["spec"]["template"]["spec"]["containers"]}
+
+
+def test_one_images_knob_sets_the_image_of_hub_agents_and_overlays(tmp_path: Path) -> None:
+    """deploy/image is the one place: changing it changes every rendered Deployment."""
+    import shutil
+
+    copy = tmp_path / "deploy"
+    shutil.copytree(DEPLOY, copy)
+    knob = copy / "image" / "kustomization.yaml"
+    config = yaml.safe_load(knob.read_text())
+    assert config["kind"] == "Component"
+    (entry,) = config["images"]
+    entry.update(newName="registry.example.com/hubproxy", newTag="1.2.3")
+    knob.write_text(yaml.safe_dump(config))
+    for base in ("hub", "agent", "examples/agent-cluster1", "ocm"):
+        assert images_of(kustomize(copy / base)) == {"registry.example.com/hubproxy:1.2.3"}
+    # deploy/ocm installs agents through its AddOnTemplate: the knob reaches them too.
+    assert "image: registry.example.com/hubproxy:1.2.3" in subprocess.run(
+        [KUBECTL, "kustomize", str(copy / "ocm")], capture_output=True, text=True,
+        timeout=60).stdout.split("kind: AddOnTemplate")[1]
+    # An overlay can still pin its own, by the name the knob produces.
+    overlay = copy / "examples" / "pinned"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
+        "resources": ["../agent-cluster1"],
+        "images": [{"name": "registry.example.com/hubproxy", "newTag": "1.2.4"}]}))
+    assert images_of(kustomize(overlay)) == {"registry.example.com/hubproxy:1.2.4"}
+    for base in ("hub", "agent", "ocm"):
+        assert "images:" not in (DEPLOY / base / "kustomization.yaml").read_text()
+
+
 def readme_secret_commands() -> list[list[str]]:
     text = (DEPLOY / "README.md").read_text().replace("\\\n", " ")
     commands = [line.strip() for line in text.splitlines()
@@ -234,3 +268,54 @@ def test_read_only_profile_has_no_legacy_impersonation() -> None:
         if doc["kind"] != "ClusterRole":
             assert doc == base[(doc["kind"], doc["metadata"]["name"])]
     assert len(rendered) == len(base)
+
+
+# --- deploy/examples/callers: the caller Role and the Argo CD cluster Secret of the README ---
+
+CALLERS = DEPLOY / "examples" / "callers"
+
+
+async def test_caller_role_example_grants_exactly_its_cluster(tmp_path: Path) -> None:
+    """The example binding, applied to a hub, lets its subjects through the gateway's
+    SubjectAccessReview for cluster1 and for nothing else."""
+    from gateway.demo import api
+    from kubesim.testing import run_kubesim
+
+    rbac = list(yaml.safe_load_all((CALLERS / "rbac.yaml").read_text()))
+    async with run_kubesim(tmp_path, name="hub", rbac=rbac) as hub:
+        async def allowed(cluster: str, **who: object) -> bool:
+            review = await api(hub.url, hub.ca_file, hub.admin_token, "POST",
+                               "/apis/authorization.k8s.io/v1/subjectaccessreviews", {
+                                   "apiVersion": "authorization.k8s.io/v1",
+                                   "kind": "SubjectAccessReview",
+                                   "spec": {**who, "resourceAttributes": {
+                                       "group": "cluster.open-cluster-management.io",
+                                       "resource": "managedclusters", "subresource": "proxy",
+                                       "name": cluster, "verb": "get"}}})
+            return bool(review["status"].get("allowed"))
+
+        argocd = {"user": "system:serviceaccount:argocd:argocd-application-controller",
+                  "groups": ["system:serviceaccounts", "system:serviceaccounts:argocd"]}
+        person = {"user": "oidc:alice@example.com", "groups": ["oidc:platform-team"]}
+        assert await allowed("cluster1", **argocd)
+        assert await allowed("cluster1", **person)
+        assert not await allowed("cluster2", **argocd)
+        assert not await allowed("cluster1", user="oidc:bob@example.com", groups=["oidc:x"])
+
+
+def test_argocd_cluster_secret_example_names_its_cluster_for_hubproxy_creds() -> None:
+    from gateway.access.creds import build_parser, parse_exec_info
+
+    secret = yaml.safe_load((CALLERS / "argocd-cluster-secret.yaml").read_text())
+    assert secret["metadata"]["labels"]["argocd.argoproj.io/secret-type"] == "cluster"
+    data = secret["stringData"]
+    config = json.loads(data["config"])
+    provider = config["execProviderConfig"]
+    assert provider["command"] == "hubproxy-creds"
+    args = build_parser().parse_args(provider["args"])
+    assert data["server"].endswith("/" + args.cluster) and data["name"] == args.cluster
+    # What client-go sends Argo CD's plugin: no cluster information; --cluster fills it in.
+    sent = json.dumps({"apiVersion": provider["apiVersion"], "kind": "ExecCredential",
+                       "spec": {"interactive": False}})
+    assert parse_exec_info(sent, args.cluster).cluster_name == "cluster1"
+    assert "caData" in config["tlsClientConfig"]

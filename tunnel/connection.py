@@ -20,6 +20,8 @@ Extensions beyond contracts.md:
 - ``ALPN = "hubproxy-tunnel/1"`` (the listener/dialer set it on their SSL contexts).
 - ``TunnelSession(config=None, on_open=None, name="")`` (both keyword, both optional);
   ``.config``, ``.name``, ``.close_reason`` (why it closed, e.g. "peer dead"), ``.ping()``,
+  ``.rtt``, ``.agent_version``/``.agent_instance`` (from the agent's SETTINGS),
+  ``.bytes_received``/``.bytes_sent`` (TLS payload bytes, frames included), ``.streams_opened``,
   ``.close(reason="closed")``, ``.get_extra_info(name)`` (of the TLS transport).
 - ``TunnelStream.accepted``, ``.is_reading()``, ``.get_extra_info(name)``, ``.close()``
   (= write_eof), ``.abort()`` (= reset CANCEL).
@@ -222,6 +224,13 @@ class TunnelSession(asyncio.BufferedProtocol):
         self.closed = False
         self.draining = False
         self.close_reason: str = ""
+        # What the peer said or did when it ended the session (the agent explains a refusal).
+        self.goaway_message: str | None = None  # text of a GOAWAY with an error code
+        self.connection_error: BaseException | None = None  # what ended the connection
+        # For the operator's view (one add per read / flush / open, never per frame).
+        self.bytes_received = 0
+        self.bytes_sent = 0
+        self.streams_opened = 0
 
     # Public API ------------------------------------------------------------------------------
 
@@ -253,6 +262,7 @@ class TunnelSession(asyncio.BufferedProtocol):
             asyncio.get_running_loop().call_soon(protocol.connection_lost, exc)
             return stream
         sid = core.open_stream(target, metadata, initial_data)
+        self.streams_opened += 1
         stream = TunnelStream(self, sid, target, metadata, protocol, True)
         self._streams[sid] = stream
         protocol.connection_made(stream)
@@ -272,6 +282,20 @@ class TunnelSession(asyncio.BufferedProtocol):
     def hub_instances(self) -> int:
         """How many hub processes share the address this session dialled."""
         return self._core.peer_hub_instances
+
+    @property
+    def peer_settings_received(self) -> bool:
+        return self._core.peer_settings_received
+
+    @property
+    def agent_version(self) -> int:
+        """The agent's packed release from its SETTINGS (0: not said, e.g. an older agent)."""
+        return self._core.peer_agent_version
+
+    @property
+    def agent_instance(self) -> int:
+        """The agent process's random id from its SETTINGS (0: not said)."""
+        return self._core.peer_agent_instance
 
     async def wait_peer_settings(self, timeout: float) -> bool:
         """Until the peer's first SETTINGS arrived (True) or ``timeout`` (False)."""
@@ -348,6 +372,7 @@ class TunnelSession(asyncio.BufferedProtocol):
 
     def buffer_updated(self, nbytes: int) -> None:
         self._end += nbytes
+        self.bytes_received += nbytes
         core = self._core
         try:
             with memoryview(self._buf) as view:
@@ -378,6 +403,7 @@ class TunnelSession(asyncio.BufferedProtocol):
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.connection_error = exc
         self._shutdown(SessionClosed(f"connection lost: {exc}" if exc else "connection closed"))
         self._transport = None
         if self._closed_fut is not None and not self._closed_fut.done():
@@ -412,6 +438,8 @@ class TunnelSession(asyncio.BufferedProtocol):
                     self._lose(stream, OpenRefused(_open_code(ev.code), ev.message))
             elif type(ev) is ss.GoAwayReceived or type(ev) is ss.DrainReceived:
                 self.draining = True
+                if type(ev) is ss.GoAwayReceived and ev.code != GoAwayCode.NO_ERROR:
+                    self.goaway_message = ev.message
             elif (type(ev) is ss.SettingsReceived and self._settings_fut is not None
                   and not self._settings_fut.done()):
                 self._settings_fut.set_result(None)
@@ -491,6 +519,7 @@ class TunnelSession(asyncio.BufferedProtocol):
         core = self._core
         chunks = core.data_to_send(0 if self._transport_paused else None)
         if chunks:
+            self.bytes_sent += sum(map(len, chunks))
             transport.writelines(chunks)
         for sid in core.take_writable():
             stream = self._streams.get(sid)

@@ -8,6 +8,9 @@
 * Certificate rotation: when the context factory hands out a new context (files changed on
   disk), a new session is opened with it and the old one is drained.
 * ``drain(deadline)`` (SIGTERM): DRAIN to the hub, in-flight streams finish up to the deadline.
+* Through an egress proxy (``proxy``, from ``HTTPS_PROXY``/``NO_PROXY`` via
+  :func:`tunnel.proxy.proxy_for`): HTTP CONNECT to the hub, then the same TLS inside it. A
+  proxy that refuses is logged once a minute per distinct answer, like a hub that refuses.
 
 Several hub processes may share one address (gateway workers, hub replicas behind a Service);
 each serves only the agents that hold a session to it. :class:`HubFanout` keeps one session to
@@ -23,12 +26,15 @@ import asyncio
 import contextlib
 import logging
 import random
+import socket
 import ssl
 import time
 from collections.abc import Callable
 
 from tunnel.backoff import Backoff
 from tunnel.connection import ALPN, OpenRequest, SessionConfig, StreamProtocol, TunnelSession
+from tunnel.handshake import LogThrottle, describe_hub_refusal
+from tunnel.proxy import ProxyConfig, ProxyError, open_through_proxy
 
 log = logging.getLogger("hubproxy.tunnel")
 
@@ -42,6 +48,7 @@ SETTINGS_TIMEOUT = 5.0  # a hub that sends no SETTINGS by then is taken as a sin
 REDIAL_DELAY = (0.05, 0.3)
 REDIAL_FREE = 3  # duplicates in a row before the delay starts doubling
 REDIAL_DELAY_CAP = 30.0
+REFUSAL_LOG_INTERVAL = 60.0  # the same refusal is logged at WARNING at most this often
 
 
 class AgentDialer:
@@ -57,8 +64,10 @@ class AgentDialer:
         backoff: Backoff | None = None,
         handshake_timeout: float = 10.0,
         fanout: HubFanout | None = None,
+        proxy: ProxyConfig | None = None,
     ) -> None:
         self.hub_host = hub_host
+        self.proxy = proxy
         self.hub_port = hub_port
         self.ssl_context_factory = ssl_context_factory
         self.on_open = on_open
@@ -73,6 +82,8 @@ class AgentDialer:
         self._duplicates = 0  # dials in a row that reached an instance already served
         self._stopping = asyncio.Event()
         self._caching_factory = False
+        self._refusals = LogThrottle(REFUSAL_LOG_INTERVAL)
+        self.last_refusal: str | None = None  # why the hub last refused us (None once accepted)
 
     @property
     def connected(self) -> bool:
@@ -122,15 +133,33 @@ class AgentDialer:
 
     async def _connect(self, context: ssl.SSLContext) -> TunnelSession | None:
         loop = asyncio.get_running_loop()
+        # Through a proxy: a socket already tunnelled to the hub; TLS runs inside it.
+        sock: socket.socket | None = None
+        if self.proxy is not None:
+            try:
+                sock = await open_through_proxy(
+                    self.proxy, self.hub_host, self.hub_port, self.handshake_timeout)
+            except ProxyError as exc:
+                allowed, suppressed = self._refusals.allow(str(exc))
+                log.log(logging.WARNING if allowed else logging.DEBUG,
+                        "cannot reach the hub %s:%d through the proxy %s: %s; retrying with "
+                        "backoff%s", self.hub_host, self.hub_port, self.proxy.display, exc,
+                        f" ({suppressed} more since the last such line)" if suppressed else "")
+                return None
+
+        def make_session() -> TunnelSession:
+            return TunnelSession(config=self.config, on_open=self.on_open, name="hub")
+
         try:
-            transport, session = await loop.create_connection(
-                lambda: TunnelSession(config=self.config, on_open=self.on_open, name="hub"),
-                self.hub_host,
-                self.hub_port,
-                ssl=context,
-                server_hostname=self.server_hostname,
-                ssl_handshake_timeout=self.handshake_timeout,
-            )
+            if sock is not None:
+                transport, session = await loop.create_connection(
+                    make_session, sock=sock, ssl=context, server_hostname=self.server_hostname,
+                    ssl_handshake_timeout=self.handshake_timeout)
+            else:
+                transport, session = await loop.create_connection(
+                    make_session, self.hub_host, self.hub_port, ssl=context,
+                    server_hostname=self.server_hostname,
+                    ssl_handshake_timeout=self.handshake_timeout)
         except (OSError, ssl.SSLError, TimeoutError) as exc:
             log.warning(
                 "cannot connect to the hub %s:%d: %s",
@@ -149,9 +178,42 @@ class AgentDialer:
                         self.hub_host, self.hub_port, ALPN)
             session.close("hub protocol mismatch")
             return None
+        if not await self._accepted(session):
+            return None
         self.connects += 1
+        self.last_refusal = None
         log.info("connected to the hub %s:%d", self.hub_host, self.hub_port)
         return session
+
+    async def _accepted(self, session: TunnelSession) -> bool:
+        """Did the hub accept this session? Its SETTINGS say yes; an end before them says no.
+
+        With TLS 1.3 our handshake completes before the hub has checked our certificate, so a
+        refusal (expired, unknown CA, no cluster named) arrives only now, as a TLS alert or a
+        GOAWAY: logged once with the hub's reason, then at most every REFUSAL_LOG_INTERVAL.
+        A hub that sends no SETTINGS in time but keeps the session is taken as accepting.
+        """
+        settings = asyncio.ensure_future(session.wait_peer_settings(SETTINGS_TIMEOUT))
+        closed = asyncio.ensure_future(session.wait_closed())
+        try:
+            await asyncio.wait({settings, closed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            settings.cancel()
+            closed.cancel()
+        refused = session.closed or (
+            session.goaway_message is not None and not session.peer_settings_received)
+        if not refused:
+            return True
+        session.close("refused by the hub")
+        why = (describe_hub_refusal(session.connection_error, session.goaway_message)
+               or f"the hub ended the session at once ({session.close_reason or 'closed'})")
+        self.last_refusal = why
+        allowed, suppressed = self._refusals.allow(why)
+        log.log(logging.WARNING if allowed else logging.DEBUG,
+                "the hub %s:%d refused this agent: %s; retrying with backoff%s", self.hub_host,
+                self.hub_port, why, f" ({suppressed} more since the last such line)"
+                if suppressed else "")
+        return False
 
     async def _watch(self, session: TunnelSession, context: ssl.SSLContext) -> str:
         """Why this session stops being the one for new streams."""
@@ -218,6 +280,11 @@ class HubFanout:
     @property
     def connects(self) -> int:
         return sum(d.connects for d in self.dialers)
+
+    @property
+    def last_refusal(self) -> str | None:
+        """Why the hub refused the last dial of some dialer, if it did (for /readyz)."""
+        return next((d.last_refusal for d in self.dialers if d.last_refusal), None)
 
     async def admit(self, dialer: AgentDialer, session: TunnelSession) -> bool:
         """May ``dialer`` keep ``session``? False when another dialer serves its hub instance."""

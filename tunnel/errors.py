@@ -43,6 +43,7 @@ class GoAwayCode(IntEnum):
     FLOOD = 3
     INTERNAL = 4
     TIMEOUT = 5
+    UNAUTHORIZED = 6  # the hub refuses the agent's certificate (names no cluster)
 
 
 class TunnelError(Exception):

@@ -22,7 +22,12 @@ CLUSTER_URI_PREFIX = "hubproxy://cluster/"
 
 
 class AgentIdentityError(ValueError):
-    """The peer certificate does not name exactly one valid cluster."""
+    """The peer certificate does not name exactly one valid cluster (or, with
+    ``about_protocol``, the connection is not TLS 1.3 with our ALPN)."""
+
+    def __init__(self, message: str, *, about_protocol: bool = False) -> None:
+        super().__init__(message)
+        self.about_protocol = about_protocol
 
 
 # Kubernetes IsDNS1123Subdomain: lower-case labels joined by dots, at most 253 characters.

@@ -6,42 +6,81 @@ read, the session checks that TLS 1.3 and our ALPN were negotiated and takes the
 from the verified certificate (under the listener's :class:`tunnel.identity.AgentNaming`);
 anything else is aborted. Agents never open streams toward the hub (the hub's sessions have no
 ``on_open``).
+
+Certificate trouble is visible (issue 12): the listener accepts sockets itself and awaits each
+TLS handshake (``loop.connect_accepted_socket``), so a failed handshake is seen with its peer
+address and OpenSSL's reason instead of vanishing inside the event loop (asyncio and uvloop
+report server-side handshake errors only in debug mode). Failures are counted by reason
+(``handshake_failures``, :mod:`tunnel.handshake`); certificate failures are logged at WARNING,
+at most once a minute per reason and peer host.
+
+The agent learns why too. With TLS 1.3 its own handshake has succeeded by the time the hub
+checks its certificate, so the reason must travel after it: OpenSSL writes the matching TLS alert
+(certificate_expired, unknown_ca, ...), which the event loop's SSL layer drops when the
+handshake fails; :class:`_AlertKeepingSSLObject` keeps those bytes and the listener sends them
+before closing. A certificate that verifies but names no cluster gets a GOAWAY (UNAUTHORIZED)
+saying why instead of SETTINGS.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
+import socket
 import ssl
-from typing import cast
+from collections import Counter
+from typing import Any, cast
 
+from cryptography import x509
+
+from tunnel import frames
 from tunnel.connection import ALPN, SessionConfig, TunnelSession
+from tunnel.errors import GoAwayCode
+from tunnel.handshake import (
+    PROTOCOL,
+    HandshakeFailure,
+    LogThrottle,
+    classify_hub_failure,
+    wrong_name,
+)
 from tunnel.identity import URI_NAMING, AgentIdentityError, AgentNaming, cluster_from_certificate
 from tunnel.registry import SessionRegistry
 
 log = logging.getLogger("hubproxy.tunnel")
 
 HANDSHAKE_TIMEOUT = 10.0
+REFUSAL_LOG_INTERVAL = 60.0  # one WARNING per reason and peer host per interval
+ACCEPT_ERROR_PAUSE = 0.1  # after accept() fails (EMFILE...): do not spin
 
 
 class AgentSession(TunnelSession):
     """The hub's end of one agent connection."""
 
-    def __init__(self, listener: TunnelListener) -> None:
+    def __init__(self, listener: TunnelListener, peer: tuple[str, int] | None = None) -> None:
         super().__init__(config=listener.config, name="agent")
         self._listener = listener
+        self.peer = peer
         self.cluster: str | None = None
+        self.certificate_not_after = 0.0  # POSIX time the agent certificate expires
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         try:
-            self.cluster = self._identify(transport)
+            self.cluster, self.certificate_not_after = self._identify(transport)
         except AgentIdentityError as exc:
-            peer = transport.get_extra_info("peername")
-            log.warning("agent connection from %s refused: %s", peer, exc)
             self._listener.refused += 1
             self.closed = True  # never processes a frame
-            cast(asyncio.Transport, transport).abort()
+            if exc.about_protocol:
+                self._listener.failed(self.peer, HandshakeFailure(PROTOCOL, str(exc)))
+                cast(asyncio.Transport, transport).abort()
+                return
+            self._listener.failed(self.peer, wrong_name(str(exc)))
+            # Tell the agent why: one GOAWAY instead of its SETTINGS, then close.
+            assert isinstance(transport, asyncio.Transport)
+            transport.write(frames.encode_goaway(0, GoAwayCode.UNAUTHORIZED, str(exc)))
+            transport.close()
+            asyncio.get_running_loop().call_later(2.0, transport.abort)  # a peer not reading
             return
         self.name = f"agent:{self.cluster}"
         super().connection_made(transport)
@@ -52,32 +91,105 @@ class AgentSession(TunnelSession):
             return
         super().buffer_updated(nbytes)
 
-    def _identify(self, transport: asyncio.BaseTransport) -> str:
+    def _identify(self, transport: asyncio.BaseTransport) -> tuple[str, float]:
+        """(cluster, certificate expiry as POSIX time), or AgentIdentityError."""
         ssl_object = transport.get_extra_info("ssl_object")
         if ssl_object is None:
-            raise AgentIdentityError("not a TLS connection")
+            raise AgentIdentityError("not a TLS connection", about_protocol=True)
         if ssl_object.version() != "TLSv1.3":
-            raise AgentIdentityError(f"TLS 1.3 required, got {ssl_object.version()}")
+            raise AgentIdentityError(f"TLS 1.3 required, got {ssl_object.version()}",
+                                     about_protocol=True)
         if ssl_object.selected_alpn_protocol() != ALPN:
-            raise AgentIdentityError(f"ALPN {ALPN!r} required")
-        return cluster_from_certificate(ssl_object.getpeercert(binary_form=True),
-                                        self._listener.naming)
+            raise AgentIdentityError(f"ALPN {ALPN!r} required", about_protocol=True)
+        der = ssl_object.getpeercert(binary_form=True)
+        cluster = cluster_from_certificate(der, self._listener.naming)
+        return cluster, x509.load_der_x509_certificate(der).not_valid_after_utc.timestamp()
 
 
 class TunnelListener:
     def __init__(self, registry: SessionRegistry, config: SessionConfig,
-                 naming: AgentNaming = URI_NAMING) -> None:
+                 naming: AgentNaming = URI_NAMING,
+                 ssl_context: ssl.SSLContext | None = None,
+                 handshake_timeout: float = HANDSHAKE_TIMEOUT,
+                 log_interval: float = REFUSAL_LOG_INTERVAL) -> None:
         self.registry = registry
         self.config = config
         self.naming = naming
-        self.server: asyncio.Server | None = None
+        self.ssl_context = ssl_context
+        self.handshake_timeout = handshake_timeout
+        self.sockets: list[socket.socket] = []
         self.sessions: set[AgentSession] = set()
         self.refused = 0
+        self.handshake_failures: Counter[str] = Counter()  # by tunnel.handshake reason
+        self._throttle = LogThrottle(log_interval)
+        self._accepting: list[asyncio.Task[None]] = []
+        self._handshakes: set[asyncio.Task[None]] = set()
 
     @property
     def port(self) -> int:
-        assert self.server is not None
-        return int(self.server.sockets[0].getsockname()[1])
+        assert self.sockets
+        return int(self.sockets[0].getsockname()[1])
+
+    def listen(self, socks: list[socket.socket]) -> None:
+        loop = asyncio.get_running_loop()
+        self.sockets = socks
+        self._accepting = [loop.create_task(self._accept_forever(s)) for s in socks]
+
+    async def _accept_forever(self, sock: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn, address = await loop.sock_accept(sock)
+            except OSError as exc:  # out of file descriptors, aborted connection...
+                log.warning("tunnel listener: accept failed: %s", exc.strerror or exc)
+                await asyncio.sleep(ACCEPT_ERROR_PAUSE)
+                continue
+            task = loop.create_task(self._handshake(conn, _peer(address)))
+            self._handshakes.add(task)
+            task.add_done_callback(self._handshakes.discard)
+
+    async def _handshake(self, conn: socket.socket, peer: tuple[str, int] | None) -> None:
+        loop = asyncio.get_running_loop()
+        alert = _Alert()
+        _pending_alert.set(alert)  # this task's context only
+        try:  # to send the alert after the transport has closed its descriptor
+            spare: socket.socket | None = conn.dup()
+        except OSError:  # out of descriptors: refuse without telling the agent why
+            spare = None
+        try:
+            await loop.connect_accepted_socket(
+                lambda: AgentSession(self, peer), conn, ssl=self.ssl_context,
+                ssl_handshake_timeout=self.handshake_timeout)
+        except Exception as exc:  # every handshake failure: classify, count, maybe log
+            if alert.data and spare is not None:
+                with contextlib.suppress(OSError):
+                    spare.send(alert.data)  # a few dozen bytes: fits the socket buffer
+            conn.close()
+            self.failed(peer, classify_hub_failure(exc))
+        finally:
+            if spare is not None:
+                spare.close()
+
+    def failed(self, peer: tuple[str, int] | None, failure: HandshakeFailure) -> None:
+        """Count one refused connection; log certificate trouble (throttled), the rest at DEBUG."""
+        self.handshake_failures[failure.reason] += 1
+        where = f"{peer[0]}:{peer[1]}" if peer else "an unknown address"
+        if not failure.about_certificate:
+            log.debug("tunnel handshake from %s failed (%s): %s", where, failure.reason,
+                      failure.message)
+            return
+        allowed, suppressed = self._throttle.allow((failure.reason, peer[0] if peer else None))
+        if allowed:
+            log.warning("agent connection from %s refused (%s): %s%s", where, failure.reason,
+                        failure.message,
+                        f" [and {suppressed} more from this host since the last such line]"
+                        if suppressed else "")
+
+    def _stop_accepting(self) -> None:
+        for task in [*self._accepting, *self._handshakes]:
+            task.cancel()
+        for sock in self.sockets:
+            sock.close()
 
     def adopt(self, session: AgentSession) -> None:
         cluster = session.cluster
@@ -93,8 +205,7 @@ class TunnelListener:
 
     def close(self) -> None:
         """Stop accepting and abort every session (their streams see SessionClosed)."""
-        if self.server is not None:
-            self.server.close()
+        self._stop_accepting()
         for session in list(self.sessions):
             session.close("hub closing")
 
@@ -102,14 +213,13 @@ class TunnelListener:
         for session in list(self.sessions):
             with contextlib.suppress(Exception):
                 await session.wait_closed()
-        if self.server is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.server.wait_closed(), 5.0)
+        for task in self._accepting:
+            with contextlib.suppress(BaseException):
+                await task
 
     async def drain(self, deadline: float) -> None:
         """Graceful hub shutdown: GOAWAY to every agent, in-flight streams finish (<= deadline)."""
-        if self.server is not None:
-            self.server.close()
+        self._stop_accepting()
         await asyncio.gather(
             *(session.drain(deadline) for session in list(self.sessions)), return_exceptions=True
         )
@@ -128,15 +238,88 @@ async def start_tunnel_listener(
 ) -> TunnelListener:
     if ssl_context.verify_mode != ssl.CERT_REQUIRED:
         raise ValueError("the tunnel listener needs an SSL context that requires client certs")
-    listener = TunnelListener(registry, config or SessionConfig(), naming)
-    loop = asyncio.get_running_loop()
-    listener.server = await loop.create_server(
-        lambda: AgentSession(listener),
-        host,
-        port,
-        ssl=ssl_context,
-        ssl_handshake_timeout=handshake_timeout,
-        backlog=1024,
-        reuse_port=reuse_port or None,  # several hub processes on one port (gateway workers)
-    )
+    # The listener keeps failed handshakes' alerts (see the module docstring); this context is
+    # the listener's own (the gateway builds one for it).
+    ssl_context.sslobject_class = _AlertKeepingSSLObject
+    listener = TunnelListener(registry, config or SessionConfig(), naming, ssl_context,
+                              handshake_timeout)
+    listener.listen(_listening_sockets(host, port, reuse_port=reuse_port))
     return listener
+
+
+def _listening_sockets(host: str, port: int, *, reuse_port: bool) -> list[socket.socket]:
+    """What ``loop.create_server`` binds: one non-blocking socket per address of ``host``.
+
+    With port 0, every address gets the port the first one was given (asyncio would give each
+    its own), so an agent reaches the listener on whichever address it resolves.
+    """
+    infos = dict.fromkeys(
+        (family, kind, proto, address) for family, kind, proto, _, address in
+        socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                           flags=socket.AI_PASSIVE))
+    socks: list[socket.socket] = []
+    try:
+        for family, kind, proto, address in infos:
+            sock = socket.socket(family, kind, proto)
+            socks.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if reuse_port:  # several hub processes on one port (gateway workers)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            if socks[1:] and address[1] == 0:  # port 0: the same port on every address
+                address = (address[0], socks[0].getsockname()[1], *address[2:])
+            sock.bind(address)
+            sock.listen(1024)
+            sock.setblocking(False)
+    except OSError:
+        for sock in socks:
+            sock.close()
+        raise
+    return socks
+
+
+class _Alert:
+    """Where a failed handshake's TLS alert is kept for the listener task that awaits it."""
+
+    data = b""
+
+
+_pending_alert: contextvars.ContextVar[_Alert | None] = contextvars.ContextVar(
+    "hubproxy_tunnel_pending_alert", default=None)
+
+
+class _AlertKeepingSSLObject(ssl.SSLObject):
+    """An ``SSLObject`` that, when the server handshake fails, keeps the alert OpenSSL wrote.
+
+    The SSL layer wraps the socket in the context of the listener task that awaits the
+    handshake, so ``_pending_alert`` there says where to keep it (outside a listener task it is
+    None and this behaves exactly like ``ssl.SSLObject``).
+    """
+
+    _alert: _Alert | None = None
+    _outgoing: ssl.MemoryBIO | None = None
+
+    @classmethod
+    def _create(cls, incoming: ssl.MemoryBIO, outgoing: ssl.MemoryBIO, *args: Any,
+                **kwargs: Any) -> _AlertKeepingSSLObject:
+        obj = super()._create(incoming, outgoing, *args, **kwargs)  # type: ignore[misc]
+        obj._alert = _pending_alert.get()
+        obj._outgoing = outgoing
+        return obj  # type: ignore[no-any-return]
+
+    def do_handshake(self) -> None:
+        try:
+            super().do_handshake()
+        except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            raise
+        except ssl.SSLError:
+            if self._alert is not None and self._outgoing is not None:
+                self._alert.data = self._outgoing.read()
+            raise
+
+
+def _peer(address: object) -> tuple[str, int] | None:
+    if isinstance(address, tuple) and len(address) >= 2:
+        return str(address[0]), int(address[1])
+    return None

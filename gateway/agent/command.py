@@ -9,6 +9,10 @@ backoff, and picks up renewed certificates for the next session. For each stream
 target against its own allow-list, and sends kube-apiserver requests with its own credential
 impersonating the hub-verified identity from the stream (never without one). SIGTERM drains:
 no new streams, in-flight ones get ``--drain-timeout`` seconds.
+
+Behind an egress proxy: set ``HTTPS_PROXY=http://[user:password@]proxy:3128`` (or
+``https_proxy``) and the agent reaches the hub with HTTP CONNECT, then TLS to the hub inside
+it; ``NO_PROXY``/``no_proxy`` (host names, domain suffixes, IPs, CIDRs, ``*``) bypasses it.
 """
 
 from __future__ import annotations
@@ -16,7 +20,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import datetime
 import logging
+import os
+import secrets
 import signal
 import ssl
 import sys
@@ -28,10 +35,13 @@ from certs.identity import validate_cluster_name
 from certs.tls import TLS1_3, ReloadingContext, client_context
 from gateway.agent.impersonation import ProfileWatch
 from gateway.agent.kubeapi import KubeAPIAccess, KubeAPIConfigError, load
-from gateway.ops import diagnostics
-from gateway.ops.flags import positive_int
+from gateway.ops import diagnostics, startup
+from gateway.ops.certexpiry import CertificateFiles
+from gateway.ops.flags import add_tunnel_liveness_arguments, positive_int, tunnel_liveness
 from gateway.ops.rlimits import raise_open_file_limit
+from gateway.ops.version import pack_release, version
 from tunnel.identity import URI_NAMING, AgentIdentityError, AgentNaming
+from tunnel.proxy import ProxyError, proxy_for
 
 log = logging.getLogger("hubproxy.agent")
 
@@ -114,8 +124,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "%(default)s). Each request in progress holds one, and a watch or "
                         "logs -f holds it while it is open, about 50 KiB each: raise this "
                         "together with the memory limit. Beyond it requests are answered 429")
+    add_tunnel_liveness_arguments(parser, "hub")
     parser.add_argument("--health-listen", default="0.0.0.0:8000", metavar="ADDR",
-                        help="/healthz and /readyz ('off' to disable)")
+                        help="plain HTTP /healthz, /readyz and /metrics ('off' to disable)")
     parser.add_argument("--log-level", default="info",
                         choices=["debug", "info", "warning", "error"])
 
@@ -133,11 +144,12 @@ class Readiness:
 
     def __call__(self) -> tuple[bool, str]:
         if not getattr(self.dialer, "connected", False):
-            return False, "not connected to the hub"
+            refusal = getattr(self.dialer, "last_refusal", None)
+            return False, "not connected to the hub" + (f": {refusal}" if refusal else "")
         if self.kube is not None and time.monotonic() - self.apiserver_ok_at > READINESS_STALE:
             return False, f"kube-apiserver not reachable: {self.apiserver_error}"
         if self.profile is not None:
-            # For operators (no metrics endpoint on the agent yet): what the credential may do.
+            # For operators, with the metric: what the credential may do.
             return True, f"ok (impersonation profile: {self.profile.profile.name})"
         return True, "ok"
 
@@ -182,9 +194,19 @@ def _check_certificate_cluster(cert_file: Path, cluster: str,
     try:
         named = naming.cluster_of(cert)
     except AgentIdentityError as exc:
-        raise ValueError(f"{cert_file} names no cluster ({exc})") from None
+        raise ValueError(f"{cert_file} names no cluster ({exc}): point --tls-dir at this "
+                         "cluster's agent certificate") from None
     if named != cluster:
-        raise ValueError(f"{cert_file} is an agent certificate for {named}, not {cluster!r}")
+        raise ValueError(f"{cert_file} is an agent certificate for {named}, not {cluster!r}: "
+                         f"fix --cluster or point --tls-dir at {cluster}'s certificate")
+    # Not fatal: renewed files are picked up without a restart. But say it before the hub does.
+    now = datetime.datetime.now(datetime.UTC)
+    if cert.not_valid_after_utc <= now:
+        log.warning("the agent certificate %s expired on %s: the hub will refuse it until it "
+                    "is renewed", cert_file, cert.not_valid_after_utc.isoformat())
+    elif cert.not_valid_before_utc > now:
+        log.warning("the agent certificate %s is not valid before %s: check this machine's "
+                    "clock", cert_file, cert.not_valid_before_utc.isoformat())
 
 
 def build_policy(args: argparse.Namespace, kube: KubeAPIAccess | None) -> Any:
@@ -203,14 +225,25 @@ def build_policy(args: argparse.Namespace, kube: KubeAPIAccess | None) -> Any:
 async def serve(args: argparse.Namespace) -> int:
 
     cluster = validate_cluster_name(args.cluster)
+    keepalive, tunnel_timeout = tunnel_liveness(args)
     tls_dir = Path(args.tls_dir)
     cert, key = tls_dir / "tls.crt", tls_dir / "tls.key"
     hub_ca = Path(args.hub_ca) if args.hub_ca else tls_dir / "ca.crt"
+    startup.check_key_pair(args.tls_dir, "--tls-dir")
+    startup.check_ca_file(str(hub_ca), "--hub-ca" if args.hub_ca
+                          else "--hub-ca (default: ca.crt in --tls-dir)")
     try:
         naming = AgentNaming(args.agent_identity, args.ocm_addon_name)
     except ValueError as exc:
         raise ValueError(f"--ocm-addon-name: {exc}") from None
     _check_certificate_cluster(cert, cluster, naming)
+    health_address = None
+    if args.health_listen and args.health_listen != "off":
+        try:
+            health_address = _host_port(args.health_listen)
+        except argparse.ArgumentTypeError as exc:
+            raise startup.StartupError(f"--health-listen {exc}") from None
+        startup.check_port_free(*health_address, "--health-listen")
     kube = load(kubeconfig=args.kubeconfig, context=args.context, apiserver=args.apiserver,
                 apiserver_ca=args.apiserver_ca, token_file=args.token_file)
     insecure = set(args.insecure_service)
@@ -235,12 +268,26 @@ async def serve(args: argparse.Namespace) -> int:
         [cert, key, hub_ca],
     )
     hub_host, hub_port = args.hub
+    # An egress proxy from HTTPS_PROXY/NO_PROXY, as curl and Go read them (tunnel.proxy).
+    proxy = proxy_for(os.environ, hub_host, hub_port)
+    if proxy is not None:
+        log.info("dialling the hub through the proxy %s (from %s)", proxy.display, proxy.source)
+    elif os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy"):
+        log.info("NO_PROXY matches the hub %s:%d: dialling it directly", hub_host, hub_port)
+    # The same id on every session of this process: the hub counts agent replicas with it.
+    agent_instance = secrets.randbits(32) or 1
     # One session to each hub process behind the address (gateway workers, hub replicas).
     dialer = HubFanout(lambda fanout: AgentDialer(
-        hub_host, hub_port, hub_tls.current, agent.on_open, SessionConfig(),
-        server_hostname=args.hub_server_name or hub_host, fanout=fanout))
+        hub_host, hub_port, hub_tls.current, agent.on_open,
+        SessionConfig(ping_after=keepalive, dead_after=tunnel_timeout,
+                      agent_version=pack_release(version()), agent_instance=agent_instance),
+        server_hostname=args.hub_server_name or hub_host, fanout=fanout, proxy=proxy))
     profile = ProfileWatch(kube)
     readiness = Readiness(dialer, kube, profile)
+    agent.metrics.sessions = lambda: dialer.sessions
+    agent.metrics.version = version()
+    agent.metrics.certificates = CertificateFiles({"agent": str(cert)}).expiries
+    agent.metrics.impersonation_profile = lambda: profile.profile.name
     log.info("agent for cluster %s: hub %s:%d, apiserver %s, services allowed: %s",
              cluster, hub_host, hub_port, kube.describe(),
              ", ".join(f"{n}/{s}:{p}" for n, s, p in args.allow_service) or "none")
@@ -249,10 +296,13 @@ async def serve(args: argparse.Namespace) -> int:
 
     gctune.settle()
     health = None
-    if args.health_listen and args.health_listen != "off":
-        host, port = _host_port(args.health_listen)
-        health = await start_health_server(host, port, readiness)
-        log.info("health on %s:%d (/healthz, /readyz)", host, port)
+    if health_address is not None:
+        host, port = health_address
+        try:
+            health = await start_health_server(host, port, readiness, agent.metrics.render)
+        except OSError as exc:
+            raise startup.bind_error(exc, host, port, "--health-listen") from None
+        log.info("health on %s:%d (/healthz, /readyz, /metrics)", host, port)
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -300,6 +350,6 @@ def run(args: argparse.Namespace) -> int:
         except ImportError:
             return asyncio.run(serve(args))
         return uvloop.run(serve(args))
-    except (KubeAPIConfigError, ValueError, OSError) as exc:
+    except (KubeAPIConfigError, ValueError, OSError, ProxyError) as exc:
         print(f"hubproxy agent: {exc}", file=sys.stderr)
         return 2

@@ -1,7 +1,8 @@
 """Every kustomization in deploy/ is admitted by a real kube-apiserver (server-side dry run).
 
-Any directory under deploy/ with a kustomization.yaml is found, so a base or overlay added
-later is checked without editing this test. The CRDs from ../shared/crds are installed on the
+Any directory under deploy/ with a kustomization.yaml is found (except kustomize Components, which
+only other kustomizations use), so a base or overlay added later is checked without editing
+this test. The CRDs from ../shared/crds are installed on the
 hub first (the `fleet` fixture), for manifests of custom resources. The Namespaces a
 kustomization declares are created for real first: a dry run does not persist them, and the
 namespaced objects next to them would otherwise be refused as "namespace not found".
@@ -25,8 +26,8 @@ def kind_of(directory: Path) -> str:
 
 
 FOUND = sorted(p.parent for p in DEPLOY.rglob("kustomization.yaml"))
-# A Component (deploy/agent/profiles/*) renders only inside a kustomization that uses it; it is
-# checked there, and test_every_component_is_used makes sure one does.
+# A Component (deploy/image, deploy/agent/profiles/*) renders only inside a kustomization that
+# uses it; it is checked there, and test_every_component_is_used makes sure one does.
 COMPONENTS = [d for d in FOUND if kind_of(d) == "Component"]
 KUSTOMIZATIONS = [d for d in FOUND if d not in COMPONENTS]
 

@@ -34,3 +34,17 @@ def test_reviews_ask_what_the_apiserver_checks_for_impersonate_user() -> None:
         "group": "", "resource": "users", "verb": "impersonate"}
     assert json.loads(review_body(CONSTRAINED))["spec"]["resourceAttributes"] == {
         "group": "authentication.k8s.io", "resource": "users", "verb": "impersonate:user-info"}
+
+
+def test_the_profile_is_a_metric() -> None:
+    from gateway.agent.metrics import AgentMetrics
+
+    metrics = AgentMetrics()
+    held = "unknown"
+    metrics.impersonation_profile = lambda: held
+    text = metrics.render().decode()
+    assert 'hubproxy_agent_impersonation_profile{profile="unknown"} 1' in text
+    held = "constrained"
+    text = metrics.render().decode()
+    assert 'hubproxy_agent_impersonation_profile{profile="constrained"} 1' in text
+    assert 'hubproxy_agent_impersonation_profile{profile="legacy"} 0' in text

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Build the hubproxy image from ../../Containerfile without any container registry.
+#
+#   deploy/image/build.sh [TAG]          # default TAG: localhost/hubproxy:dev; prints TAG
+#
+# Where docker or podman can pull base images, `docker build -t TAG .` is all you need. This
+# script is for machines that reach only Debian's and PyPI's package registries (CI here):
+#
+# 1. mmdebstrap makes two Debian bookworm root filesystems, cached as tarballs in
+#    $HUBPROXY_IMAGE_CACHE (default ~/.cache/hubproxy-image):
+#    - the build image: minbase + python3, python3-venv, binutils;
+#    - the runtime image: python3 and the libraries it links, extracted only (no shell, no
+#      package manager, no maintainer scripts), the standard library compiled, /tmp.
+# 2. buildah imports them as localhost/hubproxy-build-base:bookworm-<hash> and
+#    localhost/hubproxy-base:bookworm-<hash> (<hash>: of the mmdebstrap arguments), once.
+# 3. buildah builds the Containerfile on them (--pull=never, chroot isolation, vfs storage: no
+#    daemon, no cgroups, no overlay mounts needed), tags TAG and prints it on stdout.
+#
+# Environment:
+#   HUBPROXY_IMAGE_CACHE   where the root filesystem tarballs are kept (delete to refresh
+#                          Debian's packages)
+#   HUBPROXY_IMAGE_STORE   a private buildah storage directory (default: buildah's own)
+#   DEBIAN_MIRROR          mmdebstrap mirror (default: its own, deb.debian.org)
+#   PIP_CERT               a CA bundle pip needs to reach PyPI (a TLS-inspecting proxy); it is
+#                          mounted into the build step, never copied into the image
+#   HUBPROXY_IMAGE_PRUNE   1: afterwards remove untagged images (earlier builds' leftovers and
+#                          the layer cache), so a store that builds often stays small (vfs
+#                          keeps a full copy per layer)
+# Needs root (or a user namespace set up for buildah) and Debian's buildah and mmdebstrap.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+TAG="${1:-localhost/hubproxy:dev}"
+CACHE="${HUBPROXY_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hubproxy-image}"
+export STORAGE_DRIVER="${STORAGE_DRIVER:-vfs}"
+
+for tool in buildah mmdebstrap; do
+  command -v "$tool" >/dev/null || {
+    echo "build.sh: $tool is missing (Debian: apt-get install -y buildah mmdebstrap)" >&2
+    exit 3
+  }
+done
+
+buildah=(buildah)
+if [ -n "${HUBPROXY_IMAGE_STORE:-}" ]; then
+  buildah+=(--root "$HUBPROXY_IMAGE_STORE/root" --runroot "$HUBPROXY_IMAGE_STORE/run")
+fi
+
+# Never read in a container: documentation, manual pages, translations.
+slim=(--dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/share/doc/*/copyright'
+      --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/info/*'
+      --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-exclude=/usr/share/lintian/*')
+# bookworm's usrmerge package would pull in perl; the hook makes the merged /usr itself.
+merged=(--hook-dir=/usr/share/mmdebstrap/hooks/merged-usr)
+
+# NAME MMDEBSTRAP-ARGS...: a base image made from a cached mmdebstrap tarball. Both are named
+# after a hash of the arguments, so changing the recipe here makes new ones (old ones stay until
+# the cache directory or the images are removed).
+base_image() {
+  local name="$1" key
+  shift
+  key="$(printf '%s\n' "${slim[@]}" "${merged[@]}" "$@" | sha256sum | cut -c1-12)"
+  local image="localhost/hubproxy-$name:bookworm-$key" tar="$CACHE/$name-$key.tar"
+  if ! "${buildah[@]}" inspect --type image "$image" >/dev/null 2>&1; then
+    if [ ! -s "$tar" ]; then
+      mkdir -p "$CACHE"
+      echo "build.sh: making $tar with mmdebstrap (once)" >&2
+      mmdebstrap --format=tar "${slim[@]}" "${merged[@]}" "$@" bookworm "$tar.part" \
+        ${DEBIAN_MIRROR:+"$DEBIAN_MIRROR"} >&2
+      mv "$tar.part" "$tar"
+    fi
+    echo "build.sh: importing $tar as $image" >&2
+    local ctr
+    ctr="$("${buildah[@]}" from scratch)"
+    "${buildah[@]}" add "$ctr" "$tar" / >/dev/null
+    "${buildah[@]}" config --env PATH=/usr/local/bin:/usr/bin:/bin "$ctr"
+    "${buildah[@]}" commit --rm --quiet "$ctr" "$image" >/dev/null
+  fi
+  echo "$image"
+}
+
+BUILD_BASE="$(base_image build-base --variant=minbase \
+  --include=python3,python3-venv,binutils --aptopt='APT::Install-Recommends "false"')"
+# extract: packages unpacked, no maintainer scripts, so no shell or package manager needed in
+# the image; the standard library is compiled here instead (py3compile would have in postinst;
+# the image's root filesystem is read-only at run time), and /tmp made.
+RUN_BASE="$(base_image base --variant=extract --include=python3 \
+  --extract-hook='chroot "$1" /usr/bin/python3 -m compileall -q /usr/lib/python3.11' \
+  --extract-hook='mkdir -p "$1/tmp" && chmod 1777 "$1/tmp"')"
+
+ca=()
+if [ -n "${PIP_CERT:-}" ] && [ -f "$PIP_CERT" ]; then
+  ca=(-v "$PIP_CERT:/run/hubproxy-build-ca.crt:ro" --build-arg PIP_CERT=/run/hubproxy-build-ca.crt)
+fi
+"${buildah[@]}" bud --isolation chroot --pull=never --layers "${ca[@]}" \
+  --build-arg BUILD_IMAGE="$BUILD_BASE" --build-arg BASE_IMAGE="$RUN_BASE" \
+  -t "$TAG" -f "$ROOT/Containerfile" "$ROOT" >&2
+if [ "${HUBPROXY_IMAGE_PRUNE:-0}" = 1 ]; then
+  "${buildah[@]}" rmi --prune >/dev/null 2>&1 || true
+fi
+size="$("${buildah[@]}" images --noheading --format '{{.Size}}' "$TAG" | head -1)"
+echo "build.sh: built $TAG ($size)" >&2
+echo "$TAG"
