@@ -10,8 +10,8 @@ RBAC its ServiceAccount was given (``deploy/agent``):
   exposes (``deploy/agent/profiles/read-only``). Holding the legacy verb as well makes the
   apiserver fall back to it, so that case counts as ``legacy``;
 * ``none`` — neither: every request through this agent will be refused (a deployment mistake);
-* ``unknown`` — the apiserver could not be asked (not reachable, or no
-  SelfSubjectAccessReview API, as in kubesim).
+* ``unknown`` — the apiserver could not be asked: not reachable (asked again every 10 s), or
+  it refused the question (a 4xx such as kubesim's 404: logged once, not asked again).
 
 The question is a handful of SelfSubjectAccessReviews with the agent's own credential, the one
 kind of request the agent makes without impersonating (it asks about itself, and acts on
@@ -48,6 +48,7 @@ class ImpersonationProfile:
     """What the agent's credential may impersonate; ``name`` is one of the four above."""
 
     name: str
+    final: bool = True  # False: "unknown" for now, worth asking again
     # With "constrained": the verbs granted as impersonate-on:user-info:<verb> on every
     # resource of every group (a narrower grant shows as absent here, not as refused).
     everywhere: tuple[str, ...] = ()
@@ -66,7 +67,7 @@ class ImpersonationProfile:
         return f"unknown ({self.detail or 'not checked yet'})"
 
 
-UNKNOWN = ImpersonationProfile("unknown")
+UNKNOWN = ImpersonationProfile("unknown", final=False)
 
 
 def classify(legacy: bool, constrained: bool,
@@ -77,7 +78,7 @@ def classify(legacy: bool, constrained: bool,
         # legacy verb held, the constrained rules restrict nothing.
         return ImpersonationProfile("legacy")
     if constrained:
-        return ImpersonationProfile("constrained", everywhere)
+        return ImpersonationProfile("constrained", everywhere=everywhere)
     return ImpersonationProfile("none")
 
 
@@ -88,7 +89,12 @@ def review_body(attributes: dict[str, str]) -> bytes:
 
 
 class ReviewError(Exception):
-    """The apiserver gave no usable answer; the message is safe to log (no credential)."""
+    """The apiserver gave no usable answer; the message is safe to log (no credential).
+    ``final``: asking again will not help (a 4xx: no such API, or not allowed to ask)."""
+
+    def __init__(self, message: str, *, final: bool = False) -> None:
+        super().__init__(message)
+        self.final = final
 
 
 async def _allowed(session: Any, kube: KubeAPIAccess, attributes: dict[str, str]) -> bool:
@@ -103,7 +109,8 @@ async def _allowed(session: Any, kube: KubeAPIAccess, attributes: dict[str, str]
                             ssl=kube.ssl_context(),
                             server_hostname=kube.server_hostname) as answer:
         if answer.status != 201 and answer.status != 200:
-            raise ReviewError(f"SelfSubjectAccessReview answered {answer.status}")
+            raise ReviewError(f"SelfSubjectAccessReview answered {answer.status}",
+                              final=400 <= answer.status < 500)
         try:
             body = json.loads(await answer.read())
             return bool(body["status"]["allowed"])
@@ -128,10 +135,10 @@ async def detect(kube: KubeAPIAccess, timeout: float = 10.0) -> ImpersonationPro
                 everywhere = tuple(v for v, ok in zip(ACTION_VERBS, granted, strict=True) if ok)
             return classify(legacy, constrained, everywhere)
     except ReviewError as exc:
-        return ImpersonationProfile("unknown", detail=str(exc))
+        return ImpersonationProfile("unknown", final=exc.final, detail=str(exc))
     except (OSError, TimeoutError, aiohttp.ClientError) as exc:
-        return ImpersonationProfile("unknown", detail=f"apiserver not reachable: "
-                                                      f"{type(exc).__name__}")
+        return ImpersonationProfile("unknown", final=False,
+                                    detail=f"apiserver not reachable: {type(exc).__name__}")
 
 
 class ProfileWatch:
@@ -144,8 +151,9 @@ class ProfileWatch:
     async def run(self, retry: float = RETRY_SECONDS) -> None:
         while True:
             self.profile = await detect(self.kube)
-            if self.profile.name != "unknown":
-                level = logging.WARNING if self.profile.name == "none" else logging.INFO
+            if self.profile.final:
+                level = logging.INFO if self.profile.name in ("legacy", "constrained") \
+                    else logging.WARNING
                 log.log(level, "impersonation profile: %s", self.profile.describe())
                 return
             log.warning("impersonation profile: %s; asking again in %.0fs",

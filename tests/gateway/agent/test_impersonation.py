@@ -6,6 +6,7 @@ here the pure classification and what reaches the log.
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from gateway.agent.impersonation import CONSTRAINED, LEGACY, classify, review_body
@@ -48,3 +49,40 @@ def test_the_profile_is_a_metric() -> None:
     text = metrics.render().decode()
     assert 'hubproxy_agent_impersonation_profile{profile="constrained"} 1' in text
     assert 'hubproxy_agent_impersonation_profile{profile="legacy"} 0' in text
+
+
+async def test_asked_until_the_apiserver_answers_and_not_again_after_a_4xx(tmp_path) -> None:
+    """A real answer (kubesim: the admin holds system:masters, so legacy); a 500 means "ask
+    again"; a 404 (no such API) is a final "unknown", asked once."""
+    from aiohttp import web
+
+    from gateway.agent.impersonation import ProfileWatch
+    from gateway.agent.kubeapi import KubeAPIAccess, TokenSource
+    from kubesim.testing import run_kubesim
+
+    answer = {"status": 500}
+
+    async def review_api(request: web.Request) -> web.StreamResponse | None:
+        if request.path.endswith("/selfsubjectaccessreviews") and answer["status"]:
+            return web.Response(status=answer["status"], text="no")
+        return None
+
+    async with run_kubesim(tmp_path, name="managed") as sim:
+        host, port = sim.url.removeprefix("https://").rsplit(":", 1)
+        kube = KubeAPIAccess(host=host, port=int(port), ca_file=str(sim.ca_file),
+                             token=TokenSource(token=sim.admin_token), source="test")
+        undo = sim.intercept(review_api)
+        watch = ProfileWatch(kube)
+        running = asyncio.ensure_future(watch.run(retry=0.05))
+        await asyncio.sleep(0.5)
+        assert not running.done() and watch.profile.name == "unknown"  # 500: asking again
+        answer["status"] = 0
+        await asyncio.wait_for(running, 10)
+        assert watch.profile.name == "legacy"
+
+        answer["status"] = 404
+        again = ProfileWatch(kube)
+        await asyncio.wait_for(again.run(retry=0.05), 10)  # returns at once: final
+        assert again.profile.name == "unknown" and again.profile.final
+        assert "answered 404" in again.profile.describe()
+        undo()

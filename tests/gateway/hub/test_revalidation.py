@@ -95,7 +95,7 @@ async def test_rule1_revoked_token_ends_a_watch_with_its_last_chunk(tls, carol) 
         del USERS[carol]  # the hub revokes the token
         assert await read_chunks(reader, timeout=5) == [EVENT, b""]
         took = asyncio.get_running_loop().time() - started
-        assert took < TTL + 0.5 + 1.0, took  # TTL + period + slack
+        assert took < TTL + 0.5 + 3.0, took  # TTL + period + slack for a busy machine
         await wait_for(lambda: streams[0].closed)  # the managed cluster's watch is cancelled
         # The connection stays usable, and the client's re-list gets the 401.
         writer.write(get("/c1/api/v1/namespaces/team/configmaps", carol, close=True))
@@ -277,7 +277,7 @@ async def test_revoked_spdy_exec_is_closed_at_the_connection(tls, carol) -> None
         async with asyncio.timeout(5):
             assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 101")
         del USERS[carol]
-        async with asyncio.timeout(TTL + 0.5 + 2.0):
+        async with asyncio.timeout(TTL + 0.5 + 4.0):
             assert await reader.read(-1) == b"spdy-bytes"
         await wait_for(lambda: streams[0].closed)
         writer.close()
@@ -312,7 +312,7 @@ async def test_a_port_forward_websocket_gets_a_close_frame_that_says_why(tls, ca
         async with asyncio.timeout(5):
             assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 101")
         del USERS[carol]
-        async with asyncio.timeout(TTL + 0.5 + 2.0):
+        async with asyncio.timeout(TTL + 0.5 + 4.0):
             opcode, payload = await read_ws_frame(reader)
             assert opcode == 8 and struct.unpack("!H", payload[:2])[0] == 1008
             assert payload[2:] == b"the bearer token is no longer valid on the hub"
