@@ -20,6 +20,7 @@ from typing import Protocol
 
 from gateway.hub.admission.chain import Admitted
 from gateway.hub.admission.recheck import Recheck, Revoked
+from gateway.wire import spdy
 from gateway.wire.http1 import (
     NO_BODY,
     BodyTracker,
@@ -31,7 +32,14 @@ from gateway.wire.http1 import (
     framing_for_response,
     parse_response_head,
 )
-from gateway.wire.websocket import CLOSE_POLICY_VIOLATION, FrameBoundary, close_frame, exec_goodbye
+from gateway.wire.websocket import (
+    CLOSE_POLICY_VIOLATION,
+    STATUS_CHANNEL_PROTOCOLS,
+    FrameBoundary,
+    close_frame,
+    exec_goodbye,
+    status_json,
+)
 from tunnel.connection import TunnelStream
 from tunnel.errors import OpenErrorCode, OpenRefused, SessionClosed, StreamError
 from tunnel.targets import KubeAPITarget
@@ -101,6 +109,8 @@ class Exchange:
         "method",
         "request_id",
         "response",
+        "spdy_in",
+        "spdy_out",
         "started",
         "status",
         "stream",
@@ -139,7 +149,10 @@ class Exchange:
         self._end_timer: asyncio.TimerHandle | None = None
         # A revalidated WebSocket: where the server's frames begin, and its subprotocol.
         self.ws: FrameBoundary | None = None
-        self.ws_protocol = b""
+        self.ws_protocol = b""  # also the X-Stream-Protocol-Version of a SPDY stream
+        # A revalidated SPDY exec/attach: frame boundaries both ways, and the error stream.
+        self.spdy_in: spdy.FrameBoundary | None = None
+        self.spdy_out: spdy.FrameBoundary | None = None
 
     # --- client -> stream ------------------------------------------------------------------
 
@@ -147,6 +160,8 @@ class Exchange:
         if self._state == _DONE:
             return
         self.bytes_in += len(data)
+        if self.spdy_in is not None:
+            self.spdy_in.feed(data)  # which stream is the error stream
         self.stream.write(data)
 
     def send_eof(self) -> None:
@@ -162,10 +177,12 @@ class Exchange:
     def data_received(self, data: bytes | memoryview) -> None:
         state = self._state
         if state == _RAW:
-            if self.ws is None:
-                self._to_client(data)
-            else:
+            if self.ws is not None:
                 self._websocket(data)
+            elif self.spdy_out is not None:
+                self._spdy(data)
+            else:
+                self._to_client(data)
         elif state == _BODY:
             if self._ending is not None:
                 self._body_to_boundary(data)
@@ -259,10 +276,15 @@ class Exchange:
                     self._fail(502, "the cluster switched protocols without being asked")
                     return
                 self._state = _RAW
-                if (self.admitted.recheck is not None
-                        and (head.get(b"upgrade") or b"").strip().lower() == b"websocket"):
+                recheck = self.admitted.recheck
+                protocol = (head.get(b"upgrade") or b"").strip().lower()
+                if recheck is not None and protocol == b"websocket":
                     self.ws = FrameBoundary()
                     self.ws_protocol = (head.get(b"sec-websocket-protocol") or b"").strip()
+                elif recheck is not None and recheck.exec_like and protocol == b"spdy/3.1":
+                    self.spdy_in = spdy.FrameBoundary(read_headers=True)
+                    self.spdy_out = spdy.FrameBoundary()
+                    self.ws_protocol = (head.get(b"x-stream-protocol-version") or b"").strip()
             else:
                 try:
                     self.tracker = framing_for_response(head, self.method)
@@ -378,7 +400,12 @@ class Exchange:
             if self.ws.at_boundary:
                 self._end_websocket()
                 return
-        else:  # SPDY, another upgrade, a body not chunked: nothing to say in-band
+        elif state == _RAW and self.spdy_out is not None \
+                and self.spdy_in is not None and self.spdy_in.error_stream is not None:
+            if self.spdy_out.at_boundary:
+                self._end_spdy()
+                return
+        else:  # SPDY port-forward, another upgrade, a body not chunked: nothing to say in-band
             self._fail(revoked.status, revoked.message)
             return
         self._end_timer = asyncio.get_running_loop().call_later(ENDING_GRACE, self._end_now)
@@ -426,6 +453,33 @@ class Exchange:
         else:  # port-forward, a Service's WebSocket: no error channel to speak on
             goodbye = close_frame(CLOSE_POLICY_VIOLATION, revoked.message)
         self._to_client(goodbye)
+        self._reset_stream()
+        self._finish(keep_alive=False)
+
+    def _spdy(self, data: bytes | memoryview) -> None:
+        out = self.spdy_out
+        assert out is not None
+        if self._ending is None:
+            out.feed(data)
+            self._to_client(data)
+            return
+        n = out.feed(data, until_boundary=True)
+        if n:
+            self._to_client(data[:n])
+        if out.at_boundary:
+            self._end_spdy()
+
+    def _end_spdy(self) -> None:
+        """The Status (v4/v5) or the message (older) on the exec's error stream, then close."""
+        revoked = self._ending
+        assert revoked is not None and self.spdy_in is not None
+        error_stream = self.spdy_in.error_stream
+        assert error_stream is not None
+        if self.ws_protocol in STATUS_CHANNEL_PROTOCOLS:
+            payload = status_json(revoked.status, revoked.reason, revoked.message)
+        else:
+            payload = revoked.message.encode()
+        self._to_client(spdy.data_frame(error_stream, payload))
         self._reset_stream()
         self._finish(keep_alive=False)
 

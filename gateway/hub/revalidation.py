@@ -11,10 +11,13 @@ time (at most 5 s each by default), well within TTL + 15 s.
 
 How a stream is closed (:meth:`gateway.hub.exchange.Exchange.revoke`): a watch or ``logs -f``
 ends its chunked body with the terminating chunk at a chunk boundary (client-go's reflector
-re-lists and gets the 401/403); a WebSocket (exec/attach/port-forward) gets, at a frame
-boundary, an error-channel ``Status`` (exec/attach over v4/v5.channel.k8s.io) and a close frame;
-SPDY upgrades and other bodies are closed at the connection (SPDY's framing would need its
-compressed header state to speak in-band). A response that has not started gets the Status.
+re-lists and gets the 401/403); a WebSocket exec/attach gets, at a frame boundary, a ``Status``
+on its error channel and a normal close (kubectl prints the message), other WebSockets
+(port-forward, a Service's) a 1008 close frame that says why; a SPDY exec/attach gets, at a
+frame boundary, the ``Status`` as a DATA frame on the error stream the client opened
+(``gateway.wire.spdy`` reads the client's SYN_STREAM headers to know it), then the connection
+closes; SPDY port-forward and other bodies are closed at the connection. A response that has
+not started gets the Status.
 
 Hub errors never close a stream (see ``recheck``).
 """

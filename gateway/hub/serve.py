@@ -158,8 +158,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      "authorization expire (--token-cache-ttl), and close them once the hub "
                      "cleanly says no (token revoked, ServiceAccount deleted, "
                      "managedclusters/proxy lost): within the TTL + 5s. A watch ends cleanly "
-                     "(client-go re-lists and gets 401/403), exec/attach get a Status and a "
-                     "WebSocket close, SPDY streams are closed. Hub errors never close a "
+                     "(client-go re-lists and gets 401/403), exec/attach end with a Status "
+                     "kubectl prints (WebSocket or SPDY), other streams are closed. Hub errors "
+                     "never close a "
                      "stream. Not for --token-passthrough requests (default: on)")
     lim.add_argument("--max-header-bytes", type=positive_int, default=64 * 1024,
                      help="request head size limit (431 beyond; default: %(default)s)")

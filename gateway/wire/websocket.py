@@ -115,11 +115,16 @@ def close_frame(code: int, reason: str) -> bytes:
     return _frame(OP_CLOSE, struct.pack("!H", code) + encoded)
 
 
-def channel_status_frame(code: int, reason: str, message: str) -> bytes:
-    """A failure ``Status`` on the error channel, as kube-apiserver sends it for exec."""
+def status_json(code: int, reason: str, message: str) -> bytes:
+    """A failure ``Status``, as kube-apiserver writes it on an exec's error channel/stream."""
     status = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
               "message": message, "reason": reason, "code": code}
-    return binary_frame(bytes([ERROR_CHANNEL]) + json.dumps(status).encode())
+    return json.dumps(status).encode()
+
+
+def channel_status_frame(code: int, reason: str, message: str) -> bytes:
+    """A failure ``Status`` on the error channel, as kube-apiserver sends it for exec."""
+    return binary_frame(bytes([ERROR_CHANNEL]) + status_json(code, reason, message))
 
 
 def exec_goodbye(protocol: bytes, code: int, reason: str, message: str) -> bytes:

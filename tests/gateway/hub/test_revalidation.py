@@ -3,9 +3,9 @@
 A long-running request is asked about again as its cached review expires; once the hub cleanly
 says no it is closed properly (a watch with its terminating chunk at a chunk boundary, a
 WebSocket exec with an error-channel Status and a close frame at a frame boundary, SPDY at the
-connection), and the upstream stream is reset. A hub that cannot answer closes nothing. The
-process-level proofs (kubectl, the real hub) are in tests/realkube/test_revocation.py and
-tests/e2e/test_revocation.py.
+connection when it has no error stream), and the upstream stream is reset. A hub that cannot
+answer closes nothing. The process-level proofs (kubectl, the real hub) are in
+tests/realkube/test_revocation.py and tests/e2e/test_revocation.py.
 """
 
 from __future__ import annotations
@@ -257,7 +257,8 @@ async def test_rule1_lost_cluster_access_ends_an_exec_with_a_status_and_a_close_
         writer.close()
 
 
-async def test_revoked_spdy_exec_is_closed_at_the_connection(tls, carol) -> None:  # noqa: F811
+async def test_spdy_without_a_known_error_stream_is_closed_at_the_connection(
+        tls, carol) -> None:  # noqa: F811
     async with running(tls, token_cache_ttl=TTL) as h:
         streams: list[FakeStream] = []
 
