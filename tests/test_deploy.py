@@ -64,8 +64,8 @@ def agent() -> list[dict]:
 def test_hub_renders_every_kind(hub: list[dict]) -> None:
     kinds = by_kind(hub)
     assert sorted(kinds) == sorted([
-        "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment",
-        "Service", "PodDisruptionBudget",
+        "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
+        "RoleBinding", "Deployment", "Service", "PodDisruptionBudget",
     ])
     assert kinds["Namespace"][0]["metadata"]["name"] == "hubproxy"
     for doc in hub:
@@ -89,7 +89,15 @@ def test_hub_rbac_is_exactly_what_the_gateway_calls(hub: list[dict]) -> None:
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "hubproxy-gateway", "namespace": "hubproxy"}
     ]
-    assert not [d for d in hub if d["kind"] in ("Role", "RoleBinding")]
+    # Instance Leases (--lease-namespace): a Role, so only Leases of its own namespace.
+    (role,) = by_kind(hub)["Role"]
+    assert role["metadata"]["namespace"] == "hubproxy"
+    assert [(r["apiGroups"], r["resources"], sorted(r["verbs"])) for r in role["rules"]] == [
+        (["coordination.k8s.io"], ["leases"],
+         ["create", "delete", "get", "list", "update", "watch"])]
+    (role_binding,) = by_kind(hub)["RoleBinding"]
+    assert role_binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert role_binding["subjects"] == binding["subjects"]
 
 
 def test_agent_rbac_is_impersonation_only(agent: list[dict]) -> None:

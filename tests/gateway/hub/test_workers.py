@@ -245,3 +245,52 @@ def test_a_worker_that_dies_stops_the_others_and_the_parent_exits_1() -> None:
     proc = supervised("crash")
     out, _ = proc.communicate(timeout=20)
     assert "rc 1" in out and proc.returncode == 0  # the script prints run()'s code
+
+
+async def _listener(pki: Path, port: int, instance: int, peers: tuple[int, ...]) -> Any:
+    from certs.tls import TLS1_3, server_context
+    from tunnel.connection import ALPN, SessionConfig
+    from tunnel.listener import start_tunnel_listener
+    from tunnel.registry import SessionRegistry
+
+    server = pki / "tunnel-server"
+    ctx = server_context(server / "tls.crt", server / "tls.key", pki / "tunnel-ca" / "ca.crt",
+                         min_version=TLS1_3, alpn_protocols=[ALPN])
+    # hub_instances 1: only the announced set (HUB_PEER) can tell the agent there are more.
+    return await start_tunnel_listener(
+        "127.0.0.1", port, ctx, SessionRegistry(),
+        SessionConfig(hub_instance=instance, hub_instances=1, hub_peers=peers), reuse_port=True)
+
+
+async def test_fanout_follows_the_announced_live_instances(pki: Path) -> None:
+    if not hasattr(socket, "SO_REUSEPORT"):
+        pytest.skip("needs SO_REUSEPORT")
+    port = free_port()
+    first = await _listener(pki, port, 101, (101, 202))
+    second = await _listener(pki, port, 202, (101, 202))
+    fanout = _fanout(pki, port)
+    task = asyncio.ensure_future(fanout.run())
+    third = None
+    try:
+        async with asyncio.timeout(30):
+            while sorted(s.hub_instance for s in fanout.sessions) != [101, 202]:
+                await asyncio.sleep(0.05)
+        # 202 leaves (its sessions end) and 101 announces itself alone: one dialer is let go.
+        second.close()
+        first.announce_hub_peers((101,))
+        async with asyncio.timeout(30):
+            while len(fanout.dialers) != 1 or [s.hub_instance for s in fanout.sessions] != [101]:
+                await asyncio.sleep(0.05)
+        # 303 arrives and 101 announces both, on its established session: the agent dials it.
+        third = await _listener(pki, port, 303, (101, 303))
+        first.announce_hub_peers((101, 303))
+        async with asyncio.timeout(30):
+            while sorted(s.hub_instance for s in fanout.sessions) != [101, 303]:
+                await asyncio.sleep(0.05)
+        assert len(fanout.dialers) == 2
+    finally:
+        await fanout.drain(2)
+        task.cancel()
+        for listener in (first, second, third):
+            if listener is not None:
+                listener.close()
