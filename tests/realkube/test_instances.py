@@ -276,3 +276,28 @@ def test_rolling_replacement_behind_a_load_balancer_fails_no_request_and_ends_wa
         f"--- {' '.join(p.args[3:5])}\n{p.output}" for p in LOGS) + f"\n{load.failures}")
     assert set(load.statuses) == {"200"}, (load.statuses, load.failures)
     assert load.statuses["200"] >= 30, load.statuses
+
+
+def test_sigkill_of_one_instance_fails_only_requests_in_flight(
+        fleet: Fleet, group: ProcessGroup, tmp_path: Path) -> None:
+    slots = backends(2)
+    _lb, front, tunnel = start_haproxy(group, tmp_path, slots)
+    first = start_instance(group, fleet, slots[0], "--lease-duration", "6")
+    _agent, agent_health = start_agent(group, fleet, tunnel)
+    wait(lambda: ready(slots[0].health), 20, "the first instance ready")
+    start_instance(group, fleet, slots[1], "--lease-duration", "6")
+    wait(lambda: ready(slots[1].health), 25, "the second instance ready")
+    wait(lambda: agent_sessions(agent_health) == 2, 15, "sessions to both")
+    with Load(fleet, front) as load:
+        wait(lambda: load.statuses["200"] >= 20, 20, "requests through the load balancer")
+        killed_at = time.time()
+        first.signal(signal.SIGKILL)
+        first.popen.wait(timeout=10)
+        wait(lambda: agent_sessions(agent_health) == 1, 15, "the killed instance's session")
+        time.sleep(3)
+    print(f"SIGKILL of one of two instances under load: {dict(load.statuses)}, failures "
+          f"{[round(at - killed_at, 2) for at, _ in load.failures]} s after the kill")
+    # A sequential client has at most one request in flight on the killed instance.
+    failed = sum(n for status, n in load.statuses.items() if status != "200")
+    assert failed <= 1, (load.statuses, load.failures)
+    assert all(at - killed_at < 2 for at, _ in load.failures), load.failures
