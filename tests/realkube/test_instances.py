@@ -301,3 +301,14 @@ def test_sigkill_of_one_instance_fails_only_requests_in_flight(
     failed = sum(n for status, n in load.statuses.items() if status != "200")
     assert failed <= 1, (load.statuses, load.failures)
     assert all(at - killed_at < 2 for at, _ in load.failures), load.failures
+
+
+def test_each_worker_is_an_instance_with_its_own_lease(fleet: Fleet, group: ProcessGroup) -> None:
+    (slot,) = backends(1)
+    gateway = start_instance(group, fleet, slot, "--workers", "2")
+    _agent, agent_health = start_agent(group, fleet, slot.tunnel)
+    wait(lambda: len(instance_leases(fleet)) == 2, 15, "one Lease per worker")
+    wait(lambda: agent_sessions(agent_health) == 2, 20, "a session to each worker")
+    gateway.signal(signal.SIGTERM)
+    assert gateway.popen.wait(timeout=30) == 0
+    assert instance_leases(fleet) == {}, "both workers deleted their Lease"
