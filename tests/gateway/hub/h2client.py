@@ -160,3 +160,113 @@ class H2Client:
             self._reader_task.cancel()
             with contextlib.suppress(BaseException):
                 await self._reader_task
+
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+
+class RawH2:
+    """Frames by hand (hyperframe + hpack), for what h2's client state machine would refuse to
+    send. Collects every frame the server sends; ``goaway`` is the server's GOAWAY frame."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        import hpack
+
+        self.reader = reader
+        self.writer = writer
+        self.encoder = hpack.Encoder()
+        self.frames: list[Any] = []
+        self.goaway: Any = None
+        self.closed = asyncio.Event()
+        self.changed = asyncio.Event()
+        self._task = asyncio.ensure_future(self._read())
+
+    @classmethod
+    async def connect(cls, port: int, ca_file: str) -> RawH2:
+        from hyperframe.frame import SettingsFrame
+
+        ctx = ssl.create_default_context(cafile=ca_file)
+        ctx.set_alpn_protocols(["h2"])
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=ctx,
+                                                       server_hostname="localhost")
+        assert writer.get_extra_info("ssl_object").selected_alpn_protocol() == "h2"
+        writer.write(PREFACE + SettingsFrame(0).serialize())
+        return cls(reader, writer)
+
+    async def _read(self) -> None:
+        from hyperframe.frame import Frame, GoAwayFrame, SettingsFrame
+
+        buf = b""
+        try:
+            while True:
+                data = await self.reader.read(65536)
+                if not data:
+                    break
+                buf += data
+                while len(buf) >= 9:
+                    frame, length = Frame.parse_frame_header(memoryview(buf[:9]))
+                    if len(buf) < 9 + length:
+                        break
+                    frame.parse_body(memoryview(buf[9:9 + length]))
+                    buf = buf[9 + length:]
+                    self.frames.append(frame)
+                    if isinstance(frame, GoAwayFrame):
+                        self.goaway = frame
+                    if isinstance(frame, SettingsFrame) and "ACK" not in frame.flags:
+                        ack = SettingsFrame(0)
+                        ack.flags.add("ACK")
+                        self.send(ack.serialize())
+                self.changed.set()
+        except Exception:  # noqa: BLE001 - reset connections end the reader
+            pass
+        finally:
+            self.closed.set()
+            self.changed.set()
+
+    def send(self, data: bytes) -> None:
+        if not self.writer.is_closing():
+            self.writer.write(data)
+
+    def headers_block(self, path: str, token: str | None = None,
+                      extra: list[tuple[str, str]] | None = None) -> bytes:
+        headers = [(":method", "GET"), (":scheme", "https"), (":authority", "localhost"),
+                   (":path", path)]
+        if token:
+            headers.append(("authorization", f"Bearer {token}"))
+        return self.encoder.encode(headers + (extra or []))
+
+    def headers(self, sid: int, block: bytes, *, end_stream: bool = True,
+                end_headers: bool = True) -> None:
+        from hyperframe.frame import HeadersFrame
+
+        f = HeadersFrame(sid)
+        f.data = block
+        if end_stream:
+            f.flags.add("END_STREAM")
+        if end_headers:
+            f.flags.add("END_HEADERS")
+        self.send(f.serialize())
+
+    async def wait_closed(self, timeout: float = 5.0) -> None:
+        async with asyncio.timeout(timeout):
+            await self.closed.wait()
+
+    async def wait_for(self, predicate: Any, timeout: float = 5.0) -> None:
+        async with asyncio.timeout(timeout):
+            while not predicate():
+                if self.closed.is_set():
+                    return
+                self.changed.clear()
+                await self.changed.wait()
+
+    def frames_of(self, kind: type, sid: int | None = None) -> list[Any]:
+        return [f for f in self.frames if isinstance(f, kind)
+                and (sid is None or f.stream_id == sid)]
+
+    async def close(self) -> None:
+        self.writer.close()
+        with contextlib.suppress(Exception):
+            await self.writer.wait_closed()
+        self._task.cancel()
+        with contextlib.suppress(BaseException):
+            await self._task
