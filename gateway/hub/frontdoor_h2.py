@@ -36,9 +36,10 @@ sans-IO); this module wires it to admission and the tunnel:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import h2.config
 import h2.connection
@@ -49,6 +50,7 @@ import h2.settings
 from hyperframe.frame import GoAwayFrame
 
 from gateway.hub.admission.chain import (
+    AdmissionContext,
     Admitted,
     Refusal,
     admit,
@@ -58,6 +60,7 @@ from gateway.hub.admission.chain import (
 )
 from gateway.hub.exchange import Exchange
 from gateway.hub.requestclass import SHORT, front_door_class
+from gateway.ops.metrics import GatewayMetrics
 from gateway.wire.http1 import HTTPError
 from gateway.wire.http2 import (
     LAST_CHUNK,
@@ -70,7 +73,6 @@ from gateway.wire.http2 import (
 from gateway.wire.status import error_response
 
 if TYPE_CHECKING:
-    from gateway.hub.frontdoor import FrontDoorHost
     from gateway.wire.http1 import RequestHead
 
 log = logging.getLogger("hubproxy.gateway")
@@ -79,6 +81,27 @@ STREAM_WINDOW = 65535  # per-stream receive window (the HTTP/2 default)
 RESET_BURST, RESET_RATE = 200, 50.0  # client RST_STREAMs: burst, then per second
 ANSWERED_BURST, ANSWERED_RATE = 200, 20.0  # PING and SETTINGS (each costs us an ACK)
 CHEAP_BURST, CHEAP_RATE = 5000, 1000.0  # WINDOW_UPDATE, PRIORITY, unknown frames
+
+
+class H2Host(AdmissionContext, Protocol):
+    """What an HTTP/2 connection needs from the gateway process (``gateway.hub.app.Gateway``;
+    the same as ``gateway.hub.frontdoor.FrontDoorHost``, which imports this module)."""
+
+    connections: set[Any]
+    draining: bool
+    inflight: int
+
+    @property
+    def metrics(self) -> GatewayMetrics: ...
+
+    def audit_stream_start(self, door: Any, exchange: Exchange) -> None: ...
+
+    def request_done(self, *, request_id: str, user: str | None, cluster: str | None,
+                     method: bytes | None, target: bytes | None, status: int, bytes_in: int,
+                     bytes_out: int, duration: float, stream: bool = False,
+                     protocol: str = "h1") -> None: ...
+
+    def request_released(self) -> None: ...
 
 
 class FrameBudget:
@@ -106,7 +129,7 @@ class H2FrontDoor(asyncio.Protocol):
 
     protocol = "h2"
 
-    def __init__(self, gw: FrontDoorHost, client_ip: str) -> None:
+    def __init__(self, gw: H2Host, client_ip: str) -> None:
         self.gw = gw
         self.limits = gw.config.limits
         self.client_ip = client_ip
@@ -234,9 +257,9 @@ class H2FrontDoor(asyncio.Protocol):
                     request.send_pending()
         elif isinstance(event, h2.events.ConnectionTerminated):
             self.close(goaway=False)
-        elif isinstance(event, (h2.events.PriorityUpdated, h2.events.UnknownFrameReceived)):
-            if not self._cheap.spend():
-                self._calm("PRIORITY or unknown frame flood")
+        elif (isinstance(event, (h2.events.PriorityUpdated, h2.events.UnknownFrameReceived))
+              and not self._cheap.spend()):
+            self._calm("PRIORITY or unknown frame flood")
         # TrailersReceived (ignored: HTTP/1.1 requests to the agent carry none), StreamEnded
         # follows it; SettingsAcknowledged, PingAckReceived: nothing to do.
 
@@ -630,10 +653,8 @@ class H2Request:
         self._disarm()
         translator = self.translator
         if translator is not None:
-            try:
+            with contextlib.suppress(HTTPError):
                 translator.feed_eof()
-            except HTTPError:
-                pass
         self._record(exchange.status, exchange.bytes_in, exchange.bytes_out,
                      user=exchange.admitted.user, cluster=exchange.admitted.cluster,
                      stream=exchange.streaming)
@@ -684,10 +705,8 @@ class H2Request:
         self.early = []
         if self.unacked and not self.door.closed:
             n, self.unacked = self.unacked, 0
-            try:
+            with contextlib.suppress(h2.exceptions.ProtocolError):
                 self.door.conn.acknowledge_received_data(n, self.stream_id)
-            except h2.exceptions.ProtocolError:
-                pass
 
     def _end_stream(self) -> None:
         if self.response_ended:
@@ -707,10 +726,8 @@ class H2Request:
     def _reset(self, code: int) -> None:
         if not self.response_ended:
             self.response_ended = True
-            try:
+            with contextlib.suppress(h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
                 self.door.conn.reset_stream(self.stream_id, code)
-            except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
-                pass
         self.abandon()
         self.door.finished(self)
 

@@ -182,8 +182,17 @@ class ResponseTranslator:
     framing; a close-delimited body completes at :meth:`feed_eof`.
     """
 
-    __slots__ = ("_buf", "_line", "_remaining", "_state", "_dstate", "complete", "head",
-                 "method", "tracker")
+    __slots__ = (
+        "_buf",
+        "_dstate",
+        "_line",
+        "_remaining",
+        "_state",
+        "complete",
+        "head",
+        "method",
+        "tracker",
+    )
 
     def __init__(self, method: bytes) -> None:
         self.method = method

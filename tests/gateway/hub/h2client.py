@@ -77,7 +77,7 @@ class H2Client:
                 for event in self.conn.receive_data(data):
                     self._event(event)
                 self.flush()
-        except Exception:  # noqa: BLE001 - a closed or broken connection ends the reader
+        except Exception:
             pass
         finally:
             self.closed.set()
@@ -217,7 +217,7 @@ class RawH2:
                         ack.flags.add("ACK")
                         self.send(ack.serialize())
                 self.changed.set()
-        except Exception:  # noqa: BLE001 - reset connections end the reader
+        except Exception:
             pass
         finally:
             self.closed.set()

@@ -20,7 +20,7 @@ from tests.gateway.hub.test_frontdoor_harness import (
 
 
 @pytest.fixture(scope="module")
-def h2tls(tls: Tls) -> Tls:
+def h2tls(tls: Tls) -> Tls:  # noqa: F811
     # The harness' server context, offering h2 like front_tls does in production.
     server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     server.minimum_version = ssl.TLSVersion.TLSv1_2
