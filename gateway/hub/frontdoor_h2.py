@@ -730,6 +730,7 @@ class H2Request:
                 self.door.conn.reset_stream(self.stream_id, code)
         self.abandon()
         self.door.finished(self)
+        self.door._flush()
 
     def abandon(self) -> None:
         """The client reset the stream or the connection went: cancel upstream, account."""
