@@ -75,9 +75,7 @@ def request_head_from_h2(fields: Headers, limits: Limits, *, end_stream: bool) -
     size = 0
     for name, value in fields:
         size += len(name) + len(value) + 4  # as the HTTP/1.1 line "name: value\r\n" would be
-        if len(name) + len(value) + 2 > limits.max_field_line:
-            raise H2RequestError("header field too large", 431)
-        if name[:1] == b":":
+        if name[:1] == b":":  # sized as the request line (414) below
             if name == b":method":
                 method = value
             elif name == b":path":
@@ -85,6 +83,8 @@ def request_head_from_h2(fields: Headers, limits: Limits, *, end_stream: bool) -
             elif name == b":authority":
                 authority = value
             continue  # :scheme is ours to set (https); h2 refused unknown pseudo-headers
+        if len(name) + len(value) + 2 > limits.max_field_line:
+            raise H2RequestError("header field too large", 431)
         if value.translate(None, _VALUE_OK):
             raise H2RequestError("control character in a header value", 400)
         if name == b"cookie":
@@ -100,7 +100,7 @@ def request_head_from_h2(fields: Headers, limits: Limits, *, end_stream: bool) -
         raise H2RequestError("CONNECT is not supported; upgrades use HTTP/1.1", 405)
     if not method or method.translate(None, _TCHAR):
         raise H2RequestError("invalid method", 400)
-    if len(path) > limits.max_request_line:
+    if len(method) + len(path) + 10 > limits.max_request_line:
         raise H2RequestError("request target too long", 414)
     if not path or path.translate(None, _TARGET_OK) or path[:1] != b"/":
         raise H2RequestError("invalid request target", 400)
