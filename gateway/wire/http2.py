@@ -85,6 +85,8 @@ def request_head_from_h2(fields: Headers, limits: Limits, *, end_stream: bool) -
             continue  # :scheme is ours to set (https); h2 refused unknown pseudo-headers
         if len(name) + len(value) + 2 > limits.max_field_line:
             raise H2RequestError("header field too large", 431)
+        if not name or name.translate(None, _TCHAR):
+            raise H2RequestError("invalid header name", 400)  # never a CRLF into HTTP/1.1
         if value.translate(None, _VALUE_OK):
             raise H2RequestError("control character in a header value", 400)
         if name == b"cookie":
@@ -119,7 +121,7 @@ def request_head_from_h2(fields: Headers, limits: Limits, *, end_stream: bool) -
     elif not hosts:
         raise H2RequestError("a request needs :authority or Host", 400)
     host = headers[names.index(b"host")][1]
-    if not host or any(c in host for c in b", \t/@"):
+    if not host or host.translate(None, _TARGET_OK) or any(c in host for c in b",/@"):
         raise H2RequestError("invalid Host header", 400)
     head = RequestHead(method, path, b"HTTP/1.1", headers, names)
     lengths = head.get_all(b"content-length")

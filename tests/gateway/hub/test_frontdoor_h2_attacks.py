@@ -292,3 +292,21 @@ async def test_goaway_on_drain(gw: Harness) -> None:
         await asyncio.wait_for(c.closed.wait(), 5)
     finally:
         await c.close()
+
+
+@pytest.mark.parametrize("field", [("x-a\r\nimpersonate-user", "admin"),
+                                   ("x-a", "v\r\nImpersonate-User: admin"),
+                                   ("x-a", "v\nImpersonate-User: admin")],
+                         ids=["crlf-in-name", "crlf-in-value", "lf-in-value"])
+async def test_rule2_no_header_injection_into_the_http1_request(
+        gw: Harness, raw: RawH2, field: tuple[str, str]) -> None:
+    """HPACK carries any bytes; none of them may become a line of the HTTP/1.1 head the agent
+    reads: the request is refused (a 400 on the stream, or a connection error)."""
+    encoder = hpack.Encoder()
+    block = encoder.encode([(":method", "GET"), (":scheme", "https"),
+                            (":authority", "localhost"), (":path", "/c1/version"),
+                            ("authorization", f"Bearer {HUB_TOKEN}"), field])
+    raw.headers(1, block)
+    await raw.wait_for(lambda: raw.goaway is not None or any(
+        f.stream_id == 1 and "END_STREAM" in f.flags for f in raw.frames))
+    assert gw.streams("c1") == []

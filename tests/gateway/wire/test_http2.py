@@ -65,11 +65,14 @@ def test_body_without_length_goes_chunked() -> None:
     ([(b"content-length", b"1x")], 400),
     ([(b"content-length", b"1"), (b"content-length", b"1")], 400),
     ([(b"x-a", b"v\x00")], 400),
+    ([(b"x-a", b"v\r\nimpersonate-user: admin")], 400),
+    ([(b"x-a\r\nimpersonate-user", b"admin")], 400),
+    ([(b"x a", b"v")], 400),
     ([(b"expect", b"something")], 417),
     ([(b"host", b"a"), (b"host", b"b")], 400),
     ([(f"x-{i}".encode(), b"v") for i in range(129)], 431),
     ([(b"x-big", b"v" * 70000)], 431),
-], ids=["cl-not-digits", "cl-twice", "nul", "expect", "two-hosts", "129-fields", "big-field"])
+], ids=["cl-not-digits", "cl-twice", "nul", "crlf-in-value", "crlf-in-name", "space-in-name", "expect", "two-hosts", "129-fields", "big-field"])
 def test_refusals(extra: list[tuple[bytes, bytes]], status: int) -> None:
     with pytest.raises(H2RequestError) as err:
         head(extra)
@@ -84,6 +87,12 @@ def test_bad_paths(path: bytes, status: int) -> None:
     with pytest.raises(H2RequestError) as err:
         head(fields=fields)
     assert err.value.status == status
+
+
+def test_bad_authority() -> None:
+    for authority in (b"a b", b"a\r\nx", b"user@host", b"a,b"):
+        with pytest.raises(H2RequestError):
+            head(fields=[*BASE[:2], (b":authority", authority), BASE[3]])
 
 
 def test_connect_is_refused() -> None:
