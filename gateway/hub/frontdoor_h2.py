@@ -683,6 +683,7 @@ class H2Request:
                cluster: str | None = None) -> None:
         """Answer this stream with a ``Status``; the connection carries on."""
         if self.phase == _ANSWERED or self.door.closed:
+            self._release()
             return
         self.phase = _ANSWERED
         self._disarm()
