@@ -135,8 +135,13 @@ class H2FrontDoor(asyncio.Protocol):
         self.client_ip = client_ip
         self.transport: Any = None
         self.max_streams = self.limits.max_h2_streams
+        # Inbound heads are validated by h2 (RFC 9113 §8.2-8.3). Outbound fields come from
+        # gateway.wire.http2.response_fields (lower-case names, no connection-specific fields,
+        # values already checked by the HTTP/1.1 response parser): not checked twice.
         config = h2.config.H2Configuration(client_side=False, header_encoding=None,
-                                           validate_inbound_headers=True)
+                                           validate_inbound_headers=True,
+                                           validate_outbound_headers=False,
+                                           normalize_outbound_headers=False)
         self.conn = h2.connection.H2Connection(config=config)
         self.conn.local_settings = h2.settings.Settings(client=False, initial_values={
             h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: self.max_streams,
