@@ -72,7 +72,8 @@ def test_body_without_length_goes_chunked() -> None:
     ([(b"host", b"a"), (b"host", b"b")], 400),
     ([(f"x-{i}".encode(), b"v") for i in range(129)], 431),
     ([(b"x-big", b"v" * 70000)], 431),
-], ids=["cl-not-digits", "cl-twice", "nul", "crlf-in-value", "crlf-in-name", "space-in-name", "expect", "two-hosts", "129-fields", "big-field"])
+], ids=["cl-not-digits", "cl-twice", "nul", "crlf-in-value", "crlf-in-name", "space-in-name",
+        "expect", "two-hosts", "129-fields", "big-field"])
 def test_refusals(extra: list[tuple[bytes, bytes]], status: int) -> None:
     with pytest.raises(H2RequestError) as err:
         head(extra)
