@@ -310,3 +310,26 @@ async def test_rule2_no_header_injection_into_the_http1_request(
     await raw.wait_for(lambda: raw.goaway is not None or any(
         f.stream_id == 1 and "END_STREAM" in f.flags for f in raw.frames))
     assert gw.streams("c1") == []
+
+
+async def test_stalled_body_and_idle_connection_are_timed_out(h2tls: Tls) -> None:
+    """A stream whose body never comes gets 408 after --idle-timeout (the cluster's stream is
+    reset); a connection with no stream left is closed with GOAWAY after it too."""
+    limits = FrontDoorLimits(idle_timeout=0.5)
+    async with running(h2tls, limits=limits) as harness:
+        harness.connect_cluster("c1")
+        c = await H2Client.connect(harness.port, harness.tls.ca_file)
+        try:
+            sid = c.start("/c1/api/v1/namespaces/default/configmaps", method="POST",
+                          token=HUB_TOKEN, extra=[("content-length", "10")], end_stream=False)
+            c.conn.send_data(sid, b"01234")  # half the body, then nothing
+            c.flush()
+            r = await c.wait(sid, timeout=5)
+            assert r.status == 408
+            stream = harness.streams("c1")[0]
+            assert stream.closed and stream.reset_code is not None
+            async with asyncio.timeout(5):
+                await c.closed.wait()
+            assert c.goaway is not None and c.goaway.error_code == 0
+        finally:
+            await c.close()
