@@ -90,3 +90,31 @@ def test_curl_http2(system: System) -> None:
     assert version == "2"
     assert json.loads(body)["kind"] == "PodList"
     assert eventually_protocols(system, "e2e-h2-curl") == {"h2"}
+
+
+def test_kubectl_logs_follow_over_h2_and_port_forward_over_http1(system: System) -> None:
+    import socket
+
+    from tests.support import free_port
+
+    proc = system.kubectl_popen("logs", "-f", "demo", "--since=1h")
+    try:
+        lines = read_lines(proc, 3, timeout=20)
+        assert len(lines) == 3, lines
+    finally:
+        stop(proc)
+    # logs -f is a streamed GET: a stream of the h2 connection.
+    assert eventually_protocols(system, "since") == {"h2"}
+
+    port = free_port()
+    proc = system.kubectl_popen("port-forward", "pod/demo", f"{port}:8080")
+    try:
+        assert read_lines(proc, 1, timeout=20)
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(b"e2e-h2-pf")
+            sock.shutdown(socket.SHUT_WR)
+            assert sock.recv(100)
+    finally:
+        stop(proc)
+    # The upgrade to SPDY/WebSocket: HTTP/1.1, as client-go does for upgrades.
+    assert eventually_protocols(system, "portforward") == {"h1"}
