@@ -112,6 +112,10 @@ class Gateway:
             len(list(registry.sessions(c))) for c in registry.clusters()
         )
         self.metrics.client_connections = lambda: len(self.connections)
+        self.metrics.h2_client_connections = lambda: sum(
+            1 for d in self.connections if isinstance(d, H2FrontDoor))
+        self.metrics.h2_open_streams = lambda: sum(
+            len(d.requests) for d in self.connections if isinstance(d, H2FrontDoor))
         self.metrics.tunnel_refused = lambda: self._tunnel.refused if self._tunnel else 0
         self.metrics.auth_reviews = lambda: (
             authenticator.reviews if isinstance(authenticator, TokenAuthenticator) else 0)

@@ -95,6 +95,9 @@ class GatewayMetrics:
     connected_agents: Callable[[], int] = lambda: 0
     cluster_names: Callable[[], Iterable[str]] = lambda: ()
     client_connections: Callable[[], int] = lambda: 0
+    # Of those, the HTTP/2 ones, and the streams (requests) open on them now.
+    h2_client_connections: Callable[[], int] = lambda: 0
+    h2_open_streams: Callable[[], int] = lambda: 0
     auth_reviews: Callable[[], int] = lambda: 0  # TokenReviews sent = cache misses
     auth_lookups: int = 0  # authentications asked for
     # Agent connections refused before a session (tunnel.listener), by reason.
@@ -168,6 +171,8 @@ class GatewayMetrics:
             "connected_agents": self.connected_agents(),
             "clusters": sorted(self.cluster_names()),
             "client_connections": self.client_connections(),
+            "h2_client_connections": self.h2_client_connections(),
+            "h2_open_streams": self.h2_open_streams(),
             "auth_reviews": self.auth_reviews(),
             "auth_lookups": self.auth_lookups,
             "handshake_failures": dict(self.handshake_failures()),
@@ -194,7 +199,8 @@ class GatewayMetrics:
 SUMMED = ("bytes_in", "bytes_out", "active_streams", "streams_total", "connections_refused",
           "connected_agents", "client_connections", "auth_reviews", "auth_lookups",
           "authz_lookups", "tunnel_refused", "requests_h1", "requests_h2", "h2_connections_total",
-          "h2_streams_sum", "h2_streams_count", "h2_protocol_errors", "h2_calmed")
+          "h2_streams_sum", "h2_streams_count", "h2_protocol_errors", "h2_calmed",
+          "h2_client_connections", "h2_open_streams")
 
 
 def merge(snapshots: Iterable[dict[str, Any]]) -> dict[str, Any]:
@@ -291,6 +297,12 @@ def render(m: dict[str, Any]) -> bytes:
         "# TYPE hubproxy_requests_by_protocol_total counter",
         f'hubproxy_requests_by_protocol_total{{protocol="h1"}} {m["requests_h1"]}',
         f'hubproxy_requests_by_protocol_total{{protocol="h2"}} {m["requests_h2"]}',
+        "# HELP hubproxy_h2_client_connections Open front-door connections speaking HTTP/2.",
+        "# TYPE hubproxy_h2_client_connections gauge",
+        f"hubproxy_h2_client_connections {m['h2_client_connections']}",
+        "# HELP hubproxy_h2_open_streams Requests open as streams of HTTP/2 connections now.",
+        "# TYPE hubproxy_h2_open_streams gauge",
+        f"hubproxy_h2_open_streams {m['h2_open_streams']}",
         "# HELP hubproxy_h2_connections_total Front-door connections that negotiated HTTP/2.",
         "# TYPE hubproxy_h2_connections_total counter",
         f"hubproxy_h2_connections_total {m['h2_connections_total']}",

@@ -228,6 +228,8 @@ async def test_watch_is_audited_with_its_protocol(gw: Harness, client: H2Client,
     gw.gateway._audit = True
     sid = client.start("/w/api/v1/pods?watch=1", token=HUB_TOKEN)
     await client.wait(sid, lambda r: bytes(r.body) == b'{"type":1}\n')
+    live = gw.gateway.metrics.render().decode()
+    assert "hubproxy_h2_client_connections 1" in live and "hubproxy_h2_open_streams 1" in live
     client.conn.reset_stream(sid)
     client.flush()
     await eventually(lambda: gw.streams("w")[0].closed)
