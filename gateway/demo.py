@@ -163,8 +163,7 @@ def managed_rbac(user: str = DEMO_USER) -> list[dict[str, Any]]:
     """The agent may impersonate; the hub identity may view, create and exec/log/port-forward."""
     return [
         _role("ClusterRole", "hubproxy-agent-impersonate", [
-            {"apiGroups": [""], "resources": ["users", "groups", "serviceaccounts"],
-             "verbs": ["impersonate"]},
+            {"apiGroups": [""], "resources": ["users", "groups"], "verbs": ["impersonate"]},
             # uids and userextras/<any key>: RBAC cannot wildcard the key, and nothing else in
             # authentication.k8s.io has an impersonate verb (same rule as deploy/agent/rbac.yaml).
             {"apiGroups": ["authentication.k8s.io"], "resources": ["*"],
