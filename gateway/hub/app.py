@@ -190,9 +190,14 @@ class Gateway:
             self._idle.set()
 
     def open_streams(self) -> Iterator[Exchange]:
-        """The request in progress on each client connection (for the revalidator)."""
+        """The request in progress on each client connection, and on each stream of an
+        HTTP/2 connection (for the revalidator)."""
         for door in self.connections:
-            if door.exchange is not None:
+            if isinstance(door, H2FrontDoor):
+                for request in list(door.requests.values()):
+                    if request.exchange is not None:
+                        yield request.exchange
+            elif door.exchange is not None:
                 yield door.exchange
 
     # --- lifecycle ---------------------------------------------------------------------------

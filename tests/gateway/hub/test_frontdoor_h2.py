@@ -253,3 +253,42 @@ async def test_http1_still_served_and_counted(gw: Harness) -> None:
     assert status == 200
     writer.close()
     assert gw.gateway.metrics.requests_h1 == 1 and gw.gateway.metrics.requests_h2 == 0
+
+
+async def test_rule1_revoked_token_ends_an_h2_watch_cleanly(h2tls: Tls) -> None:
+    """Revocation reaches watches that are streams of an HTTP/2 connection too: the watch ends
+    with END_STREAM after its last whole event, the cluster's stream is reset, the connection
+    carries on and the re-list gets 401."""
+    from tests.gateway.hub.test_frontdoor_harness import USERS
+
+    token = "hub-token-DAVE-h2-revocable"
+    USERS[token] = {"username": "dave", "uid": "uid-d", "groups": [], "extra": {}}
+    event = b'{"type":"ADDED"}\n'
+    streams: list[FakeStream] = []
+
+    async def watch_agent(stream: FakeStream) -> None:
+        await stream.request()
+        streams.append(stream)
+        stream.send(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                    b"%x\r\n%s\r\n" % (len(event), event))
+        await stream.wait(lambda: stream.closed, timeout=25)
+
+    try:
+        async with running(h2tls, token_cache_ttl=0.5) as harness:
+            harness.connect_cluster("c1", watch_agent)
+            c = await H2Client.connect(harness.port, harness.tls.ca_file)
+            try:
+                sid = c.start("/c1/api/v1/namespaces/team/configmaps?watch=1", token=token)
+                await c.wait(sid, lambda r: bytes(r.body) == event)
+                await asyncio.sleep(1.5)  # revalidated while valid: still open
+                assert not c.responses[sid].ended
+                del USERS[token]
+                r = await c.wait(sid, timeout=8)
+                assert r.ended and r.reset is None and bytes(r.body) == event
+                await eventually(lambda: streams[0].closed)
+                again = await c.request("/c1/api/v1/namespaces/team/configmaps", token=token)
+                assert again.status == 401
+            finally:
+                await c.close()
+    finally:
+        USERS.pop(token, None)
