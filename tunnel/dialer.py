@@ -6,7 +6,8 @@
 * GOAWAY from the hub (it is shutting down or shedding load): a new session is dialled for new
   streams while the old one finishes its in-flight streams.
 * Certificate rotation: when the context factory hands out a new context (files changed on
-  disk), a new session is opened with it and the old one is drained.
+  disk), a new session is opened with it, and only once the hub has accepted it is the old
+  one drained (the old one keeps taking streams meanwhile, so renewal fails no request).
 * ``drain(deadline)`` (SIGTERM): DRAIN to the hub, in-flight streams finish up to the deadline.
 * Through an egress proxy (``proxy``, from ``HTTPS_PROXY``/``NO_PROXY`` via
   :func:`tunnel.proxy.proxy_for`): HTTP CONNECT to the hub, then the same TLS inside it. A
@@ -84,6 +85,7 @@ class AgentDialer:
         self._caching_factory = False
         self._refusals = LogThrottle(REFUSAL_LOG_INTERVAL)
         self.last_refusal: str | None = None  # why the hub last refused us (None once accepted)
+        self._rotated: TunnelSession | None = None  # replaced certificate, successor not up
 
     @property
     def connected(self) -> bool:
@@ -91,6 +93,9 @@ class AgentDialer:
 
     async def run(self) -> None:
         """Keep one usable session to the hub until ``drain`` is called."""
+        # A session whose certificate was rotated keeps serving until its successor is up
+        # (the hub has registered it), so no request finds the cluster without a session.
+        self._rotated = None
         while not self._stopping.is_set():
             context = self.ssl_context_factory()
             # A factory that hands out the same context until its files change (ReloadingContext)
@@ -99,6 +104,9 @@ class AgentDialer:
             self._caching_factory = self.ssl_context_factory() is context
             session = await self._connect(context)
             if session is None:
+                rotated = self._rotated  # not replaced yet: it keeps serving until it ends
+                if rotated is not None and (rotated.closed or rotated.draining):
+                    self._rotated = None
                 await self._sleep(self.backoff.next_delay())
                 continue
             if self.fanout is not None and not await self.fanout.admit(self, session):
@@ -117,6 +125,9 @@ class AgentDialer:
                 await self._sleep(min(REDIAL_DELAY_CAP, random.uniform(low, high) * scale))
                 continue
             self._duplicates = 0
+            if self._rotated is not None:
+                self._retire(self._rotated)
+                self._rotated = None
             self.session = session
             self.backoff.connected(time.monotonic())
             reason = await self._watch(session, context)
@@ -127,7 +138,12 @@ class AgentDialer:
             if reason == "closed":
                 log.warning("hub session ended: %s", session.close_reason or "closed")
                 await self._sleep(self.backoff.next_delay())
-            else:  # goaway or rotation: dial again at once, let the old one finish
+            elif reason == "certificate rotated":  # drained once the new one is up
+                log.info("replacing the hub session (%s)", reason)
+                if self._rotated is not None:
+                    self._retire(self._rotated)
+                self._rotated = session
+            else:  # goaway: dial again at once, let the old one finish
                 log.info("replacing the hub session (%s)", reason)
                 self._retire(session)
 
@@ -249,7 +265,8 @@ class AgentDialer:
     async def drain(self, deadline: float) -> None:
         """Stop reconnecting; DRAIN every session and wait up to ``deadline`` for its streams."""
         self._stopping.set()
-        sessions = [s for s in (self.session, *self.retiring) if s is not None and not s.closed]
+        sessions = [s for s in (self.session, self._rotated, *self.retiring)
+                    if s is not None and not s.closed]
         await asyncio.gather(*(s.drain(deadline) for s in sessions), return_exceptions=True)
 
 
