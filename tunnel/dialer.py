@@ -93,9 +93,8 @@ class AgentDialer:
 
     async def run(self) -> None:
         """Keep one usable session to the hub until ``drain`` is called."""
-        # A session whose certificate was rotated keeps serving until its successor is up
-        # (the hub has registered it), so no request finds the cluster without a session.
-        self._rotated = None
+        # A session whose certificate was rotated (self._rotated) keeps serving until its
+        # successor is up (the hub has registered it): no request finds no session.
         while not self._stopping.is_set():
             context = self.ssl_context_factory()
             # A factory that hands out the same context until its files change (ReloadingContext)
@@ -104,7 +103,8 @@ class AgentDialer:
             self._caching_factory = self.ssl_context_factory() is context
             session = await self._connect(context)
             if session is None:
-                rotated = self._rotated  # not replaced yet: it keeps serving until it ends
+                # Not replaced yet: the rotated session keeps serving until it ends.
+                rotated: TunnelSession | None = self._rotated
                 if rotated is not None and (rotated.closed or rotated.draining):
                     self._rotated = None
                 await self._sleep(self.backoff.next_delay())
@@ -140,9 +140,7 @@ class AgentDialer:
                 await self._sleep(self.backoff.next_delay())
             elif reason == "certificate rotated":  # drained once the new one is up
                 log.info("replacing the hub session (%s)", reason)
-                if self._rotated is not None:
-                    self._retire(self._rotated)
-                self._rotated = session
+                self._rotated = session  # (the previous one was retired when this one came up)
             else:  # goaway: dial again at once, let the old one finish
                 log.info("replacing the hub session (%s)", reason)
                 self._retire(session)
