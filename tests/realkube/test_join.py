@@ -272,11 +272,40 @@ def test_renewal_under_steady_traffic_fails_no_request(join: Join) -> None:
         serials.add(x509.load_pem_x509_certificate(
             (join.tls_dir / "tls.crt").read_bytes()).serial_number)
     renewals = gateway.process.output.count('"event":"cluster_renew"') - renewals_before
-    TIMINGS["join: renewals during the traffic test"] = renewals
-    TIMINGS["join: requests during renewals"] = sent
+    print(f"renewal under traffic: {sent} requests, {len(failures)} failed, {renewals} "
+          f"renewals, {len(serials)} certificates seen")
     assert failures == [], failures
     assert renewals >= 3 and len(serials) >= 3, (renewals, len(serials))
     assert sent >= 100
+
+
+def test_agent_restart_uses_its_secret_and_may_read_nothing_else(join: Join,
+                                                                  tmp_path: Path) -> None:
+    fleet, gateway = join.fleet, join.gateway
+    joins = gateway.process.output.count('"event":"cluster_join"')
+    join.agent.stop()
+    # A new pod: empty tls dir, the Secret holds key and certificate, no token.
+    agent = join.group.hubproxy(
+        "agent", "--hub", f"{LOOPBACK}:{join.tunnel_port}", "--cluster", CLUSTER,
+        "--tls-dir", str(tmp_path / "tls"), "--credentials-secret", "/".join(CREDENTIALS),
+        "--kubeconfig", str(fleet.agent_kubeconfig), "--health-listen", "off",
+        "--drain-timeout", "2")
+    join.agent, join.tls_dir = agent, tmp_path / "tls"
+    agent.wait_for_line("from the credentials Secret", timeout=30)
+    deadline = time.monotonic() + 30
+    while gateway.curl(f"/{CLUSTER}/version", fleet.alice)[0] != 200:
+        assert time.monotonic() < deadline, agent.output[-3000:]
+        time.sleep(0.1)
+    assert gateway.process.output.count('"event":"cluster_join"') == joins
+    # The Role of the printed manifests: get/update of that one Secret, nothing else.
+    sa = f"system:serviceaccount:{CREDENTIALS[0]}:hubproxy-agent"
+    for args, allowed in ((("get", f"secrets/{CREDENTIALS[1]}"), "yes"),
+                          (("update", f"secrets/{CREDENTIALS[1]}"), "yes"),
+                          (("get", "secrets/other"), "no"), (("list", "secrets"), "no"),
+                          (("create", "secrets"), "no"), (("delete", f"secrets/{CREDENTIALS[1]}"),
+                                                          "no")):
+        done = fleet.managed.kubectl("auth", "can-i", *args, "-n", CREDENTIALS[0], "--as", sa)
+        assert done.stdout.strip() == allowed, (args, done.stdout, done.stderr)
 
 
 def test_cluster_list_shows_states_and_expiry(join: Join) -> None:
