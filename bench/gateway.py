@@ -438,6 +438,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning"],
                         help="gateway/agent log level (default info: production, audit lines)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder (logs)")
+    parser.add_argument("--plot", metavar="DIR",
+                        help="also write PNG charts of the comparison to DIR (needs matplotlib: "
+                        "pip install -e '.[bench]')")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -445,6 +448,10 @@ def run(args: argparse.Namespace) -> int:
         print("python -m bench gateway needs wrk and curl: apt-get install -y wrk curl "
               "(and nginx-light for the nginx configuration)", file=sys.stderr)
         return 2
+    if args.plot:
+        from bench.plots import _pyplot
+
+        _pyplot()  # no matplotlib: say so now, not after a long run
     plan = SMOKE if args.smoke else QUICK if args.quick else FULL
     if args.profile and args.profile_dir is None:
         args.profile_dir = tempfile.mkdtemp(prefix="bench-gateway-profiles-")
@@ -460,6 +467,11 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2, default=str) + "\n")
         log(f"wrote {args.json}")
+    if args.plot:
+        from bench.plots import gateway_charts
+
+        for chart in gateway_charts(result, args.plot):
+            log(f"wrote {chart}")
     return 0
 
 

@@ -16,6 +16,8 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
+from gateway.ops.version import version
+
 ENV_PREFIX = "HUBPROXY_"
 
 # name -> (module, one-line help). Modules are imported only when the parser is built.
@@ -27,6 +29,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "certs": ("certs.cli", "create CAs and issue gateway, tunnel and agent certificates"),
     "kubeconfig": ("gateway.access.kubeconfig",
                    "print a kubeconfig for clusters behind the gateway"),
+    "clusters": ("gateway.access.clusters",
+                 "list the clusters a gateway serves (its health port's /clusters)"),
     "demo": ("gateway.demo", "run hub, two managed clusters, gateway and agents locally"),
     "kubesim": ("kubesim.cli", "run kubesim, a kube-apiserver stand-in for tests (not production)"),
 }
@@ -102,6 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         epilog="Every --flag can also be set as HUBPROXY_<FLAG> in the environment.",
     )
+    parser.add_argument("--version", action="version", version=f"hubproxy {version()}",
+                        help="print the version and exit")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     kubesim = _kubesim_installed()
     for name, (module_name, help_text) in SUBCOMMANDS.items():

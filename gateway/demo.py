@@ -10,8 +10,15 @@ the gateway's own hub credential (TokenReview + SubjectAccessReview), an agent c
 each managed cluster that may impersonate, RBAC there for
 ``cluster:hub:system:serviceaccount:demo:demo``, and a sample pod ``demo``. It writes
 ``DIR/kubeconfig`` (contexts ``cluster1``/``cluster2`` through the gateway), ``DIR/token`` and
-``DIR/ca.crt``, prints commands to paste, then ``hubproxy demo ready``. Ctrl-C or SIGTERM
-stops exactly the processes it started. Their logs are in ``DIR/logs/``.
+``DIR/ca.crt``, prints commands to paste and the gateway's health URL (``/metrics``,
+``/clusters``), then ``hubproxy demo ready``. The sample pod's port 8080 answers HTTP through
+``kubectl port-forward`` (a small server in this process stands in for the pod's web server).
+
+When an agent exits (``kill`` it to see), the demo says ``<cluster> disconnected``, shows the
+503 Status a caller now gets, and starts the agent again after ``--agent-restart-delay``. Any
+other process exiting ends the demo. Ctrl-C or SIGTERM stops exactly the processes it started;
+their logs are in ``DIR/logs/``. A directory the demo created (the default temporary one, or a
+``--dir`` that did not exist) is removed when it stops, unless ``--keep`` or it failed.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import io
 import json
 import os
 import secrets
+import shutil
 import signal
 import ssl
 import sys
@@ -55,6 +63,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the gateway's front door")
     parser.add_argument("--start-timeout", type=float, default=60.0, metavar="SECONDS",
                         help="give up if the system is not ready within this time")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the demo's directory (keys, token, logs) on exit; by default "
+                        "a directory the demo created is removed when it stops")
+    parser.add_argument("--agent-restart-delay", type=float, default=5.0, metavar="SECONDS",
+                        help="when an agent exits, show what callers see, then start it again "
+                        "after this long (default: %(default)s)")
 
 
 # ----------------------------------------------------------------------- RBAC and files ----
@@ -120,13 +134,40 @@ def managed_rbac(user: str = DEMO_USER) -> list[dict[str, Any]]:
     ]
 
 
-def sample_pod(name: str = "demo", namespace: str = "default") -> dict[str, Any]:
+POD_HTTP_PORT = 8080  # the sample pod's "web server", for kubectl port-forward
+
+
+def sample_pod(name: str = "demo", namespace: str = "default",
+               http_server: int | None = None) -> dict[str, Any]:
+    """The sample pod; with ``http_server``, kubesim sends port-forwards to its port 8080 to
+    that local HTTP server (the demo's), so ``curl`` through a port-forward gets HTTP."""
+    annotations = {"kubesim.hubproxy.dev/log-interval-ms": "500"}
+    if http_server is not None:
+        annotations[f"kubesim.hubproxy.dev/port-{POD_HTTP_PORT}"] = f"{LOOPBACK}:{http_server}"
     return {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": namespace, "labels": {"app": "demo"},
-                     "annotations": {"kubesim.hubproxy.dev/log-interval-ms": "500"}},
-        "spec": {"containers": [{"name": "main", "image": "busybox"}]},
+                     "annotations": annotations},
+        "spec": {"containers": [{"name": "main", "image": "busybox",
+                                 "ports": [{"containerPort": POD_HTTP_PORT}]}]},
     }
+
+
+async def start_pod_http_server(cluster: str) -> tuple[Any, int]:
+    """A tiny HTTP server standing in for the sample pod's web server in ``cluster``."""
+    from aiohttp import web
+
+    async def hello(request: web.Request) -> web.Response:
+        return web.Response(text=f"hello from pod demo in {cluster} (path {request.path})\n")
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", hello)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, LOOPBACK, 0)
+    await site.start()
+    port = int(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+    return runner, port
 
 
 def token_csv(rows: list[tuple[str, str, str, list[str]]]) -> str:
@@ -207,6 +248,7 @@ class Child:
     name: str
     process: asyncio.subprocess.Process
     log: Path
+    args: list[str] = field(default_factory=list)
 
     def alive(self) -> bool:
         return self.process.returncode is None
@@ -222,6 +264,8 @@ class Demo:
     children: list[Child] = field(default_factory=list)
     sims: dict[str, tuple[str, str, str]] = field(default_factory=dict)  # name -> url, ca, admin
     token: str = ""
+    health_url: str = ""  # the gateway's health port: /metrics, /clusters
+    pod_servers: list[Any] = field(default_factory=list)  # aiohttp runners of the pods' HTTP
 
     @property
     def pki(self) -> Path:
@@ -245,15 +289,25 @@ class Demo:
                 start_new_session=True,  # Ctrl-C reaches the demo, which stops them in order
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )
-        child = Child(name, process, log)
+        child = Child(name, process, log, list(args))
         self.children.append(child)
         # Who we started, so an operator (or a test) can see exactly which PIDs are ours.
         with open(self.root / "pids", "a") as fh:
             fh.write(f"{name} {process.pid}\n")
         return child
 
-    def check_children(self) -> None:
+    def exited_agents(self) -> list[Child]:
+        """Agents that exited: the demo reports them and starts them again."""
+        return [c for c in self.children if c.name.startswith("agent-") and not c.alive()]
+
+    async def restart(self, child: Child) -> Child:
+        self.children.remove(child)
+        return await self.spawn(child.name, child.args)
+
+    def check_children(self, *, agents_may_exit: bool = False) -> None:
         for child in self.children:
+            if agents_may_exit and child.name.startswith("agent-"):
+                continue
             if not child.alive():
                 tail = child.log.read_text(errors="replace")[-2000:] if child.log.exists() else ""
                 raise RuntimeError(
@@ -303,7 +357,10 @@ class Demo:
         self.token = review["status"]["token"]
         for cluster in CLUSTERS:
             url, ca, _ = self.sims[cluster]
-            await api(url, ca, admin, "POST", "/api/v1/namespaces/default/pods", sample_pod())
+            runner, http_port = await start_pod_http_server(cluster)
+            self.pod_servers.append(runner)
+            await api(url, ca, admin, "POST", "/api/v1/namespaces/default/pods",
+                      sample_pod(http_server=http_port))
 
         # Gateway and agents.
         hub_kc = write_private(self.root / "hub-gateway.kubeconfig", yaml.safe_dump({
@@ -314,6 +371,7 @@ class Demo:
             "contexts": [{"name": "hub", "context": {"cluster": "hub", "user": "gateway"}}],
         }))
         tunnel_port, health_port = free_port(bind), free_port(bind)
+        self.health_url = f"http://{bind}:{health_port}"
         await self.spawn("gateway", hubproxy_command() + gateway_args(
             self.pki, listen=self.listen, tunnel_listen=f"{bind}:{tunnel_port}",
             health_listen=f"{bind}:{health_port}", hub_kubeconfig=hub_kc))
@@ -399,11 +457,39 @@ class Demo:
             "  kubectl --context cluster1 logs -f demo",
             "  kubectl --context cluster1 exec demo -- echo hello from cluster1",
             "  kubectl --context cluster2 get configmaps -w",
+            f"  kubectl --context cluster1 port-forward pod/demo 18080:{POD_HTTP_PORT} &  "
+            "curl http://127.0.0.1:18080/",
             "",
             f"  curl --cacert {d / 'ca.crt'} -H \"Authorization: Bearer $(cat {d / 'token'})\" \\",
             f"    {self.front_url}/cluster1/api/v1/namespaces/default/pods",
             "",
+            "the gateway's health port (unauthenticated; loopback here):",
+            f"  curl {self.health_url}/metrics",
+            f"  hubproxy clusters --url {self.health_url}",
+            "",
+            "see a failure: stop one agent; the demo shows what callers get, then restarts it:",
+            f"  kill $(awk '/^agent-cluster2 /{{print $2}}' {d / 'pids'} | tail -1)",
+            "",
         ])
+
+    async def report_exit(self, child: Child) -> None:
+        """Say which cluster went, and show what a caller gets now (a 503 Status)."""
+        cluster = child.name.removeprefix("agent-")
+        print(f"hubproxy demo: {cluster} disconnected (its agent exited with code "
+              f"{child.process.returncode})", flush=True)
+        try:
+            status, body = await request(self.front_url, str(self.root / "ca.crt"), self.token,
+                                         "GET", f"/{cluster}/version")
+        except (OSError, TimeoutError, ssl.SSLError) as exc:
+            print(f"hubproxy demo: GET /{cluster}/version failed: {type(exc).__name__}",
+                  flush=True)
+            return
+        try:
+            message = json.loads(body).get("message", "")
+        except ValueError:
+            message = body[:200].decode(errors="replace")
+        print(f"hubproxy demo: GET /{cluster}/version now answers {status}: {message}",
+              flush=True)
 
     async def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM each child we started (agents first, kubesim last), SIGKILL stragglers."""
@@ -418,6 +504,8 @@ class Demo:
                 with contextlib.suppress(ProcessLookupError):
                     child.process.kill()
                 await child.process.wait()
+        for runner in self.pod_servers:
+            await runner.cleanup()
 
 
 # ----------------------------------------------------------------------- tiny HTTP client --
@@ -448,9 +536,39 @@ async def api(base: str, ca_file: str, token: str, method: str, path: str,
 
 
 # ----------------------------------------------------------------------- command ----------
+def check_listen(listen: str) -> None:
+    """The demo's fixed port (the front door) is free: checked before anything is built, so a
+    second demo fails at once with one line instead of after starting five processes."""
+    from gateway.ops import startup
+    from gateway.ops.flags import parse_address
+
+    try:
+        host, port = parse_address(listen, default_host=LOOPBACK)
+    except ValueError as exc:
+        raise startup.StartupError(f"--listen {exc}") from None
+    startup.check_port_free(host, port, "--listen")  # as the gateway will bind it
+
+
 async def serve(args: argparse.Namespace) -> int:
     root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="hubproxy-demo-"))
+    # Only a directory the demo made is removed on exit: never one the user had already.
+    created = not args.dir or not root.exists()
     demo = Demo(root.resolve(), listen=args.listen, start_timeout=args.start_timeout)
+    rc = 1
+    try:
+        rc = await _serve(demo, args)
+        return rc
+    finally:
+        # Keys and a token live there: gone with the demo, unless asked to keep them or the
+        # demo failed (its logs say why).
+        if created and not args.keep and rc in (0, 130):
+            shutil.rmtree(demo.root, ignore_errors=True)
+            print(f"hubproxy demo: removed {demo.root} (--keep keeps it)", flush=True)
+        else:
+            print(f"hubproxy demo: kept {demo.root}", flush=True)
+
+
+async def _serve(demo: Demo, args: argparse.Namespace) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -474,14 +592,32 @@ async def serve(args: argparse.Namespace) -> int:
             return 1
         print(demo.instructions(), flush=True)
         print("hubproxy demo ready", flush=True)
+        restart_at: dict[str, float] = {}
         while not stop.is_set():
             try:
-                demo.check_children()
+                demo.check_children(agents_may_exit=True)
             except RuntimeError as exc:
                 print(f"hubproxy demo: {exc}", file=sys.stderr, flush=True)
                 return 1
+            for child in demo.exited_agents():
+                if child.name not in restart_at:
+                    await demo.report_exit(child)
+                    restart_at[child.name] = time.monotonic() + args.agent_restart_delay
+                    print(f"hubproxy demo: starting {child.name} again in "
+                          f"{args.agent_restart_delay:g}s", flush=True)
+                elif time.monotonic() >= restart_at[child.name]:
+                    del restart_at[child.name]
+                    cluster = child.name.removeprefix("agent-")
+                    await demo.restart(child)
+                    try:
+                        await demo._wait_cluster(cluster)
+                    except (TimeoutError, RuntimeError) as exc:
+                        print(f"hubproxy demo: {cluster} did not come back: {exc}",
+                              file=sys.stderr, flush=True)
+                        return 1
+                    print(f"hubproxy demo: {cluster} connected again", flush=True)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 1.0)
+                await asyncio.wait_for(stop.wait(), 0.5)
         return 0
     finally:
         stopper.cancel()
@@ -491,4 +627,11 @@ async def serve(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gateway.ops import startup
+
+    try:
+        check_listen(args.listen)
+    except startup.StartupError as exc:
+        print(f"hubproxy demo: {exc}", file=sys.stderr, flush=True)
+        return startup.EXIT_CODE
     return asyncio.run(serve(args))

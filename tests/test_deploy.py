@@ -246,3 +246,54 @@ def test_readme_secret_commands_work_with_certs_init_output(tmp_path: Path) -> N
         assert sorted(secret["data"]) == ["ca.crt", "tls.crt", "tls.key"]
         made[secret["metadata"]["name"]] = secret
     assert sorted(made) == ["hubproxy-agent-tls", "hubproxy-gateway-tls", "hubproxy-tunnel-tls"]
+
+
+# --- deploy/examples/callers: the caller Role and the Argo CD cluster Secret of the README ---
+
+CALLERS = DEPLOY / "examples" / "callers"
+
+
+async def test_caller_role_example_grants_exactly_its_cluster(tmp_path: Path) -> None:
+    """The example binding, applied to a hub, lets its subjects through the gateway's
+    SubjectAccessReview for cluster1 and for nothing else."""
+    from gateway.demo import api
+    from kubesim.testing import run_kubesim
+
+    rbac = list(yaml.safe_load_all((CALLERS / "rbac.yaml").read_text()))
+    async with run_kubesim(tmp_path, name="hub", rbac=rbac) as hub:
+        async def allowed(cluster: str, **who: object) -> bool:
+            review = await api(hub.url, hub.ca_file, hub.admin_token, "POST",
+                               "/apis/authorization.k8s.io/v1/subjectaccessreviews", {
+                                   "apiVersion": "authorization.k8s.io/v1",
+                                   "kind": "SubjectAccessReview",
+                                   "spec": {**who, "resourceAttributes": {
+                                       "group": "cluster.open-cluster-management.io",
+                                       "resource": "managedclusters", "subresource": "proxy",
+                                       "name": cluster, "verb": "get"}}})
+            return bool(review["status"].get("allowed"))
+
+        argocd = {"user": "system:serviceaccount:argocd:argocd-application-controller",
+                  "groups": ["system:serviceaccounts", "system:serviceaccounts:argocd"]}
+        person = {"user": "oidc:alice@example.com", "groups": ["oidc:platform-team"]}
+        assert await allowed("cluster1", **argocd)
+        assert await allowed("cluster1", **person)
+        assert not await allowed("cluster2", **argocd)
+        assert not await allowed("cluster1", user="oidc:bob@example.com", groups=["oidc:x"])
+
+
+def test_argocd_cluster_secret_example_names_its_cluster_for_hubproxy_creds() -> None:
+    from gateway.access.creds import build_parser, parse_exec_info
+
+    secret = yaml.safe_load((CALLERS / "argocd-cluster-secret.yaml").read_text())
+    assert secret["metadata"]["labels"]["argocd.argoproj.io/secret-type"] == "cluster"
+    data = secret["stringData"]
+    config = json.loads(data["config"])
+    provider = config["execProviderConfig"]
+    assert provider["command"] == "hubproxy-creds"
+    args = build_parser().parse_args(provider["args"])
+    assert data["server"].endswith("/" + args.cluster) and data["name"] == args.cluster
+    # What client-go sends Argo CD's plugin: no cluster information; --cluster fills it in.
+    sent = json.dumps({"apiVersion": provider["apiVersion"], "kind": "ExecCredential",
+                       "spec": {"interactive": False}})
+    assert parse_exec_info(sent, args.cluster).cluster_name == "cluster1"
+    assert "caData" in config["tlsClientConfig"]

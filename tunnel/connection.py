@@ -20,6 +20,8 @@ Extensions beyond contracts.md:
 - ``ALPN = "hubproxy-tunnel/1"`` (the listener/dialer set it on their SSL contexts).
 - ``TunnelSession(config=None, on_open=None, name="")`` (both keyword, both optional);
   ``.config``, ``.name``, ``.close_reason`` (why it closed, e.g. "peer dead"), ``.ping()``,
+  ``.rtt``, ``.agent_version``/``.agent_instance`` (from the agent's SETTINGS),
+  ``.bytes_received``/``.bytes_sent`` (TLS payload bytes, frames included), ``.streams_opened``,
   ``.close(reason="closed")``, ``.get_extra_info(name)`` (of the TLS transport).
 - ``TunnelStream.accepted``, ``.is_reading()``, ``.get_extra_info(name)``, ``.close()``
   (= write_eof), ``.abort()`` (= reset CANCEL).
@@ -225,6 +227,10 @@ class TunnelSession(asyncio.BufferedProtocol):
         # What the peer said or did when it ended the session (the agent explains a refusal).
         self.goaway_message: str | None = None  # text of a GOAWAY with an error code
         self.connection_error: BaseException | None = None  # what ended the connection
+        # For the operator's view (one add per read / flush / open, never per frame).
+        self.bytes_received = 0
+        self.bytes_sent = 0
+        self.streams_opened = 0
 
     # Public API ------------------------------------------------------------------------------
 
@@ -256,6 +262,7 @@ class TunnelSession(asyncio.BufferedProtocol):
             asyncio.get_running_loop().call_soon(protocol.connection_lost, exc)
             return stream
         sid = core.open_stream(target, metadata, initial_data)
+        self.streams_opened += 1
         stream = TunnelStream(self, sid, target, metadata, protocol, True)
         self._streams[sid] = stream
         protocol.connection_made(stream)
@@ -279,6 +286,16 @@ class TunnelSession(asyncio.BufferedProtocol):
     @property
     def peer_settings_received(self) -> bool:
         return self._core.peer_settings_received
+
+    @property
+    def agent_version(self) -> int:
+        """The agent's packed release from its SETTINGS (0: not said, e.g. an older agent)."""
+        return self._core.peer_agent_version
+
+    @property
+    def agent_instance(self) -> int:
+        """The agent process's random id from its SETTINGS (0: not said)."""
+        return self._core.peer_agent_instance
 
     async def wait_peer_settings(self, timeout: float) -> bool:
         """Until the peer's first SETTINGS arrived (True) or ``timeout`` (False)."""
@@ -355,6 +372,7 @@ class TunnelSession(asyncio.BufferedProtocol):
 
     def buffer_updated(self, nbytes: int) -> None:
         self._end += nbytes
+        self.bytes_received += nbytes
         core = self._core
         try:
             with memoryview(self._buf) as view:
@@ -501,6 +519,7 @@ class TunnelSession(asyncio.BufferedProtocol):
         core = self._core
         chunks = core.data_to_send(0 if self._transport_paused else None)
         if chunks:
+            self.bytes_sent += sum(map(len, chunks))
             transport.writelines(chunks)
         for sid in core.take_writable():
             stream = self._streams.get(sid)

@@ -46,6 +46,9 @@ S_INITIAL_WINDOW, S_MAX_FRAME_SIZE, S_MAX_CONCURRENT_STREAMS, S_MAX_METADATA_SIZ
 # Sent by the hub only: which hub process this session reached, and how many share its address
 # (several gateway workers or replicas): an agent keeps one session to each.
 S_HUB_INSTANCE, S_HUB_INSTANCES = 5, 6
+# Sent by the agent only, for the hub's view of its fleet: the agent's release (major << 24 |
+# minor << 16 | patch) and a random id of the agent process (its replicas differ).
+S_AGENT_VERSION, S_AGENT_INSTANCE = 7, 8
 MAX_HUB_INSTANCES = 64
 MAX_WINDOW = 2**31 - 1
 MIN_FRAME_SIZE, MAX_FRAME_SIZE_LIMIT = 16 * 1024, 16 * 1024 * 1024
@@ -222,6 +225,8 @@ def check_setting(key: int, value: int) -> None:
         ok = value != 0
     elif key == S_HUB_INSTANCES:
         ok = 1 <= value <= MAX_HUB_INSTANCES
+    elif key in (S_AGENT_VERSION, S_AGENT_INSTANCE):
+        ok = value != 0
     else:
         ok = True  # unknown settings are ignored, so later versions can add some
     if not ok:

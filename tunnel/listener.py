@@ -276,16 +276,6 @@ class TunnelListener:
                 closed += 1
         return closed
 
-    def certificate_expiry(self) -> dict[str, float]:
-        """Per connected cluster, the earliest expiry (POSIX time) of its agents' certificates."""
-        out: dict[str, float] = {}
-        for session in self.sessions:
-            if session.cluster is not None and not session.closed:
-                known = out.get(session.cluster)
-                if known is None or session.certificate_not_after < known:
-                    out[session.cluster] = session.certificate_not_after
-        return out
-
     def _stop_accepting(self) -> None:
         for task in [*self._accepting, *self._handshakes]:
             task.cancel()

@@ -14,18 +14,21 @@ from typing import Any
 log = logging.getLogger("hubproxy.tunnel")
 
 ClusterListener = Callable[[str, bool], None]
+SessionListener = Callable[[str, Any, bool], None]
 
 
 class SessionRegistry:
     def __init__(self) -> None:
         self._sessions: dict[str, list[Any]] = {}
         self._listeners: list[ClusterListener] = []
+        self._session_listeners: list[SessionListener] = []
 
     def add(self, cluster: str, session: Any) -> None:
         sessions = self._sessions.setdefault(cluster, [])
         first = not sessions
         sessions.append(session)
         log.info("agent session for cluster %s registered (%d now)", cluster, len(sessions))
+        self._notify_session(cluster, session, True)
         if first:
             self._notify(cluster, True)
 
@@ -35,6 +38,7 @@ class SessionRegistry:
             return
         sessions.remove(session)
         log.info("agent session for cluster %s gone (%d left)", cluster, len(sessions))
+        self._notify_session(cluster, session, False)
         if not sessions:
             del self._sessions[cluster]
             self._notify(cluster, False)
@@ -62,6 +66,18 @@ class SessionRegistry:
         """``listener(cluster, True)`` when a cluster's first session arrives, False when its
         last one leaves."""
         self._listeners.append(listener)
+
+    def subscribe_sessions(self, listener: SessionListener) -> None:
+        """``listener(cluster, session, True)`` for every session registered, ``False`` when it
+        leaves (its ``close_reason`` says why), before the cluster-level listeners."""
+        self._session_listeners.append(listener)
+
+    def _notify_session(self, cluster: str, session: Any, added: bool) -> None:
+        for listener in list(self._session_listeners):
+            try:
+                listener(cluster, session, added)
+            except Exception:
+                log.exception("registry session listener failed for cluster %s", cluster)
 
     def _notify(self, cluster: str, connected: bool) -> None:
         for listener in list(self._listeners):

@@ -46,8 +46,11 @@ class SessionConfig:
     max_concurrent_streams: int = f.DEFAULT_MAX_CONCURRENT_STREAMS  # peer-opened, advertised
     max_pending_opens: int = 1000                      # peer OPENs we have not answered yet
     max_metadata_size: int = f.DEFAULT_MAX_METADATA_SIZE
-    ping_after: float = 15.0                           # PING after this long without a frame
-    dead_after: float = 45.0                           # session dead after this long without one
+    # Liveness (PROTOCOL.md §8): a frozen peer is declared dead within dead_after plus one
+    # timer tick (min(ping_after, dead_after) / 4), i.e. 8.75 s, under the 10 s operators ask
+    # for; an idle healthy peer answers a PING every ~3 s, so two PONGs can go missing first.
+    ping_after: float = 3.0                            # PING after this long without a frame
+    dead_after: float = 8.0                            # session dead after this long without one
     rtt_interval: float = 10.0                         # RTT probe period while streams are open
     session_memory_budget: int = 256 * 1024 * 1024     # window growth budget per session
     write_high_water: int = 256 * 1024                 # stream send buffer -> pause_writing
@@ -61,6 +64,9 @@ class SessionConfig:
     # Hub side only (0 / 1: not sent): this hub process's id and how many share its address.
     hub_instance: int = 0
     hub_instances: int = 1
+    # Agent side only (0: not sent): the agent's packed release and its process's random id.
+    agent_version: int = 0
+    agent_instance: int = 0
 
 
 class MemoryBudget:
@@ -252,10 +258,16 @@ class Session:
         if cfg.hub_instance:
             settings[f.S_HUB_INSTANCE] = cfg.hub_instance
             settings[f.S_HUB_INSTANCES] = cfg.hub_instances
+        if cfg.agent_version:
+            settings[f.S_AGENT_VERSION] = cfg.agent_version
+        if cfg.agent_instance:
+            settings[f.S_AGENT_INSTANCE] = cfg.agent_instance
         self._control.append(f.encode_settings(settings))
         self.peer_settings_received = False
         self.peer_hub_instance = 0  # 0: the hub did not say (a single hub process)
         self.peer_hub_instances = 1
+        self.peer_agent_version = 0  # 0: the agent did not say (an older agent)
+        self.peer_agent_instance = 0
 
     # Receiving ------------------------------------------------------------------------------
 
@@ -345,6 +357,8 @@ class Session:
         self.peer_max_metadata = settings.get(f.S_MAX_METADATA_SIZE, self.peer_max_metadata)
         self.peer_hub_instance = settings.get(f.S_HUB_INSTANCE, self.peer_hub_instance)
         self.peer_hub_instances = settings.get(f.S_HUB_INSTANCES, self.peer_hub_instances)
+        self.peer_agent_version = settings.get(f.S_AGENT_VERSION, self.peer_agent_version)
+        self.peer_agent_instance = settings.get(f.S_AGENT_INSTANCE, self.peer_agent_instance)
         self.peer_settings_received = True
         self._control.append(f.encode_settings_ack())
         self.events.append(SettingsReceived(settings))

@@ -17,7 +17,8 @@ Modes:
 
 Contract: the ExecCredential goes to stdout with the input's apiVersion and, when the token is a
 JWT with ``exp``, an ``expirationTimestamp``. Any failure prints one line to stderr and exits 1;
-usage errors exit 2. A token is never written anywhere but stdout.
+usage errors, and a hub kubeconfig that cannot be used (missing, not YAML, none outside a pod),
+exit 2. A token is never written anywhere but stdout.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+
+from gateway.ops import startup
+from gateway.ops.version import version
 
 EXEC_API_VERSIONS = ("client.authentication.k8s.io/v1", "client.authentication.k8s.io/v1beta1")
 SERVICEACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -58,8 +62,13 @@ class ExecRequest:
     server: str
 
 
-def parse_exec_info(raw: str | None) -> ExecRequest:
-    """Validate an ExecCredential input document as client-go writes it."""
+def parse_exec_info(raw: str | None, cluster_name: str | None = None) -> ExecRequest:
+    """Validate an ExecCredential input document as client-go writes it.
+
+    ``cluster_name`` (``--cluster``) stands in for the cluster information when the client
+    cannot send it: Argo CD's ``execProviderConfig`` has no ``provideClusterInfo``. What the
+    client sends, when it sends it, wins.
+    """
     if raw is None or not raw.strip():
         raise CredentialError(
             "KUBERNETES_EXEC_INFO is not set: run hubproxy-creds as a client-go exec plugin"
@@ -83,10 +92,12 @@ def parse_exec_info(raw: str | None) -> ExecRequest:
         )
     spec = document.get("spec")
     cluster = spec.get("cluster") if isinstance(spec, dict) else None
+    if not isinstance(cluster, dict) and cluster_name is not None:
+        cluster = {"config": {"clusterName": cluster_name}}
     if not isinstance(cluster, dict):
         raise CredentialError(
             "no cluster information in KUBERNETES_EXEC_INFO: set provideClusterInfo: true"
-            " in the exec configuration"
+            " in the exec configuration (or pass --cluster NAME)"
         )
     config = cluster.get("config")
     cluster_name = config.get("clusterName") if isinstance(config, dict) else None
@@ -182,17 +193,45 @@ def secret_token(secret_data: Mapping[str, str] | None, namespace: str, name: st
 # --- talking to the hub (only the TokenRequest and managed-serviceaccount modes need it) ---
 
 
+def check_hub_kubeconfig(kubeconfig: str | None, environ: Mapping[str, str]) -> None:
+    """Fail before any hub call, with one line naming the flag, when no hub credential can be
+    loaded: a missing or malformed --hub-kubeconfig, or none outside a pod."""
+    if kubeconfig:
+        startup.read_kubeconfig(kubeconfig, "--hub-kubeconfig")
+        return
+    if environ.get("KUBERNETES_SERVICE_HOST"):
+        return
+    paths = [p for p in environ.get("KUBECONFIG", "").split(os.pathsep) if p]
+    fallback = paths[0] if paths else str(Path.home() / ".kube" / "config")
+    if not os.path.exists(fallback):
+        raise startup.StartupError(
+            f"not running in a pod and no kubeconfig at {fallback}: give --hub-kubeconfig FILE"
+        )
+    startup.read_kubeconfig(fallback, "--hub-kubeconfig (defaulted from $KUBECONFIG)"
+                            if paths else "--hub-kubeconfig (defaulted to ~/.kube/config)")
+
+
 async def _hub_client(kubeconfig: str | None):  # -> (ApiClient, context namespace)
     from kubernetes_asyncio import client, config
 
     if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-        config.load_incluster_config()
+        try:
+            config.load_incluster_config()
+        except config.ConfigException as exc:
+            raise startup.StartupError(
+                f"in-cluster credential unusable ({exc}): give --hub-kubeconfig FILE"
+            ) from None
         return client.ApiClient(), None
     configuration = client.Configuration()
-    loader = await config.load_kube_config(
-        config_file=kubeconfig, client_configuration=configuration, persist_config=False
-    )
-    del loader
+    try:
+        await config.load_kube_config(
+            config_file=kubeconfig, client_configuration=configuration, persist_config=False
+        )
+    except (config.ConfigException, OSError, ValueError, TypeError, KeyError) as exc:
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise startup.StartupError(
+            f"--hub-kubeconfig {kubeconfig or '(default)'}: cannot use it ({why})"
+        ) from None
     namespace = None
     try:
         _, active = config.list_kube_config_contexts(config_file=kubeconfig)
@@ -277,6 +316,14 @@ def build_parser() -> argparse.ArgumentParser:
             ' the cluster extension client.authentication.k8s.io/exec {"clusterName": NAME}.'
         ),
     )
+    parser.add_argument("--version", action="version",
+                        version=f"hubproxy-creds {version()}")
+    parser.add_argument(
+        "--cluster",
+        metavar="NAME",
+        help="the cluster's name when the client cannot send cluster information (Argo CD's"
+        " execProviderConfig has no provideClusterInfo); what the client sends wins",
+    )
     parser.add_argument(
         "--token-file",
         type=Path,
@@ -343,8 +390,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     os.environ[REENTRY_GUARD] = "1"
     try:
-        request = parse_exec_info(os.environ.get("KUBERNETES_EXEC_INFO"))
+        request = parse_exec_info(os.environ.get("KUBERNETES_EXEC_INFO"), args.cluster)
+        if args.managed_serviceaccount or args.token_request_audience:
+            check_hub_kubeconfig(args.hub_kubeconfig, os.environ)
         credential = asyncio.run(_credential(args, request))
+    except startup.StartupError as exc:
+        print(f"hubproxy-creds: {exc}", file=sys.stderr)
+        return startup.EXIT_CODE
     except CredentialError as exc:
         print(f"hubproxy-creds: {exc}", file=sys.stderr)
         return 1

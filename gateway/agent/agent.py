@@ -27,6 +27,7 @@ from typing import Protocol
 
 from gateway.agent.exchange import HttpExchange, Route
 from gateway.agent.kubeapi import KubeAPIAccess
+from gateway.agent.metrics import AgentMetrics
 from gateway.agent.pool import UpstreamKey, UpstreamPool
 from gateway.agent.tcp import RawRelay, Refusal
 from gateway.wire.identity import Identity, impersonation_headers
@@ -81,6 +82,9 @@ class Agent:
         self.pool = pool or UpstreamPool()
         self.insecure_services = insecure_services
         self.stats = AgentStats()
+        self.metrics = AgentMetrics()
+        self.metrics.stats = self.stats
+        self.metrics.pool = self.pool
         self._service_ctx: ssl.SSLContext | None = None
         self._service_ca = service_ca or (kube.ca_file if kube else None)
         self._identities: dict[bytes, tuple[bool, list[tuple[bytes, bytes]]]] = {}
@@ -97,7 +101,7 @@ class Agent:
             return self._service_exchange(target)
         if isinstance(target, TCPTarget):
             return RawRelay(lambda: self.policy.resolve(target), self.pool.connect_timeout,
-                            on_done=self._done)
+                            on_done=self._done_tcp)
         return self._refusal(OpenErrorCode.DENIED, "unknown target type")
 
     def _refusal(self, code: OpenErrorCode, message: str) -> Refusal:
@@ -163,7 +167,7 @@ class Agent:
         resolved = self.policy.resolve_now(target)
         known = kube_route(resolved) if resolved is not None else None
         self.stats.active += 1
-        return HttpExchange(route, self.pool, request_id=request_id, on_done=self._done,
+        return HttpExchange(route, self.pool, request_id=request_id, on_done=self._done_kube,
                             known_route=known)
 
     def _service_exchange(self, target: ServiceTarget) -> HttpExchange:
@@ -185,7 +189,7 @@ class Agent:
             )
 
         self.stats.active += 1
-        return HttpExchange(route, self.pool, on_done=self._done)
+        return HttpExchange(route, self.pool, on_done=self._done_service)
 
     def _service_context(self, insecure: bool) -> ssl.SSLContext:
         if insecure:
@@ -200,11 +204,22 @@ class Agent:
             self._service_ctx = ctx
         return self._service_ctx
 
-    def _done(self, exchange: Finished) -> None:
+    def _done(self, exchange: Finished, upstream: str = "kube-apiserver") -> None:
         self.stats.active = max(0, self.stats.active - 1)
         outcome = exchange.outcome or "closed"
         key = outcome.split(":")[0]
         self.stats.by_outcome[key] = self.stats.by_outcome.get(key, 0) + 1
+        self.metrics.stream_done(upstream, outcome, getattr(exchange, "started", 0.0),
+                                 getattr(exchange, "response_at", 0.0))
+
+    def _done_kube(self, exchange: Finished) -> None:
+        self._done(exchange, "kube-apiserver")
+
+    def _done_service(self, exchange: Finished) -> None:
+        self._done(exchange, "service")
+
+    def _done_tcp(self, exchange: Finished) -> None:
+        self._done(exchange, "tcp")
 
 
 def _authority(host: str, port: int) -> bytes:

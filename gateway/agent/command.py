@@ -23,6 +23,7 @@ import contextlib
 import datetime
 import logging
 import os
+import secrets
 import signal
 import ssl
 import sys
@@ -34,9 +35,11 @@ from certs.identity import validate_cluster_name
 from certs.tls import TLS1_3, ReloadingContext, client_context
 from gateway.agent.enroll import EnrollmentError
 from gateway.agent.kubeapi import KubeAPIAccess, KubeAPIConfigError, load
-from gateway.ops import diagnostics
-from gateway.ops.flags import positive_int
+from gateway.ops import diagnostics, startup
+from gateway.ops.certexpiry import CertificateFiles
+from gateway.ops.flags import add_tunnel_liveness_arguments, positive_int, tunnel_liveness
 from gateway.ops.rlimits import raise_open_file_limit
+from gateway.ops.version import pack_release, version
 from tunnel.identity import URI_NAMING, AgentIdentityError, AgentNaming
 from tunnel.proxy import ProxyError, proxy_for
 
@@ -128,8 +131,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "%(default)s). Each request in progress holds one, and a watch or "
                         "logs -f holds it while it is open, about 50 KiB each: raise this "
                         "together with the memory limit. Beyond it requests are answered 429")
+    add_tunnel_liveness_arguments(parser, "hub")
     parser.add_argument("--health-listen", default="0.0.0.0:8000", metavar="ADDR",
-                        help="/healthz and /readyz ('off' to disable)")
+                        help="plain HTTP /healthz, /readyz and /metrics ('off' to disable)")
     parser.add_argument("--log-level", default="info",
                         choices=["debug", "info", "warning", "error"])
 
@@ -192,9 +196,11 @@ def _check_certificate_cluster(cert_file: Path, cluster: str,
     try:
         named = naming.cluster_of(cert)
     except AgentIdentityError as exc:
-        raise ValueError(f"{cert_file} names no cluster ({exc})") from None
+        raise ValueError(f"{cert_file} names no cluster ({exc}): point --tls-dir at this "
+                         "cluster's agent certificate") from None
     if named != cluster:
-        raise ValueError(f"{cert_file} is an agent certificate for {named}, not {cluster!r}")
+        raise ValueError(f"{cert_file} is an agent certificate for {named}, not {cluster!r}: "
+                         f"fix --cluster or point --tls-dir at {cluster}'s certificate")
     # Not fatal: renewed files are picked up without a restart. But say it before the hub does.
     now = datetime.datetime.now(datetime.UTC)
     if cert.not_valid_after_utc <= now:
@@ -221,13 +227,25 @@ def build_policy(args: argparse.Namespace, kube: KubeAPIAccess | None) -> Any:
 async def serve(args: argparse.Namespace) -> int:
 
     cluster = validate_cluster_name(args.cluster)
+    keepalive, tunnel_timeout = tunnel_liveness(args)
     tls_dir = Path(args.tls_dir)
     cert, key = tls_dir / "tls.crt", tls_dir / "tls.key"
     hub_ca = Path(args.hub_ca) if args.hub_ca else tls_dir / "ca.crt"
+    if not args.credentials_secret:  # join mode writes them from its Secret first
+        startup.check_key_pair(args.tls_dir, "--tls-dir")
+        startup.check_ca_file(str(hub_ca), "--hub-ca" if args.hub_ca
+                              else "--hub-ca (default: ca.crt in --tls-dir)")
     try:
         naming = AgentNaming(args.agent_identity, args.ocm_addon_name)
     except ValueError as exc:
         raise ValueError(f"--ocm-addon-name: {exc}") from None
+    health_address = None
+    if args.health_listen and args.health_listen != "off":
+        try:
+            health_address = _host_port(args.health_listen)
+        except argparse.ArgumentTypeError as exc:
+            raise startup.StartupError(f"--health-listen {exc}") from None
+        startup.check_port_free(*health_address, "--health-listen")
     kube = load(kubeconfig=args.kubeconfig, context=args.context, apiserver=args.apiserver,
                 apiserver_ca=args.apiserver_ca, token_file=args.token_file)
     hub_host, hub_port = args.hub
@@ -270,11 +288,18 @@ async def serve(args: argparse.Namespace) -> int:
         log.info("dialling the hub through the proxy %s (from %s)", proxy.display, proxy.source)
     elif os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy"):
         log.info("NO_PROXY matches the hub %s:%d: dialling it directly", hub_host, hub_port)
+    # The same id on every session of this process: the hub counts agent replicas with it.
+    agent_instance = secrets.randbits(32) or 1
     # One session to each hub process behind the address (gateway workers, hub replicas).
     dialer = HubFanout(lambda fanout: AgentDialer(
-        hub_host, hub_port, hub_tls.current, agent.on_open, SessionConfig(),
+        hub_host, hub_port, hub_tls.current, agent.on_open,
+        SessionConfig(ping_after=keepalive, dead_after=tunnel_timeout,
+                      agent_version=pack_release(version()), agent_instance=agent_instance),
         server_hostname=args.hub_server_name or hub_host, fanout=fanout, proxy=proxy))
     readiness = Readiness(dialer, kube)
+    agent.metrics.sessions = lambda: dialer.sessions
+    agent.metrics.version = version()
+    agent.metrics.certificates = CertificateFiles({"agent": str(cert)}).expiries
     log.info("agent for cluster %s: hub %s:%d, apiserver %s, services allowed: %s",
              cluster, hub_host, hub_port, kube.describe(),
              ", ".join(f"{n}/{s}:{p}" for n, s, p in args.allow_service) or "none")
@@ -283,10 +308,13 @@ async def serve(args: argparse.Namespace) -> int:
 
     gctune.settle()
     health = None
-    if args.health_listen and args.health_listen != "off":
-        host, port = _host_port(args.health_listen)
-        health = await start_health_server(host, port, readiness)
-        log.info("health on %s:%d (/healthz, /readyz)", host, port)
+    if health_address is not None:
+        host, port = health_address
+        try:
+            health = await start_health_server(host, port, readiness, agent.metrics.render)
+        except OSError as exc:
+            raise startup.bind_error(exc, host, port, "--health-listen") from None
+        log.info("health on %s:%d (/healthz, /readyz, /metrics)", host, port)
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -159,6 +159,7 @@ class HttpExchange:
         self.bytes_up = 0
         self.bytes_down = 0
         self.started = time.monotonic()
+        self.response_at = 0.0  # when the upstream's (final) response head arrived
         self.outcome = ""
         self._head_buf = bytearray()
         self._head_ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -420,6 +421,7 @@ class HttpExchange:
             break
         buffered, self._resp_buf = bytes(self._resp_buf), bytearray()
         self.response = response
+        self.response_at = time.monotonic()
         self.status = response.status
         # A watch or logs -f may stay open for hours: keep only the parsed flags of both heads.
         # The request bytes were kept for one retry, which is only possible before this point.

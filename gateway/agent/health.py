@@ -1,4 +1,5 @@
-"""The agent's probe endpoints: ``/healthz`` (the process serves) and ``/readyz``.
+"""The agent's probe endpoints: ``/healthz`` (the process serves) and ``/readyz``, and its
+``/metrics`` (``gateway.agent.metrics``).
 
 ``/readyz`` is 200 only while the agent holds a session to the hub AND its kube-apiserver
 answered a TLS handshake recently; otherwise 503 with a short reason (no addresses, no
@@ -14,7 +15,8 @@ from aiohttp import web
 Readiness = Callable[[], tuple[bool, str]]
 
 
-async def start_health_server(host: str, port: int, readiness: Readiness) -> web.AppRunner:
+async def start_health_server(host: str, port: int, readiness: Readiness,
+                              metrics: Callable[[], bytes] | None = None) -> web.AppRunner:
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok\n")
 
@@ -26,6 +28,14 @@ async def start_health_server(host: str, port: int, readiness: Readiness) -> web
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/livez", healthz)
     app.router.add_get("/readyz", readyz)
+    if metrics is not None:
+        async def render(_: web.Request) -> web.Response:
+            response = web.Response(body=metrics())
+            response.content_type = "text/plain"
+            response.headers["Content-Type"] = "text/plain; version=0.0.4; charset=utf-8"
+            return response
+
+        app.router.add_get("/metrics", render)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()

@@ -38,6 +38,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from certs.tls import ReloadingContext
+from gateway.ops.startup import yaml_problem
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +190,10 @@ def _client_tls(
     try:
         return ReloadingContext(build, files, check_interval=5.0)
     except (OSError, ssl.SSLError, ValueError) as exc:
-        raise KubeAPIConfigError(f"cannot load apiserver TLS files {files}: {exc}") from None
+        why = getattr(exc, "reason", None) or getattr(exc, "strerror", None) or exc
+        raise KubeAPIConfigError(f"cannot load apiserver TLS files {files} ({why}): fix "
+                                 "--apiserver-ca or the kubeconfig's certificate-authority "
+                                 "and client certificate") from None
 
 
 def in_cluster(environ: dict[str, str] | os._Environ[str] | None = None,
@@ -226,8 +230,12 @@ def _pick(entries: list[dict[str, Any]] | None, name: str, kind: str, path: str)
 def from_kubeconfig(path: str, context: str | None = None) -> KubeAPIAccess:
     try:
         doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
-        raise KubeAPIConfigError(f"cannot read kubeconfig {path}: {exc}") from None
+    except OSError as exc:
+        raise KubeAPIConfigError(f"--kubeconfig {path}: cannot read it "
+                                 f"({exc.strerror or type(exc).__name__})") from None
+    except yaml.YAMLError as exc:
+        # Never str(exc): it quotes the offending line, which may hold a token.
+        raise KubeAPIConfigError(f"--kubeconfig {path}: {yaml_problem(exc)}") from None
     if not isinstance(doc, dict):
         raise KubeAPIConfigError(f"kubeconfig {path} is not a mapping")
     base = Path(path).resolve().parent

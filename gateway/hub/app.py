@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import ssl
@@ -30,6 +31,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from gateway.hub import fleet
 from gateway.hub.admission.auth import Authenticator, TokenAuthenticator
 from gateway.hub.admission.authorize import Authorizer
 from gateway.hub.admission.hubload import FailedAuthLimiter
@@ -37,8 +39,11 @@ from gateway.hub.admission.identity import IdentityCache
 from gateway.hub.admission.streams import StreamQuota
 from gateway.hub.config import GatewayConfig
 from gateway.hub.exchange import Exchange
+from gateway.hub.fleet import FleetView
 from gateway.hub.frontdoor import FrontDoor
-from gateway.ops import audit
+from gateway.hub.requestclass import SHORT, STREAM, front_door_class
+from gateway.ops import audit, startup
+from gateway.ops.certexpiry import CertificateFiles
 from gateway.ops.health import HealthServer, Readiness, token_review_probe
 from gateway.ops.metrics import OTHER_CLUSTER, GatewayMetrics
 from tunnel.connection import ALPN, SessionConfig
@@ -65,6 +70,7 @@ class Gateway:
         session_config: SessionConfig | None = None,
         tunnel_join: JoinHandler | None = None,
         tunnel_refuse: RefuseHook | None = None,
+        metrics: GatewayMetrics | None = None,
     ) -> None:
         self.config = config
         # Joining (gateway.hub.join, wired by serve.py): the tunnel's join handler and the
@@ -77,7 +83,14 @@ class Gateway:
         self.front_ssl = front_ssl
         self.tunnel_ssl = tunnel_ssl
         self.session_config = session_config
-        self.metrics = GatewayMetrics()
+        self.metrics = metrics or GatewayMetrics()
+        self.fleet = FleetView(registry, worker=config.worker_index)
+        self.metrics.fleet = self.fleet.snapshot
+        self.metrics.fleet_lines = fleet.metric_lines
+        self.metrics.agent_certificates = fleet.agent_certificates
+        own = {name: os.path.join(directory, "tls.crt") for name, directory in
+               (("serving", config.tls_dir), ("tunnel", config.tunnel_tls_dir)) if directory}
+        self.metrics.certificates = CertificateFiles(own).expiries
         self.identities = IdentityCache()
         self.auth_failures = FailedAuthLimiter(rate=config.auth_failure_rate,
                                                burst=config.auth_failure_burst)
@@ -105,12 +118,11 @@ class Gateway:
             len(list(registry.sessions(c))) for c in registry.clusters()
         )
         self.metrics.client_connections = lambda: len(self.connections)
+        self.metrics.tunnel_refused = lambda: self._tunnel.refused if self._tunnel else 0
         self.metrics.auth_reviews = lambda: (
             authenticator.reviews if isinstance(authenticator, TokenAuthenticator) else 0)
         self.metrics.handshake_failures = lambda: (
             self._tunnel.handshake_failures if self._tunnel is not None else {})
-        self.metrics.certificate_expiry = lambda: (
-            self._tunnel.certificate_expiry() if self._tunnel is not None else {})
         self._audit = audit.logger.isEnabledFor(logging.INFO)
 
     @property
@@ -132,7 +144,10 @@ class Gateway:
                      method: bytes | None, target: bytes | None, status: int, bytes_in: int,
                      bytes_out: int, duration: float, stream: bool = False) -> None:
         label = cluster if cluster in self.known_clusters else OTHER_CLUSTER
-        self.metrics.request(label, status, bytes_in, bytes_out)
+        kind = front_door_class(target) if target is not None else SHORT
+        if stream and kind == SHORT:
+            kind = STREAM  # an upgrade: its target does not say so
+        self.metrics.request(label, status, bytes_in, bytes_out, duration, kind)
         if self._audit:
             emit = audit.stream_end if stream else audit.request_done
             emit(request_id=request_id, user=user or None, cluster=cluster, method=method,
@@ -145,6 +160,12 @@ class Gateway:
                                cluster=exchange.admitted.cluster, method=door.head.method,
                                target=door.head.target, status=exchange.status)
 
+    def clusters_document(self) -> bytes:
+        """``GET /clusters``: this gateway's fleet, all workers' sessions merged (see
+        :mod:`gateway.hub.fleet`)."""
+        parts = [self.fleet.snapshot(), *(p.get("fleet") or {} for p in self.metrics.peers())]
+        return json.dumps(fleet.summarize(fleet.merge(parts)), indent=1).encode() + b"\n"
+
     def request_released(self) -> None:
         if self.inflight <= 0:
             self._idle.set()
@@ -156,23 +177,33 @@ class Gateway:
         config = self.config
         host, port = config.listen
         shared = config.workers > 1  # the kernel spreads connections over the workers
-        self._front = await loop.create_server(
-            lambda: FrontDoor(self), host, port, ssl=self.front_ssl, backlog=1024,
-            ssl_handshake_timeout=config.limits.header_timeout if self.front_ssl else None,
-            reuse_port=shared or None,
-        )
+        try:
+            self._front = await loop.create_server(
+                lambda: FrontDoor(self), host, port, ssl=self.front_ssl, backlog=1024,
+                ssl_handshake_timeout=config.limits.header_timeout if self.front_ssl else None,
+                reuse_port=shared or None,
+            )
+        except OSError as exc:
+            raise startup.bind_error(exc, host, port, "--listen") from None
         self.front_port = int(self._front.sockets[0].getsockname()[1])
         if self.tunnel_ssl is not None:
             thost, tport = config.tunnel_listen
-            self._tunnel = await start_tunnel_listener(
-                thost, tport, self.tunnel_ssl, self.registry, self.session_config,
-                reuse_port=shared, naming=config.agent_naming,
-                join=self.tunnel_join, refuse=self.tunnel_refuse,
-            )
+            try:
+                self._tunnel = await start_tunnel_listener(
+                    thost, tport, self.tunnel_ssl, self.registry, self.session_config,
+                    reuse_port=shared, naming=config.agent_naming,
+                    join=self.tunnel_join, refuse=self.tunnel_refuse,
+                )
+            except OSError as exc:
+                raise startup.bind_error(exc, thost, tport, "--tunnel-listen") from None
             self.tunnel_port = int(self._tunnel.port)
         if config.health_listen is not None and config.worker_index == 0:
-            self._health = HealthServer(self.readiness, self.metrics.render)
-            self.health_port = await self._health.start(*config.health_listen)
+            self._health = HealthServer(self.readiness, self.metrics.render,
+                                        clusters=self.clusters_document)
+            try:
+                self.health_port = await self._health.start(*config.health_listen)
+            except OSError as exc:
+                raise startup.bind_error(exc, *config.health_listen, "--health-listen") from None
         self.readiness.listeners_up = True
         self.readiness.start()
         log.info("gateway listening: front door %s:%d, tunnel %s, health %s", host,
@@ -274,6 +305,39 @@ def _tunnel_alpn() -> list[str]:
     return [ALPN]
 
 
+def session_settings(config: GatewayConfig) -> SessionConfig:
+    """Tunnel settings of the hub side: the tunnel's defaults, this process's instance, and
+    the liveness flags."""
+    liveness: dict[str, float] = {}
+    if config.tunnel_keepalive is not None:
+        liveness["ping_after"] = config.tunnel_keepalive
+    if config.tunnel_timeout is not None:
+        liveness["dead_after"] = config.tunnel_timeout
+    return SessionConfig(hub_instance=config.hub_instance,
+                         hub_instances=config.replicas * config.workers, **liveness)
+
+
+async def hub_api_client(kubeconfig: str | None,
+                         build: Callable[[str | None], Awaitable[Any]]) -> Any:
+    """The hub ApiClient, or a StartupError naming --hub-kubeconfig (never a traceback).
+
+    ``gateway.ops.startup`` has already checked that the file is YAML with a current-context;
+    what is left is what only the loader sees (a missing user, an unreadable CA file, an
+    in-cluster token that is not mounted). Its messages name keys and files, not values.
+    """
+    from kubernetes_asyncio.config import ConfigException
+
+    try:
+        return await build(kubeconfig)
+    except (ConfigException, OSError, ValueError, TypeError, KeyError) as exc:
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if kubeconfig:
+            raise startup.StartupError(f"--hub-kubeconfig {kubeconfig}: cannot use it "
+                                       f"({why})") from None
+        raise startup.StartupError(f"in-cluster hub credential unusable ({why}): give "
+                                   "--hub-kubeconfig FILE") from None
+
+
 async def build_gateway(config: GatewayConfig) -> tuple[Gateway, Any]:
     """A production gateway and its hub ApiClient (close it after the gateway)."""
     from gateway.hub.admission.auth import (
@@ -284,29 +348,37 @@ async def build_gateway(config: GatewayConfig) -> tuple[Gateway, Any]:
     from gateway.hub.admission.authorize import NoAuthorizer, SarAuthorizer
     from gateway.hub.admission.hubload import HubCallLimit
 
-    api_client = await build_hub_api_client(config.hub_kubeconfig)
+    front_ssl, tunnel_ssl = front_tls(config), tunnel_tls(config)
+    api_client = await hub_api_client(config.hub_kubeconfig, build_hub_api_client)
+    from gateway.hub.hubcalls import CountingAuthorizer, TimedTokenReviewer, timed_review
+
+    metrics = GatewayMetrics()
     reviewer = KubeTokenReviewer(api_client)
     # One bound for TokenReviews and SubjectAccessReviews together: both load the same hub.
     hub_calls = HubCallLimit(config.hub_max_concurrent_reviews, config.hub_review_wait)
-    authenticator = TokenAuthenticator(reviewer, ttl=config.token_cache_ttl,
-                                       audiences=config.audiences, hub_calls=hub_calls)
-    authorizer: Authorizer = (
-        SarAuthorizer(api_client, config.token_cache_ttl, hub_calls=hub_calls)
-        if config.authorize == "sar" else NoAuthorizer()
-    )
+    authenticator = TokenAuthenticator(TimedTokenReviewer(reviewer, metrics),
+                                       ttl=config.token_cache_ttl, audiences=config.audiences,
+                                       hub_calls=hub_calls)
+    authorizer: Authorizer = NoAuthorizer()
+    if config.authorize == "sar":
+        sar = SarAuthorizer(api_client, config.token_cache_ttl, hub_calls=hub_calls)
+        # Its review function is the seam for measuring each SAR actually sent (inside the
+        # hub-call slot, so the time is the hub's, not the wait for a slot).
+        sar._review = timed_review(sar._review, metrics)
+        authorizer = CountingAuthorizer(sar, metrics)
     # Hub-side session settings are the tunnel's defaults; concurrency toward an agent is
     # bounded by what that agent advertises, and by --max-inflight here.
-    session_config = SessionConfig(hub_instance=config.hub_instance,
-                                   hub_instances=config.replicas * config.workers)
+    session_config = session_settings(config)
     probe = token_review_probe(lambda token: reviewer.review(token, authenticator.audiences))
     gateway = Gateway(
         config,
         authenticator=authenticator,
         authorizer=authorizer,
         registry=SessionRegistry(),
-        front_ssl=front_tls(config),
-        tunnel_ssl=tunnel_tls(config),
+        front_ssl=front_ssl,
+        tunnel_ssl=tunnel_ssl,
         hub_probe=probe,
         session_config=session_config,
+        metrics=metrics,
     )
     return gateway, api_client

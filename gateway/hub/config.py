@@ -22,7 +22,8 @@ class FrontDoorLimits:
     head: Limits = field(default_factory=Limits)
     header_timeout: float = 30.0  # first byte of a request head -> its end
     idle_timeout: float = 120.0  # keep-alive connection with no request in progress
-    response_header_timeout: float = 120.0  # request sent -> response head (0: none)
+    # Short request sent -> response head (0: none); watches, follow and upgrades exempt.
+    response_header_timeout: float = 60.0
     max_buffer: int = 256 * 1024  # client bytes held while authenticating / pipelined
     max_request_body: int = DEFAULT_MAX_REQUEST_BODY  # 413 beyond (3 MiB, like kube-apiserver)
     max_connections: int = 10000
@@ -63,6 +64,9 @@ class GatewayConfig:
     # after start, while agents are still reconnecting to a restarted gateway (503 then).
     unknown_cluster_grace: float = 60.0
     shutdown_timeout: float = 25.0
+    # Tunnel liveness (--tunnel-keepalive / --tunnel-timeout); None: the tunnel's defaults.
+    tunnel_keepalive: float | None = None
+    tunnel_timeout: float | None = None
     readiness_interval: float = 10.0  # hub auth probe period for /readyz
     # Joining (gateway.hub.join): on when a CA Secret is named. The tunnel port then also
     # serves the join ALPN (CSR + token, or renewal with the current certificate).

@@ -28,8 +28,9 @@ a 100 that cannot come, and never sends a large body that nobody reads.
 
 Timeouts: ``header_timeout`` from the first byte of a request head to its end (408, close),
 ``idle_timeout`` between requests (close) and while a request body stalls (408),
-``response_header_timeout`` from the end of the
-request to the response head (504). There is no total timeout: watches and ``logs -f`` last.
+``response_header_timeout`` (default 60 s, kube-apiserver's own request timeout) from the end
+of a short request to its response head (504). Watches, ``logs -f`` and upgrades are exempt
+(``gateway.hub.requestclass``), and there is no total timeout: they last.
 
 A client that goes away resets its stream, which cancels the request on the managed cluster.
 """
@@ -52,6 +53,7 @@ from gateway.hub.admission.chain import (
     prepare,
 )
 from gateway.hub.exchange import Exchange
+from gateway.hub.requestclass import SHORT, front_door_class
 from gateway.ops.metrics import GatewayMetrics
 from gateway.wire.http1 import (
     NO_BODY,
@@ -120,6 +122,7 @@ class FrontDoor(asyncio.Protocol):
         self._body_seen = -1
         self._write_paused = False  # the client's transport is over its high-water mark
         self._counted = False  # this request holds an in-flight slot
+        self._long_running = False  # watch, follow or upgrade: no response-header timeout
 
     # --- asyncio.Protocol --------------------------------------------------------------------
 
@@ -358,9 +361,11 @@ class FrontDoor(asyncio.Protocol):
             return
         if self._write_paused:  # the previous response is still draining to the client
             exchange.stream.pause_reading()
+        # Watches, logs -f and upgrades are long-running, as in kube-apiserver: no
+        # response-header timeout (an exec's 101 waits for the kubelet, a watch may be held).
+        self._long_running = front_door_class(head.target, admitted.upgrade) != SHORT
         if admitted.upgrade:
             self.phase = UPGRADE
-            self._arm(self.limits.response_header_timeout, self._response_timeout)
             self._check_buffer()
             return
         if tracker.complete:
@@ -408,7 +413,7 @@ class FrontDoor(asyncio.Protocol):
         if exchange.done:
             return
         self.phase = WAITING
-        if not exchange.head_sent:
+        if not exchange.head_sent and not self._long_running:
             self._arm(self.limits.response_header_timeout, self._response_timeout)
         self._check_buffer()
 

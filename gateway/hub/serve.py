@@ -33,8 +33,15 @@ from gateway.hub.config import FrontDoorLimits, GatewayConfig
 from gateway.hub.join.service import JoinService
 from gateway.hub.ocm import component as ocm
 from gateway.hub.workers import instance_id as workers_instance_id
-from gateway.ops import audit, diagnostics, gctune
-from gateway.ops.flags import parse_address, parse_duration, parse_size, positive_int
+from gateway.ops import audit, diagnostics, gctune, startup
+from gateway.ops.flags import (
+    add_tunnel_liveness_arguments,
+    parse_address,
+    parse_duration,
+    parse_size,
+    positive_int,
+    tunnel_liveness,
+)
 from gateway.ops.metricslink import MetricsLink, PeerSnapshots, SnapshotSender
 from gateway.ops.rlimits import raise_open_file_limit
 from gateway.wire.http1 import Limits
@@ -82,7 +89,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     net.add_argument("--tunnel-listen", type=_address, default=("0.0.0.0", 8091),
                      metavar="HOST:PORT", help="agent tunnel, mTLS 1.3 (default: 0.0.0.0:8091)")
     net.add_argument("--health-listen", default="0.0.0.0:8000", metavar="HOST:PORT",
-                     help="plain HTTP /healthz /readyz /metrics; 'off' to disable "
+                     help="plain HTTP /healthz /readyz /metrics /clusters, "
+                     "unauthenticated: keep it on a private address; 'off' to disable "
                      "(default: 0.0.0.0:8000)")
     tls = parser.add_argument_group("certificates (reloaded when the files change)")
     tls.add_argument("--tls-dir", required=True, metavar="DIR",
@@ -160,10 +168,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="time to receive a request head (408 beyond; default: 30s)")
     lim.add_argument("--idle-timeout", type=_duration, default=120.0, metavar="DURATION",
                      help="close keep-alive connections idle this long (default: 120s)")
-    lim.add_argument("--response-header-timeout", type=_duration, default=120.0,
+    lim.add_argument("--response-header-timeout", type=_duration, default=60.0,
                      metavar="DURATION",
-                     help="time from request to response head (504 beyond; 0: none; "
-                     "default: 120s). There is no total timeout: watches last")
+                     help="time from a short request to its response head (504 beyond; 0: "
+                     "none; default: 60s, kube-apiserver's own request timeout). Watches, "
+                     "logs -f and upgrades are exempt, and there is no total timeout")
     lim.add_argument("--max-connections", type=positive_int, default=10000,
                      help="client connections at once (default: %(default)s)")
     lim.add_argument("--max-inflight", type=positive_int, default=10000,
@@ -183,6 +192,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      "(the sum of all workers, at most ~1s behind) and writes ClusterProfiles")
     lim.add_argument("--shutdown-timeout", type=_duration, default=25.0, metavar="DURATION",
                      help="on SIGTERM, wait this long for in-flight requests (default: 25s)")
+    add_tunnel_liveness_arguments(parser, "agent")
     parser.add_argument("--log-level", default="info",
                         choices=("debug", "info", "warning", "error"),
                         help="log level of diagnostics on stderr (default: %(default)s); the "
@@ -227,15 +237,14 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
                          "(refusing to start without one)")
     if not os.path.isfile(args.agent_ca):
         raise ValueError(f"--agent-ca {args.agent_ca}: no such file (refusing to start)")
-    for flag, directory in (("--tls-dir", args.tls_dir), ("--tunnel-tls-dir",
-                                                          args.tunnel_tls_dir)):
-        for name in ("tls.crt", "tls.key"):
-            if not os.path.isfile(os.path.join(directory, name)):
-                raise ValueError(f"{flag} {directory}: {name} is missing")
+    startup.check_ca_file(args.agent_ca, "--agent-ca")
+    startup.check_key_pair(args.tls_dir, "--tls-dir")
+    startup.check_key_pair(args.tunnel_tls_dir, "--tunnel-tls-dir")
     try:
         validate_prefix(args.identity_prefix)
     except IdentityError as exc:
         raise ValueError(f"--identity-prefix: {exc}") from None
+    keepalive, tunnel_timeout = tunnel_liveness(args)
     try:
         naming = AgentNaming(args.agent_identity, args.ocm_addon_name)
     except ValueError as exc:
@@ -275,6 +284,8 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         limits=limits,
         unknown_cluster_grace=args.unknown_cluster_grace,
         shutdown_timeout=args.shutdown_timeout,
+        tunnel_keepalive=keepalive,
+        tunnel_timeout=tunnel_timeout,
         workers=args.workers,
         replicas=args.replicas,
         hub_instance=workers_instance_id(),
@@ -289,13 +300,17 @@ async def serve(config: GatewayConfig, args: argparse.Namespace | None = None,
                 link: MetricsLink | None = None) -> int:
     from gateway.hub.app import build_gateway
 
-    gateway, api_client = await build_gateway(config)
+    try:
+        gateway, api_client = await build_gateway(config)
+    except startup.StartupError as exc:
+        print(f"hubproxy gateway: {exc}", file=sys.stderr)
+        return startup.EXIT_CODE
     joining = None
     if config.join_ca_secret is not None:
         joining = await _joining(config, api_client)
         if joining is None:
             await api_client.close()
-            return 2
+            return startup.EXIT_CODE
         gateway.tunnel_join, gateway.tunnel_refuse = joining.handle, joining.refuse
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -304,7 +319,11 @@ async def serve(config: GatewayConfig, args: argparse.Namespace | None = None,
     extras: list[asyncio.Task[None]] = []
     peers: PeerSnapshots | SnapshotSender | None = None
     try:
-        await gateway.start()
+        try:
+            await gateway.start()
+        except startup.StartupError as exc:
+            print(f"hubproxy gateway: {exc}", file=sys.stderr)
+            return startup.EXIT_CODE
         if link is not None and config.worker_index == 0:
             peers = link.receiver()
             peers.start()
@@ -378,6 +397,12 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         print(f"hubproxy gateway: {problem}", file=sys.stderr)
         return 2
+    try:
+        startup.require_cluster_or_kubeconfig(config.hub_kubeconfig, "--hub-kubeconfig")
+        check_ports_free(config)
+    except startup.StartupError as exc:
+        print(f"hubproxy gateway: {exc}", file=sys.stderr)
+        return startup.EXIT_CODE
     # Client connections, plus agent sessions and hub connections.
     raise_open_file_limit(config.limits.max_connections + 1024)
     if config.workers > 1:
@@ -390,6 +415,14 @@ def run(args: argparse.Namespace) -> int:
         audit.install_writer(audit.AuditWriter(sys.stdout, atomic=True))
         return workers.run(config, lambda worker, link: _serve_in_loop(worker, args, link))
     return _serve_in_loop(config, args)
+
+
+def check_ports_free(config: GatewayConfig) -> None:
+    """Every port this gateway will listen on is free (before anything is built or forked)."""
+    startup.check_port_free(*config.listen, "--listen")
+    startup.check_port_free(*config.tunnel_listen, "--tunnel-listen")
+    if config.health_listen is not None:
+        startup.check_port_free(*config.health_listen, "--health-listen")
 
 
 def _serve_in_loop(config: GatewayConfig, args: argparse.Namespace,

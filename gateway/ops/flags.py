@@ -60,3 +60,44 @@ def parse_duration(value: str) -> float:
     if seconds < 0:
         raise ValueError(f"{value!r}: a duration cannot be negative")
     return seconds
+
+
+def duration(value: str) -> float:
+    """argparse type for :func:`parse_duration`."""
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_tunnel_liveness_arguments(parser: argparse.ArgumentParser, peer: str) -> None:
+    """``--tunnel-keepalive`` and ``--tunnel-timeout``, the same on gateway and agent.
+
+    Defaults are the tunnel's (``tunnel.session_state.SessionConfig``): PING after 3 s of
+    silence, dead after 8 s, so a frozen ``peer`` is found within about 9 s.
+    """
+    from tunnel.session_state import SessionConfig
+
+    defaults = SessionConfig()
+    group = parser.add_argument_group("tunnel liveness")
+    group.add_argument("--tunnel-keepalive", type=duration, default=defaults.ping_after,
+                       metavar="DURATION",
+                       help=f"send a PING after this long without a frame from the {peer} "
+                       f"(default: {defaults.ping_after:g}s; busy sessions never ping)")
+    group.add_argument("--tunnel-timeout", type=duration, default=defaults.dead_after,
+                       metavar="DURATION",
+                       help=f"declare the session dead (its requests end, 503) after this long "
+                       f"without a frame from the {peer} (default: {defaults.dead_after:g}s; "
+                       "a frozen peer is found within it plus a quarter of the keepalive)")
+
+
+def tunnel_liveness(args: argparse.Namespace) -> tuple[float, float]:
+    """(ping_after, dead_after) from the flags; ValueError naming them if they cannot work."""
+    keepalive, timeout = args.tunnel_keepalive, args.tunnel_timeout
+    if keepalive <= 0 or timeout <= 0:
+        raise ValueError("--tunnel-keepalive and --tunnel-timeout must be positive")
+    if timeout <= keepalive:
+        raise ValueError(f"--tunnel-timeout {timeout:g}s must be longer than "
+                         f"--tunnel-keepalive {keepalive:g}s (else a healthy idle session "
+                         "is declared dead before its PING is answered)")
+    return keepalive, timeout

@@ -6,6 +6,12 @@
   ``readiness_interval`` seconds) got a clean answer -- any answer, "not authenticated" included,
   proves the hub can authenticate. Otherwise 503 with the reason. Cheap: never waits for the hub.
 * ``/metrics`` -- Prometheus text (``gateway.ops.metrics``).
+* ``/clusters`` -- the gateway's fleet as JSON (``gateway.hub.fleet``; ``hubproxy clusters``
+  prints it). Like everything on this port it is **unauthenticated**: cluster names, agent
+  versions, certificate expiry and error reasons, never a secret, but an inventory. Keep
+  ``--health-listen`` on a private address (loopback, or the pod IP behind a NetworkPolicy);
+  to reach it from elsewhere, put an authenticating proxy in front (kube-rbac-proxy, as for
+  any metrics port) or use ``kubectl port-forward``.
 
 One tiny request per connection (``Connection: close``), GET/HEAD only, heads bounded by
 ``gateway.wire.http1`` limits: this port must stay boring.
@@ -108,9 +114,11 @@ def _response(code: int, reason: str, body: bytes, content_type: bytes = b"text/
 
 
 class HealthServer:
-    def __init__(self, readiness: Readiness, metrics: Callable[[], bytes]) -> None:
+    def __init__(self, readiness: Readiness, metrics: Callable[[], bytes],
+                 clusters: Callable[[], bytes] | None = None) -> None:
         self.readiness = readiness
         self.metrics = metrics
+        self.clusters = clusters
         self.server: asyncio.base_events.Server | None = None
 
     def answer(self, method: bytes, path: bytes) -> bytes:
@@ -129,6 +137,8 @@ class HealthServer:
         elif path == b"/metrics":
             response = _response(200, "OK", self.metrics(),
                                  b"text/plain; version=0.0.4; charset=utf-8")
+        elif path == b"/clusters" and self.clusters is not None:
+            response = _response(200, "OK", self.clusters(), b"application/json")
         else:
             return _response(404, "Not Found", b"not found\n")
         if method == b"HEAD":

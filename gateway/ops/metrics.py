@@ -12,12 +12,62 @@ With ``--workers`` each worker counts its own; the others send worker 0 a snapsh
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 OTHER_CLUSTER = "_other"
+
+# Request duration buckets (seconds): short requests live in the first ten; watches and streams
+# (whose duration is how long they stayed open) in the last ones.
+REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                   300.0, 1800.0, 3600.0)
+# Hub TokenReview / SubjectAccessReview call durations.
+HUB_CALL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class Histogram:
+    """Counts per bucket (not cumulative; the last one is +Inf), their sum and count.
+
+    ``observe`` is one bisect and two additions: no allocation on the request path.
+    """
+
+    __slots__ = ("bounds", "counts", "total")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.total += value
+
+    def to_json(self) -> list[float]:
+        return [*self.counts, self.total]
+
+    def add_json(self, values: list[float]) -> None:
+        """Add a peer's :meth:`to_json` (ignored if its buckets differ: another version)."""
+        if len(values) != len(self.counts) + 1:
+            return
+        for i in range(len(self.counts)):
+            self.counts[i] += int(values[i])
+        self.total += float(values[-1])
+
+    def lines(self, name: str, labels: str) -> list[str]:
+        out, cumulative = [], 0
+        sep = "," if labels else ""
+        for bound, count in zip(self.bounds, self.counts, strict=False):
+            cumulative += count
+            out.append(f'{name}_bucket{{{labels}{sep}le="{bound:g}"}} {cumulative}')
+        cumulative += self.counts[-1]
+        out.append(f'{name}_bucket{{{labels}{sep}le="+Inf"}} {cumulative}')
+        braces = f"{{{labels}}}" if labels else ""
+        out.append(f"{name}_sum{braces} {self.total:.6f}")
+        out.append(f"{name}_count{braces} {cumulative}")
+        return out
 
 
 def _escape(value: str) -> str:
@@ -38,11 +88,25 @@ class GatewayMetrics:
     client_connections: Callable[[], int] = lambda: 0
     auth_reviews: Callable[[], int] = lambda: 0  # TokenReviews sent = cache misses
     auth_lookups: int = 0  # authentications asked for
-    # Agent certificates (tunnel.listener): refusals by reason, expiry per connected cluster.
+    # Agent connections refused before a session (tunnel.listener), by reason.
     handshake_failures: Callable[[], Mapping[str, int]] = lambda: {}
-    certificate_expiry: Callable[[], Mapping[str, float]] = lambda: {}
+    # Agent connections that completed TLS but were refused (not TLS 1.3, wrong ALPN, no
+    # cluster in the certificate); handshake_failures counts every refusal by reason.
+    tunnel_refused: Callable[[], int] = lambda: 0
     # With --workers: the latest snapshots of the other workers (worker 0 serves /metrics).
     peers: Callable[[], Iterable[dict[str, Any]]] = lambda: ()
+    # Request durations by (cluster, class: short/watch/stream).
+    latency: dict[tuple[str, str], Histogram] = field(default_factory=dict)
+    # Hub calls (tokenreview, subjectaccessreview): durations, and outcomes (ok, error).
+    hub_latency: dict[str, Histogram] = field(default_factory=dict)
+    hub_calls: Counter[tuple[str, str]] = field(default_factory=Counter)
+    authz_lookups: int = 0  # authorizations asked for (cache hits = lookups - SARs sent)
+    # Certificate expiry (epoch seconds) by which certificate; read at scrape time.
+    certificates: Callable[[], dict[str, float]] = dict
+    # The fleet (gateway.hub.fleet): this worker's part, and how to render the merged parts.
+    fleet: Callable[[], dict[str, Any]] = dict
+    fleet_lines: Callable[[list[dict[str, Any]]], list[str]] = lambda parts: []
+    agent_certificates: Callable[[list[dict[str, Any]]], dict[str, float]] = lambda parts: {}
 
     def stream_opened(self) -> None:
         self.active_streams += 1
@@ -51,10 +115,25 @@ class GatewayMetrics:
     def stream_closed(self) -> None:
         self.active_streams -= 1
 
-    def request(self, cluster: str, code: int, bytes_in: int, bytes_out: int) -> None:
+    def request(self, cluster: str, code: int, bytes_in: int, bytes_out: int,
+                duration: float | None = None, kind: str = "short") -> None:
         self.requests[(cluster, code)] += 1
         self.bytes_in += bytes_in
         self.bytes_out += bytes_out
+        if duration is not None:
+            key = (cluster, kind)
+            histogram = self.latency.get(key)
+            if histogram is None:
+                histogram = self.latency[key] = Histogram(REQUEST_BUCKETS)
+            histogram.observe(duration)
+
+    def hub_call(self, call: str, seconds: float, ok: bool) -> None:
+        """One TokenReview/SubjectAccessReview sent to the hub (``ok``: it answered)."""
+        histogram = self.hub_latency.get(call)
+        if histogram is None:
+            histogram = self.hub_latency[call] = Histogram(HUB_CALL_BUCKETS)
+        histogram.observe(seconds)
+        self.hub_calls[(call, "ok" if ok else "error")] += 1
 
     def snapshot(self) -> dict[str, Any]:
         """This process's figures as plain JSON values (what a worker sends to worker 0)."""
@@ -72,16 +151,29 @@ class GatewayMetrics:
             "auth_reviews": self.auth_reviews(),
             "auth_lookups": self.auth_lookups,
             "handshake_failures": dict(self.handshake_failures()),
-            "certificate_expiry": dict(self.certificate_expiry()),
+            "authz_lookups": self.authz_lookups,
+            "tunnel_refused": self.tunnel_refused(),
+            "latency": [[cluster, kind, h.to_json()]
+                        for (cluster, kind), h in self.latency.items()],
+            "hub_latency": [[call, h.to_json()] for call, h in self.hub_latency.items()],
+            "hub_calls": [[call, outcome, count]
+                          for (call, outcome), count in self.hub_calls.items()],
+            "fleet": self.fleet(),
         }
 
     def render(self) -> bytes:
         """Prometheus text: this process's figures plus the latest ones of its peer workers."""
-        return render(merge([self.snapshot(), *self.peers()]))
+        merged = merge([self.snapshot(), *self.peers()])
+        parts = merged["fleet_parts"]
+        extra = [*self.fleet_lines(parts),
+                 *certificate_lines(self.certificates(), self.agent_certificates(parts))]
+        text = render(merged)
+        return text + ("\n".join(extra) + "\n").encode("ascii") if extra else text
 
 
 SUMMED = ("bytes_in", "bytes_out", "active_streams", "streams_total", "connections_refused",
-          "connected_agents", "client_connections", "auth_reviews", "auth_lookups")
+          "connected_agents", "client_connections", "auth_reviews", "auth_lookups",
+          "authz_lookups", "tunnel_refused")
 
 
 def merge(snapshots: Iterable[dict[str, Any]]) -> dict[str, Any]:
@@ -91,6 +183,10 @@ def merge(snapshots: Iterable[dict[str, Any]]) -> dict[str, Any]:
     requests: Counter[tuple[str, int]] = Counter()
     clusters: set[str] = set()
     snapshots_seen = list(snapshots)
+    latency: dict[tuple[str, str], Histogram] = {}
+    hub_latency: dict[str, Histogram] = {}
+    hub_calls: Counter[tuple[str, str]] = Counter()
+    fleet_parts: list[dict[str, Any]] = []
     for snap in snapshots_seen:
         for key in SUMMED:
             value = snap.get(key, 0)
@@ -99,23 +195,35 @@ def merge(snapshots: Iterable[dict[str, Any]]) -> dict[str, Any]:
         for cluster, code, count in snap.get("requests", ()):
             requests[(str(cluster), int(code))] += int(count)
         clusters.update(str(c) for c in snap.get("clusters", ()))
+        for cluster, kind, values in snap.get("latency", ()):
+            key = (str(cluster), str(kind))
+            if key not in latency:
+                latency[key] = Histogram(REQUEST_BUCKETS)
+            latency[key].add_json(values)
+        for call, values in snap.get("hub_latency", ()):
+            if call not in hub_latency:
+                hub_latency[call] = Histogram(HUB_CALL_BUCKETS)
+            hub_latency[call].add_json(values)
+        for call, outcome, count in snap.get("hub_calls", ()):
+            hub_calls[(str(call), str(outcome))] += int(count)
+        fleet_parts.append(snap.get("fleet") or {})
     total["requests"] = requests
     total["connected_clusters"] = len(clusters)
     total.update(_merge_certificates(snapshots_seen))
+    total["latency"] = latency
+    total["hub_latency"] = hub_latency
+    total["hub_calls"] = hub_calls
+    total["fleet_parts"] = fleet_parts
     return total
 
 
 def _merge_certificates(snapshots: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """Handshake failures add up; a cluster's expiry is the earliest any worker saw."""
+    """Handshake failures add up across workers."""
     failures: Counter[str] = Counter()
-    expiry: dict[str, float] = {}
     for snap in snapshots:
         for reason, count in snap.get("handshake_failures", {}).items():
             failures[str(reason)] += int(count)
-        for cluster, not_after in snap.get("certificate_expiry", {}).items():
-            cluster = str(cluster)
-            expiry[cluster] = min(float(not_after), expiry.get(cluster, float("inf")))
-    return {"handshake_failures": failures, "certificate_expiry": expiry}
+    return {"handshake_failures": failures}
 
 
 def _render_certificates(m: dict[str, Any]) -> list[str]:
@@ -128,15 +236,6 @@ def _render_certificates(m: dict[str, Any]) -> list[str]:
     for reason, count in sorted(m.get("handshake_failures", {}).items()):
         lines.append(
             f'hubproxy_tunnel_handshake_failures_total{{reason="{_escape(reason)}"}} {count}')
-    lines += [
-        "# HELP hubproxy_agent_certificate_expiry_timestamp_seconds When the agent certificate "
-        "of a connected cluster expires (the earliest of its sessions), in seconds since the "
-        "epoch; days left: (value - time()) / 86400.",
-        "# TYPE hubproxy_agent_certificate_expiry_timestamp_seconds gauge",
-    ]
-    for cluster, not_after in sorted(m.get("certificate_expiry", {}).items()):
-        lines.append(f'hubproxy_agent_certificate_expiry_timestamp_seconds'
-                     f'{{cluster="{_escape(cluster)}"}} {not_after:.0f}')
     return lines
 
 
@@ -182,5 +281,70 @@ def render(m: dict[str, Any]) -> bytes:
         f'hubproxy_bytes_total{{direction="in"}} {m["bytes_in"]}',
         f'hubproxy_bytes_total{{direction="out"}} {m["bytes_out"]}',
         *_render_certificates(m),
+        "# HELP hubproxy_tunnel_refused_total Agent connections refused after TLS (not TLS "
+        "1.3, wrong ALPN, no cluster in the certificate); by reason in "
+        "hubproxy_tunnel_handshake_failures_total.",
+        "# TYPE hubproxy_tunnel_refused_total counter",
+        f"hubproxy_tunnel_refused_total {m['tunnel_refused']}",
     ]
+    lines += _latency_lines(m)
     return ("\n".join(lines) + "\n").encode("ascii")
+
+
+def _latency_lines(m: dict[str, Any]) -> list[str]:
+    lines = [
+        "# HELP hubproxy_request_duration_seconds Requests by cluster and class: short (its "
+        "whole exchange), watch and stream (how long they stayed open).",
+        "# TYPE hubproxy_request_duration_seconds histogram",
+    ]
+    for (cluster, kind), histogram in sorted(m.get("latency", {}).items()):
+        lines += histogram.lines("hubproxy_request_duration_seconds",
+                                 f'cluster="{_escape(cluster)}",class="{_escape(kind)}"')
+    lines += [
+        "# HELP hubproxy_hub_request_duration_seconds TokenReviews and SubjectAccessReviews "
+        "sent to the hub (cache misses), by call.",
+        "# TYPE hubproxy_hub_request_duration_seconds histogram",
+    ]
+    for call, histogram in sorted(m.get("hub_latency", {}).items()):
+        lines += histogram.lines("hubproxy_hub_request_duration_seconds",
+                                 f'call="{_escape(call)}"')
+    lines += [
+        "# HELP hubproxy_hub_requests_total Hub calls by outcome: ok (the hub answered, yes or "
+        "no) or error (unreachable, timeout, refused the gateway's credential).",
+        "# TYPE hubproxy_hub_requests_total counter",
+    ]
+    for (call, outcome), count in sorted(m.get("hub_calls", {}).items()):
+        lines.append(f'hubproxy_hub_requests_total{{call="{_escape(call)}",'
+                     f'outcome="{_escape(outcome)}"}} {count}')
+    sars = sum(count for (call, _), count in m.get("hub_calls", {}).items()
+               if call == "subjectaccessreview")
+    lines += [
+        "# HELP hubproxy_authz_cache_hits_total Authorizations answered from the cache (or "
+        "coalesced).",
+        "# TYPE hubproxy_authz_cache_hits_total counter",
+        f"hubproxy_authz_cache_hits_total {max(0, m.get('authz_lookups', 0) - sars)}",
+        "# HELP hubproxy_authz_cache_misses_total SubjectAccessReviews sent to the hub.",
+        "# TYPE hubproxy_authz_cache_misses_total counter",
+        f"hubproxy_authz_cache_misses_total {sars}",
+    ]
+    return lines
+
+
+def certificate_lines(own: dict[str, float], agents: dict[str, float]) -> list[str]:
+    """``hubproxy_certificate_expiry_timestamp_seconds``: ``{certificate="serving"}`` and
+    ``"tunnel"`` (``own``), and ``{certificate="agent",cluster=...}`` for each connected cluster
+    (the earliest of its sessions' client certificates), in one metric family."""
+    if not own and not agents:
+        return []
+    lines = [
+        "# HELP hubproxy_certificate_expiry_timestamp_seconds When a certificate expires (Unix "
+        "time): serving, tunnel, and each agent's client certificate (earliest per cluster).",
+        "# TYPE hubproxy_certificate_expiry_timestamp_seconds gauge",
+    ]
+    for name, when in sorted(own.items()):
+        lines.append(f'hubproxy_certificate_expiry_timestamp_seconds{{certificate='
+                     f'"{_escape(name)}"}} {when:.0f}')
+    for cluster, when in sorted(agents.items()):
+        lines.append(f'hubproxy_certificate_expiry_timestamp_seconds{{certificate="agent",'
+                     f'cluster="{_escape(cluster)}"}} {when:.0f}')
+    return lines

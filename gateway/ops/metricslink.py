@@ -5,7 +5,10 @@ requests. Each other worker sends worker 0 a JSON snapshot of its figures every 
 datagram, so several senders never interleave); worker 0 keeps the latest per worker and adds
 them to its own when scraped. A scrape is thus at most about a second behind for the others.
 No files, no shared memory to lock; a snapshot that does not fit in one datagram is dropped
-and said once in the log.
+and said once in the log. Snapshots are zlib-compressed (level 1: about a millisecond a second
+for a thousand clusters): with per-cluster histograms and the fleet's sessions, a thousand
+clusters are ~600 KB of JSON, beyond a datagram (~200 KB), and ~50 KB compressed. A datagram
+that starts with ``{`` is read as plain JSON.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import contextlib
 import json
 import logging
 import socket
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -68,9 +72,11 @@ class PeerSnapshots:
                 self.stop()
                 return
             try:
+                if data[:1] != b"{":
+                    data = zlib.decompress(data)
                 message = json.loads(data)
                 self._latest[int(message["worker"])] = message["metrics"]
-            except (ValueError, KeyError, TypeError):
+            except (ValueError, KeyError, TypeError, zlib.error):
                 log.warning("metrics link: dropped a malformed snapshot")
 
     def snapshots(self) -> list[dict[str, Any]]:
@@ -103,8 +109,8 @@ class SnapshotSender:
         self.send_now()
 
     def send_now(self) -> None:
-        data = json.dumps({"worker": self._worker, "metrics": self._snapshot()},
-                          separators=(",", ":")).encode()
+        data = zlib.compress(json.dumps({"worker": self._worker, "metrics": self._snapshot()},
+                                        separators=(",", ":")).encode(), 1)
         try:
             self._sock.send(data)
         except (BlockingIOError, InterruptedError):

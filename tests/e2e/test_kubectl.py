@@ -12,6 +12,7 @@ import select
 import signal
 import socket
 import subprocess
+import sys
 import time
 
 import pytest
@@ -214,3 +215,41 @@ def test_each_context_reaches_its_own_cluster(system: System, context: str) -> N
     got = system.kubectl("version", "-o", "json", context=context)
     assert got.returncode == 0, got.stderr
     assert context in json.loads(got.stdout)["serverVersion"]["gitVersion"]
+
+
+def test_kubectl_get_raw_without_the_cluster_prefix_gets_a_hint(system: System) -> None:
+    """kubectl get --raw drops the server URL's path (/cluster1): the gateway says so."""
+    got = system.kubectl("get", "--raw", "/version")
+    assert got.returncode != 0
+    assert 'cluster "version"' in got.stderr
+    assert "--raw /<cluster>/version" in got.stderr, got.stderr
+    fixed = system.kubectl("get", "--raw", "/cluster1/version")
+    assert fixed.returncode == 0 and '"gitVersion"' in fixed.stdout, fixed.stderr
+
+
+def test_laptop_kubeconfig_mints_a_token_with_the_persons_hub_credentials(
+        system: System) -> None:
+    """The README's laptop recipe: `hubproxy kubeconfig --exec` whose hubproxy-creds mints a
+    service-account token with TokenRequest through the person's own hub kubeconfig."""
+    from kubesim.auth import DEFAULT_ISSUER
+
+    person = system.hub.write_kubeconfig(system.root / "person-hub.kubeconfig",
+                                         token=system.hub.admin_token)
+    creds = system.root / "hubproxy-creds"
+    creds.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m gateway.access.creds "$@"\n')
+    creds.chmod(0o755)
+    made = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "kubeconfig", "--server", system.front,
+         "--ca", str(system.ca_file), "--cluster", "cluster1", "--exec",
+         "--exec-command", str(creds),
+         f"--exec-arg=--token-request-audience={DEFAULT_ISSUER}",
+         "--exec-arg=--service-account=demo/demo", f"--exec-arg=--hub-kubeconfig={person}"],
+        capture_output=True, text=True, timeout=30)
+    assert made.returncode == 0, made.stderr
+    laptop = system.root / "laptop.kubeconfig"
+    laptop.write_text(made.stdout)
+    env = {k: v for k, v in system.env(KUBECONFIG=str(laptop)).items()
+           if k != "KUBERNETES_SERVICE_HOST"}  # a laptop is not a pod
+    got = system.kubectl("auth", "whoami", env=env)
+    assert got.returncode == 0, got.stderr
+    assert "cluster:hub:system:serviceaccount:demo:demo" in got.stdout

@@ -166,8 +166,8 @@ async def test_refused_agents_are_explained_once_and_counted(pki: Path, tmp_path
             not_after = x509.load_pem_x509_certificate(
                 (pki / "agents" / "c1" / "tls.crt").read_bytes()).not_valid_after_utc
             metrics = await asyncio.to_thread(scrape, health)
-            assert (f'hubproxy_agent_certificate_expiry_timestamp_seconds{{cluster="c1"}} '
-                    f'{not_after.timestamp():.0f}') in metrics, metrics
+            assert (f'hubproxy_certificate_expiry_timestamp_seconds{{certificate="agent",'
+                    f'cluster="c1"}} {not_after.timestamp():.0f}') in metrics, metrics
 
             logs = gateway.output + expired.output + foreign.output + good.output
             for fragment in key_fragments(pki):

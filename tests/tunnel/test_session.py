@@ -377,8 +377,27 @@ def test_hub_announces_its_instance_and_how_many_share_its_address():
     assert (plain_agent.peer_hub_instance, plain_agent.peer_hub_instances) == (0, 1)
 
 
+def test_agent_announces_its_version_and_instance_and_old_peers_ignore_them():
+    cfg = SessionConfig(agent_version=(1 << 24) | (2 << 16) | 3, agent_instance=0xCAFE)
+    hub, _agent, _ = pair(agent_cfg=cfg)
+    assert (hub.peer_agent_version, hub.peer_agent_instance) == ((1 << 24) | (2 << 16) | 3,
+                                                                 0xCAFE)
+    plain_hub, _, _ = pair()  # an agent that predates them sends neither
+    assert (plain_hub.peer_agent_version, plain_hub.peer_agent_instance) == (0, 0)
+    # On the wire they are two more (id, value) pairs in the first SETTINGS: a hub that does
+    # not know ids 7 and 8 ignores them, as it ignores any unknown id.
+    first = next(fr for fr, _ in f.decode_frames(
+        memoryview(wire(Session(cfg, opens_odd=False, clock=Clock()))), 1 << 20))
+    settings = f.parse_settings(first.payload)
+    assert settings[f.S_AGENT_VERSION] == cfg.agent_version
+    assert settings[f.S_AGENT_INSTANCE] == 0xCAFE
+    hub = fresh_agent()  # any session parses SETTINGS the same way
+    feed(hub, f.encode_settings({99: 7}))  # an id from the future: ignored
+
+
 @pytest.mark.parametrize(("key", "value"), [(f.S_HUB_INSTANCE, 0), (f.S_HUB_INSTANCES, 0),
-                                            (f.S_HUB_INSTANCES, f.MAX_HUB_INSTANCES + 1)])
+                                            (f.S_HUB_INSTANCES, f.MAX_HUB_INSTANCES + 1),
+                                            (f.S_AGENT_VERSION, 0), (f.S_AGENT_INSTANCE, 0)])
 def test_hub_instance_settings_out_of_range_are_refused(key, value):
     agent = fresh_agent()
     with pytest.raises(ProtocolError):

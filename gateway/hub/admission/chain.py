@@ -206,9 +206,21 @@ async def admit(gw: AdmissionContext, head: RequestHead, client_ip: str, request
 
 
 def cluster_unavailable(gw: AdmissionContext, cluster: str) -> Refusal:
+    # `kubectl get --raw /version` through a context whose server is https://gw/<cluster>
+    # drops the server's path: the request arrives as /version, "cluster" version.
+    hint = (f"; paths are /<cluster>/{cluster}/..., and kubectl get --raw drops the server's "
+            f"/<cluster> prefix: write it, e.g. --raw /<cluster>/{cluster}"
+            if cluster in API_ROOTS and cluster not in gw.known_clusters else "")
     if cluster in gw.known_clusters or gw.in_startup_grace():
-        return Refusal(503, f'cluster "{cluster}" is not connected', retry_after=5)
-    return Refusal(404, f'cluster "{cluster}" is not known to this gateway')
+        # No Retry-After with the hint: client-go would retry a mistake ten times first.
+        return Refusal(503, f'cluster "{cluster}" is not connected{hint}',
+                       retry_after=None if hint else 5)
+    return Refusal(404, f'cluster "{cluster}" is not known to this gateway{hint}')
+
+
+# First segments of Kubernetes API paths: as a "cluster" they mean the prefix was left out.
+API_ROOTS = frozenset({"api", "apis", "version", "openapi", "healthz", "livez", "readyz",
+                       "metrics", "logs"})
 
 
 def _admitted(gw: AdmissionContext, head: RequestHead, prepared: Prepared,

@@ -89,6 +89,24 @@ async def test_kubectl_reports_plugin_refusal_without_cluster_extension(tmp_path
             assert ("clusterName is missing" in err) or ("provideClusterInfo" in err)
 
 
+async def test_cluster_flag_stands_in_for_argo_cd_which_sends_no_cluster_info(
+        tmp_path: Path) -> None:
+    """Argo CD's execProviderConfig (command, args, apiVersion) has no provideClusterInfo:
+    ``--cluster`` names the cluster instead, and kubectl (client-go, as Argo CD) then works."""
+    async with run_kubesim(tmp_path) as sim:
+        (tmp_path / "token").write_text(sim.mint_token("argocd", "argocd-application-controller"))
+        kubeconfig = exec_kubeconfig(
+            sim, tmp_path / "kc", str(recording_plugin(tmp_path)),
+            ["--cluster", "cluster1", "--token-file", str(tmp_path / "token")],
+            api_version=V1BETA1, cluster_name=None, provide_cluster_info=False,
+        )
+        rc, out, err = await sim.kubectl("auth", "whoami", kubeconfig=kubeconfig)
+        assert rc == 0, err
+        assert "system:serviceaccount:argocd:argocd-application-controller" in out
+        sent = json.loads((tmp_path / "exec-info.json").read_text())
+        assert "cluster" not in sent.get("spec", {})  # really without cluster information
+
+
 async def test_managed_serviceaccount_mode_reads_the_secret(tmp_path: Path) -> None:
     """cp-creds compatibility: Secret <clusterName>-<NAME>, key token, own namespace."""
     async with run_kubesim(tmp_path) as sim:

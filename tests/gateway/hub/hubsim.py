@@ -8,6 +8,7 @@ import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -40,3 +41,62 @@ async def hub_and_cluster(tmp_path: Path) -> AsyncIterator[HubAndCluster]:
             agent_token=agent_token,
             hub_kubeconfig=write_private(tmp_path / "hub.kubeconfig",
                                          yaml.safe_dump(hub.kubeconfig(gateway_token))))
+
+
+@dataclass
+class Fleet:
+    """A ``hubproxy gateway`` process and one ``hubproxy agent`` process for ``c1``."""
+
+    sims: HubAndCluster
+    group: Any  # tests.support.ProcessGroup
+    gateway: Any  # BackgroundProcess
+    agent: Any  # BackgroundProcess
+    front: int
+    tunnel: int
+    health: int
+    agent_health: int
+    ca: Path  # the front door's CA
+
+    def url(self, path: str) -> str:
+        return f"https://127.0.0.1:{self.front}{path}"
+
+
+@contextlib.asynccontextmanager
+async def gateway_and_agent(tmp_path: Path, *, gateway_flags: tuple[str, ...] = (),
+                            agent_flags: tuple[str, ...] = ()) -> AsyncIterator[Fleet]:
+    """Certificates, the two kubesims, a gateway and an agent, all real processes; yields once
+    a request through the gateway reaches ``c1``. Stops exactly the processes it started."""
+    import asyncio
+
+    from certs import layout
+    from gateway.demo import agent_args, agent_kubeconfig
+    from tests.support import ProcessGroup, free_port
+
+    pki = tmp_path / "pki"
+    layout.init(pki, layout.InitOptions(clusters=["c1"]))
+    async with hub_and_cluster(tmp_path) as sims:
+        token_file = write_private(tmp_path / "agent-token", sims.agent_token)
+        agent_kc = write_private(tmp_path / "agent-kc", yaml.safe_dump(agent_kubeconfig(
+            sims.managed.url, sims.managed.ca_file, str(token_file))))
+        front, tunnel, health, agent_health = free_port(), free_port(), free_port(), free_port()
+        group = ProcessGroup()
+        try:
+            gateway = group.hubproxy(
+                "gateway", "--tls-dir", str(pki / "gateway"),
+                "--tunnel-tls-dir", str(pki / "tunnel-server"),
+                "--agent-ca", str(pki / "tunnel-ca" / "ca.crt"),
+                "--listen", f"127.0.0.1:{front}", "--tunnel-listen", f"127.0.0.1:{tunnel}",
+                "--health-listen", f"127.0.0.1:{health}",
+                "--hub-kubeconfig", str(sims.hub_kubeconfig), "--shutdown-timeout", "2",
+                *gateway_flags)
+            await asyncio.to_thread(gateway.wait_for_line, "hubproxy gateway ready", 30)
+            agent = group.hubproxy(*agent_args(pki, "c1", hub=f"127.0.0.1:{tunnel}",
+                                               kubeconfig=agent_kc,
+                                               health_listen=f"127.0.0.1:{agent_health}"),
+                                   *agent_flags)
+            await asyncio.to_thread(gateway.wait_for_line, "cluster c1 connected", 30)
+            yield Fleet(sims=sims, group=group, gateway=gateway, agent=agent, front=front,
+                        tunnel=tunnel, health=health, agent_health=agent_health,
+                        ca=pki / "front-ca" / "ca.crt")
+        finally:
+            await asyncio.to_thread(group.stop_all)

@@ -179,10 +179,16 @@ class FakeRegistry:
     def __init__(self) -> None:
         self._sessions: dict[str, list[Any]] = {}
         self._subscribers: list[Callable[[str, bool], None]] = []
+        self._session_subscribers: list[Callable[[str, Any, bool], None]] = []
+
+    def subscribe_sessions(self, listener: Callable[[str, Any, bool], None]) -> None:
+        self._session_subscribers.append(listener)
 
     def add(self, cluster: str, session: Any) -> None:
         first = not self._sessions.get(cluster)
         self._sessions.setdefault(cluster, []).append(session)
+        for listener in self._session_subscribers:
+            listener(cluster, session, True)
         if first:
             for cb in self._subscribers:
                 cb(cluster, True)
@@ -191,6 +197,8 @@ class FakeRegistry:
         sessions = self._sessions.get(cluster, [])
         if session in sessions:
             sessions.remove(session)
+            for listener in self._session_subscribers:
+                listener(cluster, session, False)
         if not sessions:
             self._sessions.pop(cluster, None)
             for cb in self._subscribers:

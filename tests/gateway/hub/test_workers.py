@@ -112,6 +112,16 @@ async def test_two_workers_serve_every_request_through_one_agent(pki: Path,
                 raise AssertionError(metrics) from None
             assert "hubproxy_connected_clusters 1" in metrics
             assert "hubproxy_connected_agents 2" in metrics  # one session to each worker
+            # So are the other worker's latency histograms and its tunnel session.
+            assert ('hubproxy_request_duration_seconds_count{cluster="c1",class="short"} 40'
+                    in metrics)
+            assert 'hubproxy_tunnel_sessions{cluster="c1"} 2' in metrics
+            # /clusters: one agent process, one session to each worker.
+            with urllib.request.urlopen(f"http://127.0.0.1:{health}/clusters",
+                                        timeout=5) as response:
+                [c1] = json.loads(response.read())["clusters"]
+            assert (c1["sessions"], c1["instances"]) == (2, 1), c1
+            assert sorted(s["hub_worker"] for s in c1["session_details"]) == [0, 1]
             gateway.signal(signal.SIGTERM)
             rc = await asyncio.to_thread(gateway.popen.wait, 20)
             assert rc == 0, gateway.output[-3000:]

@@ -1,5 +1,6 @@
-"""Agent-certificate metrics: handshake failures by reason and expiry per connected cluster,
-rendered in the Prometheus text format and merged across --workers snapshots."""
+"""Agent-certificate metrics: handshake failures by reason, rendered in the Prometheus text
+format and merged across --workers snapshots (expiry per cluster is in test_metrics.py, one
+family with the serving and tunnel certificates)."""
 
 from __future__ import annotations
 
@@ -9,22 +10,14 @@ from gateway.ops.metrics import GatewayMetrics, merge, render
 def test_certificate_metrics_render_and_merge_across_workers() -> None:
     worker0 = GatewayMetrics()
     worker0.handshake_failures = lambda: {"expired": 3, "unknown_ca": 1}
-    worker0.certificate_expiry = lambda: {"c1": 1_900_000_000.0, "c2": 1_800_000_000.4}
     worker1 = GatewayMetrics()
     worker1.handshake_failures = lambda: {"expired": 2, "wrong_name": 1}
-    # c1 also has a session on worker 1, with a certificate that expires sooner.
-    worker1.certificate_expiry = lambda: {"c1": 1_850_000_000.0}
     worker0.peers = lambda: [worker1.snapshot()]
     text = worker0.render().decode()
     assert 'hubproxy_tunnel_handshake_failures_total{reason="expired"} 5' in text
     assert 'hubproxy_tunnel_handshake_failures_total{reason="unknown_ca"} 1' in text
     assert 'hubproxy_tunnel_handshake_failures_total{reason="wrong_name"} 1' in text
-    assert ('hubproxy_agent_certificate_expiry_timestamp_seconds{cluster="c1"} 1850000000'
-            in text)
-    assert ('hubproxy_agent_certificate_expiry_timestamp_seconds{cluster="c2"} 1800000000'
-            in text)
     assert "# TYPE hubproxy_tunnel_handshake_failures_total counter" in text
-    assert "# TYPE hubproxy_agent_certificate_expiry_timestamp_seconds gauge" in text
 
 
 def test_snapshots_of_older_workers_without_certificate_fields_still_merge() -> None:

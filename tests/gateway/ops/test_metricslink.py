@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import secrets
 import socket
 
 import pytest
@@ -112,10 +114,44 @@ async def test_a_snapshot_too_big_for_a_datagram_is_said_once_not_raised(
     send.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
     sender = SnapshotSender(send, worker_index=1)
     caplog.set_level(logging.WARNING, logger="hubproxy.gateway")
-    sender.start(lambda: {"clusters": ["x" * 64] * 10_000}, interval=0.01)
+    # Random names: snapshots are compressed, so only incompressible ones outgrow a datagram.
+    names = [secrets.token_hex(32) for _ in range(10_000)]
+    sender.start(lambda: {"clusters": names}, interval=0.01)
     try:
         await asyncio.sleep(0.1)  # several more attempts
         assert caplog.text.count("cannot send its snapshot") == 1
     finally:
         sender.stop()
         receive.close()
+
+
+async def test_a_thousand_clusters_fit_in_one_datagram() -> None:
+    """Histograms per cluster and the fleet's sessions: ~600 KB of JSON for a thousand clusters,
+    beyond a datagram; compressed it crosses with the default socket buffers."""
+    link = MetricsLink()
+    peers, sender = PeerSnapshots(link._receive), SnapshotSender(link._send, worker_index=1)
+    metrics = GatewayMetrics()
+    fleet = {}
+    for i in range(1000):
+        cluster = f"cluster-{i:04d}"
+        for code in (200, 201, 404):
+            metrics.request(cluster, code, 10, 100, 0.001 * i, "short")
+        metrics.request(cluster, 200, 1, 1, 100.0, "watch")
+        fleet[cluster] = {"sessions": [{"agent_version": "0.1.0", "agent_instance": f"{i:08x}",
+                                        "hub_worker": 1, "connected_at": 1.7e9 + i,
+                                        "rtt_ms": 0.123, "active_streams": 3,
+                                        "streams_total": 12345, "bytes_in": 123456789 + i,
+                                        "bytes_out": 98765432, "certificate_not_after": 1.8e9,
+                                        "draining": False}],
+                          "last_error": None, "last_error_at": None, "disconnected_at": None}
+    metrics.fleet = lambda: fleet
+    assert len(json.dumps(metrics.snapshot())) > 400_000
+    peers.start()
+    sender.start(metrics.snapshot, interval=0.05)
+    try:
+        await eventually(lambda: bool(peers.snapshots()), timeout=5)
+        [received] = peers.snapshots()
+        assert len(received["fleet"]) == 1000 and len(received["latency"]) == 2000
+    finally:
+        sender.stop()
+        peers.stop()

@@ -1,0 +1,59 @@
+"""Histograms and the new gateway series in the Prometheus text, merged over workers."""
+
+from __future__ import annotations
+
+from gateway.ops.metrics import (
+    REQUEST_BUCKETS,
+    GatewayMetrics,
+    Histogram,
+    certificate_lines,
+    merge,
+    render,
+)
+
+
+def test_histogram_buckets_are_cumulative_with_sum_and_count() -> None:
+    histogram = Histogram((0.1, 1.0))
+    for value in (0.05, 0.1, 0.5, 3.0):
+        histogram.observe(value)
+    lines = histogram.lines("x_seconds", 'a="b"')
+    assert lines == ['x_seconds_bucket{a="b",le="0.1"} 2', 'x_seconds_bucket{a="b",le="1"} 3',
+                     'x_seconds_bucket{a="b",le="+Inf"} 4', 'x_seconds_sum{a="b"} 3.650000',
+                     'x_seconds_count{a="b"} 4']
+
+
+def test_a_peer_with_other_buckets_is_ignored_not_misadded() -> None:
+    histogram = Histogram((0.1, 1.0))
+    histogram.add_json([1, 2, 3, 4, 5.0])  # five buckets: another version's layout
+    assert histogram.counts == [0, 0, 0]
+
+
+def test_workers_latency_hub_calls_and_refusals_add_up() -> None:
+    first, second = GatewayMetrics(), GatewayMetrics()
+    first.request("c1", 200, 0, 0, 0.02, "short")
+    second.request("c1", 200, 0, 0, 0.03, "short")
+    second.request("c1", 200, 0, 0, 900.0, "watch")
+    first.hub_call("tokenreview", 0.004, ok=True)
+    second.hub_call("tokenreview", 2.0, ok=False)
+    first.authz_lookups, second.authz_lookups = 5, 2
+    second.hub_call("subjectaccessreview", 0.01, ok=True)
+    first.tunnel_refused = lambda: 2
+    text = render(merge([first.snapshot(), second.snapshot()])).decode()
+    assert 'hubproxy_request_duration_seconds_count{cluster="c1",class="short"} 2' in text
+    assert 'hubproxy_request_duration_seconds_bucket{cluster="c1",class="watch",le="1800"} 1' \
+        in text
+    assert 'hubproxy_hub_requests_total{call="tokenreview",outcome="error"} 1' in text
+    assert 'hubproxy_hub_request_duration_seconds_count{call="tokenreview"} 2' in text
+    assert "hubproxy_authz_cache_hits_total 6" in text  # 7 lookups, 1 SAR
+    assert "hubproxy_tunnel_refused_total 2" in text
+    assert len(REQUEST_BUCKETS) + 3 == sum(
+        1 for line in text.splitlines()
+        if line.startswith('hubproxy_request_duration_seconds_') and 'class="short"' in line)
+
+
+def test_certificates_form_one_family() -> None:
+    lines = certificate_lines({"serving": 2e9, "tunnel": 2e9}, {"c1": 1.9e9})
+    assert sum(line.startswith("# TYPE") for line in lines) == 1
+    assert 'hubproxy_certificate_expiry_timestamp_seconds{certificate="agent",cluster="c1"} ' \
+           '1900000000' in lines
+    assert certificate_lines({}, {}) == []
