@@ -239,6 +239,8 @@ async def serve(args: argparse.Namespace) -> int:
         naming = AgentNaming(args.agent_identity, args.ocm_addon_name)
     except ValueError as exc:
         raise ValueError(f"--ocm-addon-name: {exc}") from None
+    if not args.credentials_secret:
+        _check_certificate_cluster(cert, cluster, naming)
     health_address = None
     if args.health_listen and args.health_listen != "off":
         try:
@@ -262,7 +264,7 @@ async def serve(args: argparse.Namespace) -> int:
                                 tls_dir=tls_dir, hub=(hub_host, hub_port),
                                 server_hostname=args.hub_server_name, proxy=proxy)
         await enrollment.ensure()
-    _check_certificate_cluster(cert, cluster, naming)
+        _check_certificate_cluster(cert, cluster, naming)
     insecure = set(args.insecure_service)
     if not insecure <= set(args.allow_service):
         raise ValueError("--insecure-service names a Service that is not --allow-service'd")
