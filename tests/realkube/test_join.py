@@ -37,6 +37,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 
 from certs.issue import new_key
 from certs.sign import agent_csr
+from tests.realkube.binaries import REPO
 from tests.realkube.conftest import TIMINGS, Fleet
 from tests.realkube.hubproxy import Gateway
 from tests.support import LOOPBACK, BackgroundProcess, ProcessGroup, free_port, wait_for_port
@@ -118,6 +119,9 @@ def csr_pem(name: str) -> str:
 def join(fleet: Fleet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Join]:
     root = tmp_path_factory.mktemp("join")
     pki, hub, managed = fleet.pki, fleet.hub, fleet.managed
+    # deploy/join's Role (the base gives the gateway no Secrets; test_hub_rbac checks that,
+    # so the Role is removed again at the end).
+    hub.admin("apply", "--validate=false", "-f", str(REPO / "deploy" / "join" / "rbac.yaml"))
     hub.admin("create", "secret", "tls", "hubproxy-tunnel-ca", "-n", "hubproxy",
               "--cert", str(pki / "tunnel-ca" / "ca.crt"),
               "--key", str(pki / "tunnel-ca" / "ca.key"))
@@ -164,6 +168,10 @@ def join(fleet: Fleet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Joi
                    token, kubeconfig)
     finally:
         group.stop_all()
+        hub.admin("delete", "-f", str(REPO / "deploy" / "join" / "rbac.yaml"),
+                  "--ignore-not-found")
+        hub.admin("delete", "secret", "-n", "hubproxy", "hubproxy-tunnel-ca",
+                  "--ignore-not-found")
 
 
 def _retarget(kubeconfig: Path, cluster: str) -> Path:
@@ -334,6 +342,6 @@ def test_cluster_remove_closes_the_session_and_refuses_later_dials(join: Join) -
     gateway.process.wait_for_line("refused (revoked)", timeout=30)
     time.sleep(2)
     assert gateway.curl(f"/{CLUSTER}/version", fleet.alice)[0] != 200
-    assert closed < 5
+    assert closed < 8  # poll interval 1 s; the rest is load on a shared machine
     # Renewal is refused too.
     assert record(fleet, CLUSTER)["state"] == "revoked"
