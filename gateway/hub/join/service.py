@@ -12,6 +12,11 @@
   cluster that certificate names, if its record is joined and accepts the certificate, gets a
   new one. An expired certificate fails the TLS handshake, so it cannot renew: a new join.
 
+Tokens are checked against the polled records first (constant-time hash comparison), so a
+flood of guessed tokens costs no hub API call; only a cluster the records do not know yet (added
+since the last poll) is looked up, at most once a second per process. The decisive check is
+always on the record just read, and the write with its resourceVersion.
+
 Every refusal is one generic answer to the peer and one WARNING line with the reason here
 (never the token); joins, renewals and refusals leave an audit line (``gateway.ops.audit``).
 
@@ -29,6 +34,7 @@ import contextlib
 import datetime
 import logging
 import secrets
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -48,6 +54,7 @@ log = logging.getLogger("hubproxy.gateway.join")
 
 MAX_CONCURRENT = 4  # signing requests handled at once per process
 MAX_WAITING = 32  # beyond this many waiting, 429 at once
+MISS_LOOKUP_INTERVAL = 1.0  # hub lookups of clusters the polled records do not know
 REFUSED = "join token not valid (unknown, used, expired or removed)"
 
 
@@ -65,6 +72,7 @@ class JoinService:
         self.listener: Any = None  # tunnel.listener.TunnelListener, once started
         self.closed_sessions = 0
         self._slots = asyncio.Semaphore(MAX_CONCURRENT)
+        self._last_lookup = -MISS_LOOKUP_INTERVAL
         self._waiting = 0
 
     async def start(self) -> None:
@@ -142,11 +150,23 @@ class JoinService:
             cluster = token_cluster(token)
         except TokenError as exc:
             return self._refused("cluster_join", None, peer, str(exc))
+        now = self.clock()
+        # The polled records answer first, so guessed or stale tokens cost the hub API nothing;
+        # a cluster added since the last poll is looked up, at most once a second per process.
+        cached = self.records.get(cluster)
+        if cached is not None:
+            why = cached.check_token(token, now)
+            if why is not None:
+                return self._refused("cluster_join", cluster, peer, why)
+        else:
+            moment = time.monotonic()
+            if moment - self._last_lookup < MISS_LOOKUP_INTERVAL:
+                return self._refused("cluster_join", cluster, peer, "no such cluster record")
+            self._last_lookup = moment
         found = await self.store.get(cluster)
         if found is None:
             return self._refused("cluster_join", cluster, peer, "no such cluster record")
         record, version = found
-        now = self.clock()
         why = record.check_token(token, now)
         if why is not None:
             return self._refused("cluster_join", cluster, peer, why)
