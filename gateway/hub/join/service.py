@@ -167,6 +167,7 @@ class JoinService:
         if found is None:
             return self._refused("cluster_join", cluster, peer, "no such cluster record")
         record, version = found
+        self.records.setdefault(cluster, record)  # known from now on, until the next poll
         why = record.check_token(token, now)
         if why is not None:
             return self._refused("cluster_join", cluster, peer, why)

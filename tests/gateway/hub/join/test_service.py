@@ -110,3 +110,14 @@ async def test_revoked_clusters_are_refused_and_their_sessions_closed() -> None:
         cert.public_bytes(serialization.Encoding.DER), None)
     refused = await service.handle(renew)
     assert refused.status == 403 and b"removed" in refused.body
+
+
+async def test_a_guess_right_after_cluster_add_does_not_lock_out_the_real_token() -> None:
+    """A cluster added since the last poll is looked up once and then known: a guessed token
+    sent first does not make the real one wait for the next poll."""
+    service, store = await service_with(new_token("c0"))
+    token = new_token("c2")
+    store.records["c2"] = (ClusterRecord("c2", PENDING, token_hash(token),
+                                         NOW + datetime.timedelta(hours=1)), "1")
+    assert (await service.handle(join_request("hpjoin1:c2:" + "A" * 43, "c2"))).status == 403
+    assert (await service.handle(join_request(token, "c2"))).status == 200
