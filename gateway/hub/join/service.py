@@ -14,7 +14,7 @@
 
 Tokens are checked against the polled records first (constant-time hash comparison), so a
 flood of guessed tokens costs no hub API call; only a cluster the records do not know yet (added
-since the last poll) is looked up, at most once a second per process. The decisive check is
+since the last poll) is looked up, 10 at once then one a second per process. The decisive check is
 always on the record just read, and the write with its resourceVersion.
 
 Every refusal is one generic answer to the peer and one WARNING line with the reason here
@@ -54,7 +54,10 @@ log = logging.getLogger("hubproxy.gateway.join")
 
 MAX_CONCURRENT = 4  # signing requests handled at once per process
 MAX_WAITING = 32  # beyond this many waiting, 429 at once
-MISS_LOOKUP_INTERVAL = 1.0  # hub lookups of clusters the polled records do not know
+# Hub lookups of clusters the polled records do not know (added since the last poll), per
+# process: a burst, then this many a second.
+MISS_LOOKUP_BURST = 10
+MISS_LOOKUP_RATE = 1.0
 REFUSED = "join token not valid (unknown, used, expired or removed)"
 
 
@@ -72,7 +75,8 @@ class JoinService:
         self.listener: Any = None  # tunnel.listener.TunnelListener, once started
         self.closed_sessions = 0
         self._slots = asyncio.Semaphore(MAX_CONCURRENT)
-        self._last_lookup = -MISS_LOOKUP_INTERVAL
+        self._last_lookup = time.monotonic()
+        self._lookups = float(MISS_LOOKUP_BURST)
         self._waiting = 0
 
     async def start(self) -> None:
@@ -159,10 +163,13 @@ class JoinService:
             if why is not None:
                 return self._refused("cluster_join", cluster, peer, why)
         else:
-            moment = time.monotonic()
-            if moment - self._last_lookup < MISS_LOOKUP_INTERVAL:
-                return self._refused("cluster_join", cluster, peer, "no such cluster record")
+            moment = time.monotonic()  # a token bucket: MISS_LOOKUP_BURST, then the rate
+            self._lookups = min(MISS_LOOKUP_BURST, self._lookups + (
+                moment - self._last_lookup) * MISS_LOOKUP_RATE)
             self._last_lookup = moment
+            if self._lookups < 1:
+                return self._refused("cluster_join", cluster, peer, "no such cluster record")
+            self._lookups -= 1
         found = await self.store.get(cluster)
         if found is None:
             return self._refused("cluster_join", cluster, peer, "no such cluster record")

@@ -77,7 +77,7 @@ async def test_guessed_tokens_cost_no_hub_call() -> None:
     for _ in range(50):
         assert (await service.handle(join_request("hpjoin1:c1:" + "A" * 43))).status == 403
         assert (await service.handle(join_request("hpjoin1:nosuch:" + "A" * 43))).status == 403
-    assert store.gets <= 1  # one lookup of the unknown cluster, then none for a second
+    assert store.gets <= 11  # the lookup burst for the unknown cluster, then ~one a second
 
 
 async def test_revoked_clusters_are_refused_and_their_sessions_closed() -> None:
