@@ -1,6 +1,6 @@
-"""PNG charts of ``python -m bench gateway`` (``--plot DIR``): the side-by-side comparison at a
-glance. matplotlib comes with the ``bench`` extra (``pip install -e '.[bench]'``) and is imported
-only here, only when asked.
+"""PNG charts of ``python -m bench gateway`` and ``python -m bench tunnel`` (``--plot DIR``):
+the side-by-side comparison at a glance. matplotlib comes with the ``bench`` extra
+(``pip install -e '.[bench]'``) and is imported only here, only when asked.
 
 Charts (one PNG each, configurations in the table's order, hubproxy highlighted):
 
@@ -100,3 +100,28 @@ def gateway_charts(result: dict[str, Any], directory: str | Path) -> list[Path]:
                          {"CPU s": [_value(cfgs[n], "cpu", "total", "s_per_10k_requests")
                                     for n in names]}, note))
     return written
+
+
+def tunnel_charts(result: dict[str, Any], directory: str | Path) -> list[Path]:
+    """Write the charts of one ``bench tunnel`` result: the tunnel beside a plain TLS copy."""
+    plt = _pyplot()
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    names = ["hubproxy tunnel", "plain TLS"]
+    note = f"python -m bench tunnel ({result.get('mode', '?')} mode)"
+
+    def pair(tunnel_key: str, plain_key: str) -> list[float | None]:
+        return [_value(result, tunnel_key), _value(result, plain_key)]
+
+    def rtt(percentile: str) -> list[float | None]:
+        total, added = _value(result, f"rtt_{percentile}_us"), \
+            _value(result, f"rtt_{percentile}_added_us")
+        return [total, None if total is None or added is None else total - added]
+
+    return [
+        _bars(plt, out / "tunnel_throughput.png", "Bulk copy, MB/s (higher is better)", "MB/s",
+              names, {"one stream": pair("single_mb_s_tunnel", "single_mb_s_plain"),
+                      "64 streams": pair("aggregate_mb_s", "aggregate_mb_s_plain")}, note),
+        _bars(plt, out / "tunnel_rtt.png", "64-byte echo round trip (lower is better)", "µs",
+              names, {"p50": rtt("p50"), "p99": rtt("p99")}, note),
+    ]

@@ -760,6 +760,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     mode.add_argument("--smoke", action="store_true",
                       help="tiny run for tests: 8 MiB, 200 RTT samples, 500 idle streams")
     parser.add_argument("--idle-streams", type=int, help="idle streams to open (override)")
+    parser.add_argument("--plot", metavar="DIR",
+                        help="also write PNG charts of the results into DIR (needs matplotlib: "
+                        "pip install -e '.[bench]')")
     parser.add_argument("--hub-child", metavar="PKI", help=argparse.SUPPRESS)
     parser.add_argument("--agent-child", nargs=2, metavar=("PKI", "PORT"), help=argparse.SUPPRESS)
 
@@ -771,6 +774,10 @@ def run(args: argparse.Namespace) -> int:
     if args.agent_child:
         run_loop(lambda: agent_child(Path(args.agent_child[0]), int(args.agent_child[1])))
         return 0
+    if args.plot:
+        from bench.plots import _pyplot
+
+        _pyplot()  # fail now, not after the run, when matplotlib is missing
     sizes = SMOKE if args.smoke else QUICK if args.quick else FULL
     if args.idle_streams:
         sizes.idle_streams = args.idle_streams
@@ -791,6 +798,11 @@ def run(args: argparse.Namespace) -> int:
           f"uvloop {'yes' if m['uvloop'] else 'no'}, {m['openssl']}")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+    if args.plot:
+        from bench.plots import tunnel_charts
+
+        for path in tunnel_charts(out, args.plot):
+            print(f"chart: {path}")
     return 0
 
 

@@ -82,12 +82,14 @@ def apply_environment(parser: argparse.ArgumentParser, environ: Mapping[str, str
         if name not in environ:
             continue
         raw = environ[name]
-        if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):
+        if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction
+                      | argparse.BooleanOptionalAction):
             lowered = raw.strip().lower()
             if lowered not in _TRUE | _FALSE:
                 parser.error(f"{name}={raw!r}: expected one of 1/0, true/false, yes/no, on/off")
             on = lowered in _TRUE
-            action.default = on if isinstance(action, argparse._StoreTrueAction) else not on
+            # --flag/--no-flag (BooleanOptionalAction) reads as the flag's positive name.
+            action.default = not on if isinstance(action, argparse._StoreFalseAction) else on
         elif isinstance(action, argparse._AppendAction):
             items = [item.strip() for item in raw.split(",") if item.strip()]
             action.default = [action.type(i) if action.type else i for i in items]

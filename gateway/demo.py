@@ -49,6 +49,10 @@ DEMO_SA = "demo"
 IDENTITY_PREFIX = "cluster:hub:"
 DEMO_USER = f"{IDENTITY_PREFIX}system:serviceaccount:{DEMO_NAMESPACE}:{DEMO_SA}"
 GATEWAY_USER = "hubproxy-gateway"
+# The upstream ClusterProfile CRD: where KUBESIM_CLUSTERPROFILE_CRD says, else shared/crds next
+# to the checkout (as the tests find it). Without it the demo leaves ClusterProfiles out.
+CLUSTERPROFILE_CRD_ENV = "KUBESIM_CLUSTERPROFILE_CRD"
+CLUSTERPROFILE_CRD_NAME = "multicluster.x-k8s.io_clusterprofiles.yaml"
 AGENT_USER = "hubproxy-agent"
 ADMIN_USER = "demo-admin"
 LOOPBACK = "127.0.0.1"
@@ -69,6 +73,49 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--agent-restart-delay", type=float, default=5.0, metavar="SECONDS",
                         help="when an agent exits, show what callers see, then start it again "
                         "after this long (default: %(default)s)")
+
+
+# Written to DIR/consumer.py: what a ClusterProfile consumer does, in Python.
+CONSUMER_EXAMPLE = '''"""A ClusterProfile consumer, as MultiKueue or Argo CD are: read the
+profile on the hub, take the endpoint the gateway published, get a credential from the exec
+plugin, list pods."""
+import asyncio
+import sys
+
+from kubernetes_asyncio import client, config
+
+from gateway.access.clusterprofile import build_configuration, load_providers
+
+
+async def main(cluster: str) -> None:
+    hub = client.Configuration()
+    await config.load_kube_config(config_file="{hub_kubeconfig}",
+                                  client_configuration=hub)
+    async with client.ApiClient(hub) as api:
+        profile = await client.CustomObjectsApi(api).get_namespaced_custom_object(
+            "multicluster.x-k8s.io", "v1alpha1", "{namespace}", "clusterprofiles", cluster)
+    configuration = await build_configuration(profile, load_providers("{providers}"))
+    async with client.ApiClient(configuration) as api:
+        pods = await client.CoreV1Api(api).list_namespaced_pod("default")
+    print(cluster, configuration.host, [pod.metadata.name for pod in pods.items])
+
+
+asyncio.run(main(sys.argv[1] if len(sys.argv) > 1 else "cluster1"))
+'''
+
+
+def clusterprofile_crd() -> Path | None:
+    """The ClusterProfile CRD file to install in the demo hub, or None when there is none."""
+    configured = os.environ.get(CLUSTERPROFILE_CRD_ENV)
+    candidate = (Path(configured) if configured else
+                 Path(__file__).resolve().parents[2] / "shared" / "crds" / CLUSTERPROFILE_CRD_NAME)
+    return candidate if candidate.is_file() else None
+
+
+def cluster_profile(cluster: str, namespace: str = DEMO_NAMESPACE) -> dict[str, Any]:
+    return {"apiVersion": "multicluster.x-k8s.io/v1alpha1", "kind": "ClusterProfile",
+            "metadata": {"name": cluster, "namespace": namespace},
+            "spec": {"displayName": cluster, "clusterManager": {"name": "hubproxy-demo"}}}
 
 
 # ----------------------------------------------------------------------- RBAC and files ----
@@ -96,6 +143,11 @@ def hub_rbac(namespace: str = DEMO_NAMESPACE, sa: str = DEMO_SA) -> list[dict[st
              "verbs": ["create"]},
             {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"],
              "verbs": ["create"]},
+            # The ClusterProfile access-provider writer (as in deploy/hub/rbac.yaml).
+            {"apiGroups": ["multicluster.x-k8s.io"], "resources": ["clusterprofiles"],
+             "verbs": ["get", "list", "watch"]},
+            {"apiGroups": ["multicluster.x-k8s.io"], "resources": ["clusterprofiles/status"],
+             "verbs": ["get", "patch", "update"]},
         ]),
         _binding("hubproxy-gateway", "hubproxy-gateway", [_user(GATEWAY_USER)]),
         _role("ClusterRole", "hubproxy-demo-proxy", [
@@ -111,8 +163,7 @@ def managed_rbac(user: str = DEMO_USER) -> list[dict[str, Any]]:
     """The agent may impersonate; the hub identity may view, create and exec/log/port-forward."""
     return [
         _role("ClusterRole", "hubproxy-agent-impersonate", [
-            {"apiGroups": [""], "resources": ["users", "groups", "serviceaccounts"],
-             "verbs": ["impersonate"]},
+            {"apiGroups": [""], "resources": ["users", "groups"], "verbs": ["impersonate"]},
             # uids and userextras/<any key>: RBAC cannot wildcard the key, and nothing else in
             # authentication.k8s.io has an impersonate verb (same rule as deploy/agent/rbac.yaml).
             {"apiGroups": ["authentication.k8s.io"], "resources": ["*"],
@@ -266,6 +317,7 @@ class Demo:
     token: str = ""
     health_url: str = ""  # the gateway's health port: /metrics, /clusters
     pod_servers: list[Any] = field(default_factory=list)  # aiohttp runners of the pods' HTTP
+    clusterprofile_crd: Path | None = field(default_factory=clusterprofile_crd)
 
     @property
     def pki(self) -> Path:
@@ -330,7 +382,7 @@ class Demo:
 
         # The hub and the managed clusters.
         await self._start_sim("hub", admin, [(gateway_token, GATEWAY_USER, "gw-uid", [])],
-                              hub_rbac())
+                              hub_rbac(), crd=self.clusterprofile_crd)
         for cluster in CLUSTERS:
             await self._start_sim(cluster, admin,
                                   [(agent_tokens[cluster], AGENT_USER, "agent-uid", [])],
@@ -355,6 +407,18 @@ class Demo:
              "spec": {"expirationSeconds": 86400}},
         )
         self.token = review["status"]["token"]
+        if self.clusterprofile_crd is not None:
+            for cluster in CLUSTERS:
+                await api(hub_url, hub_ca, admin, "POST",
+                          f"/apis/multicluster.x-k8s.io/v1alpha1/namespaces/{DEMO_NAMESPACE}"
+                          "/clusterprofiles", cluster_profile(cluster))
+            write_private(self.root / "hub.kubeconfig", yaml.safe_dump({
+                "apiVersion": "v1", "kind": "Config", "current-context": "hub",
+                "clusters": [{"name": "hub", "cluster": {"server": hub_url,
+                                                         "certificate-authority": hub_ca}}],
+                "users": [{"name": "admin", "user": {"token": admin}}],
+                "contexts": [{"name": "hub", "context": {"cluster": "hub", "user": "admin"}}],
+            }))
         for cluster in CLUSTERS:
             url, ca, _ = self.sims[cluster]
             runner, http_port = await start_pod_http_server(cluster)
@@ -372,9 +436,12 @@ class Demo:
         }))
         tunnel_port, health_port = free_port(bind), free_port(bind)
         self.health_url = f"http://{bind}:{health_port}"
+        writer = ([] if self.clusterprofile_crd is None else
+                  ["--clusterprofiles", "on", "--public-url", self.front_url,
+                   "--clusterprofile-namespace", DEMO_NAMESPACE])
         await self.spawn("gateway", hubproxy_command() + gateway_args(
             self.pki, listen=self.listen, tunnel_listen=f"{bind}:{tunnel_port}",
-            health_listen=f"{bind}:{health_port}", hub_kubeconfig=hub_kc))
+            health_listen=f"{bind}:{health_port}", hub_kubeconfig=hub_kc) + writer)
         await self._wait_port("gateway", bind, int(self.listen.rpartition(":")[2]))
         await self._wait_port("gateway", bind, tunnel_port)
         for cluster in CLUSTERS:
@@ -390,9 +457,28 @@ class Demo:
         self.write_client_files()
         for cluster in CLUSTERS:
             await self._wait_cluster(cluster)
+        if self.clusterprofile_crd is not None:
+            await self._wait_profiles(admin)
+
+    async def _wait_profiles(self, admin: str) -> None:
+        """Until the gateway has published its access provider on every ClusterProfile."""
+        hub_url, hub_ca, _ = self.sims["hub"]
+        deadline = time.monotonic() + self.start_timeout
+        for cluster in CLUSTERS:
+            path = (f"/apis/multicluster.x-k8s.io/v1alpha1/namespaces/{DEMO_NAMESPACE}"
+                    f"/clusterprofiles/{cluster}")
+            while True:
+                self.check_children()
+                profile = await api(hub_url, hub_ca, admin, "GET", path)
+                providers = (profile.get("status") or {}).get("accessProviders") or []
+                if any(p.get("name") == "hubproxy" for p in providers):
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"ClusterProfile {cluster} never got our access provider")
+                await asyncio.sleep(0.2)
 
     async def _start_sim(self, name: str, admin: str, users: list[tuple[str, str, str, list[str]]],
-                         rbac: list[dict[str, Any]]) -> None:
+                         rbac: list[dict[str, Any]], crd: Path | None = None) -> None:
         directory = self.root / "sims" / name
         tokens = write_private(directory / "tokens.csv", token_csv(
             [(admin, ADMIN_USER, "admin-uid", ["system:masters"]), *users]))
@@ -402,6 +488,7 @@ class Demo:
             sys.executable, "-m", "kubesim", "--listen", f"{LOOPBACK}:{port}",
             "--cert-dir", str(directory / "tls"), "--token-auth-file", str(tokens),
             "--rbac-file", str(rbac_file), "--name", name,
+            *(["--crd", str(crd)] if crd is not None else []),
         ])
         self.sims[name] = (f"https://{LOOPBACK}:{port}", str(directory / "tls" / "ca.crt"), admin)
 
@@ -442,6 +529,18 @@ class Demo:
         write_private(self.root / "token", self.token)
         config = build_kubeconfig(self.front_url, ca_pem, list(CLUSTERS), token=self.token)
         write_private(self.root / "kubeconfig", yaml.safe_dump(config, sort_keys=False))
+        if self.clusterprofile_crd is not None:
+            # What MultiKueue or Argo CD configure: the provider name and its exec plugin.
+            write_private(self.root / "providers.json", json.dumps({"providers": [{
+                "name": "hubproxy", "execConfig": {
+                    "apiVersion": "client.authentication.k8s.io/v1",
+                    "command": sys.executable,
+                    "args": ["-m", "gateway.access.creds", "--token-file",
+                             str(self.root / "token")],
+                    "provideClusterInfo": True, "interactiveMode": "Never"}}]}, indent=2))
+            write_private(self.root / "consumer.py", CONSUMER_EXAMPLE.format(
+                hub_kubeconfig=self.root / "hub.kubeconfig",
+                providers=self.root / "providers.json", namespace=DEMO_NAMESPACE))
 
     def instructions(self) -> str:
         d = self.root
@@ -463,6 +562,7 @@ class Demo:
             f"  curl --cacert {d / 'ca.crt'} -H \"Authorization: Bearer $(cat {d / 'token'})\" \\",
             f"    {self.front_url}/cluster1/api/v1/namespaces/default/pods",
             "",
+            *self._clusterprofile_instructions(),
             "the gateway's health port (unauthenticated; loopback here):",
             f"  curl {self.health_url}/metrics",
             f"  hubproxy clusters --url {self.health_url}",
@@ -471,6 +571,20 @@ class Demo:
             f"  kill $(awk '/^agent-cluster2 /{{print $2}}' {d / 'pids'} | tail -1)",
             "",
         ])
+
+    def _clusterprofile_instructions(self) -> list[str]:
+        d = self.root
+        if self.clusterprofile_crd is None:
+            return ["(ClusterProfiles left out: no CRD; set "
+                    f"{CLUSTERPROFILE_CRD_ENV} to multicluster.x-k8s.io's CRD file)", ""]
+        return [
+            "ClusterProfiles on the hub carry the gateway's access provider:",
+            f"  kubectl --kubeconfig {d / 'hub.kubeconfig'} -n {DEMO_NAMESPACE} get "
+            "clusterprofiles cluster1 -o jsonpath='{.status.accessProviders}'",
+            f"a consumer (MultiKueue, Argo CD...) with the exec plugin in {d / 'providers.json'}:",
+            f"  python3 {d / 'consumer.py'} cluster2",
+            "",
+        ]
 
     async def report_exit(self, child: Child) -> None:
         """Say which cluster went, and show what a caller gets now (a 503 Status)."""

@@ -7,6 +7,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -68,6 +69,15 @@ def check_demo(demo: BackgroundProcess, tmp_path: Path) -> None:
                             capture_output=True, text=True, timeout=60)
     assert whoami.returncode == 0, whoami.stderr
     assert "cluster:hub:system:serviceaccount:demo:demo" in whoami.stdout
+
+    # The headline use case: a ClusterProfile consumer reaches cluster2 through the access
+    # provider the gateway published, with the exec plugin (the CRD is in ../shared/crds).
+    assert "ClusterProfiles on the hub carry the gateway's access provider" in output
+    consumer = subprocess.run([sys.executable, str(tmp_path / "consumer.py"), "cluster2"],
+                              capture_output=True, text=True, timeout=60)
+    assert consumer.returncode == 0, consumer.stderr
+    assert consumer.stdout.split()[:2] == ["cluster2", f"{demo_url(output)}/cluster2"]
+    assert "'demo'" in consumer.stdout
 
     pids = [int(line.split()[1]) for line in (tmp_path / "pids").read_text().splitlines()]
     assert len(pids) == 6  # 3 kubesim, gateway, 2 agents
@@ -144,3 +154,8 @@ def test_demo_shows_a_lost_agent_restarts_it_serves_port_forward_and_cleans_up(
         for pid in pids if demo.popen.poll() is None else []:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def demo_url(output: str) -> str:
+    """The front door URL the demo announced ("... gateway https://HOST:PORT, 2 agents")."""
+    return output.split(", gateway ", 1)[1].split(",", 1)[0]

@@ -80,6 +80,9 @@ def test_hub_rbac_is_exactly_what_the_gateway_calls(hub: list[dict]) -> None:
         (("multicluster.x-k8s.io",), ("clusterprofiles",), ("get", "list", "watch"), (), ()),
         (("multicluster.x-k8s.io",), ("clusterprofiles/status",), ("get", "patch", "update"),
          (), ()),
+        # The cluster inventory on an OCM hub (--cluster-inventory): names only, no get.
+        (("cluster.open-cluster-management.io",), ("managedclusters",), ("list", "watch"),
+         (), ()),
     ])
     (binding,) = by_kind(hub)["ClusterRoleBinding"]
     assert binding["roleRef"]["name"] == by_kind(hub)["ClusterRole"][0]["metadata"]["name"]
@@ -91,7 +94,8 @@ def test_hub_rbac_is_exactly_what_the_gateway_calls(hub: list[dict]) -> None:
 
 def test_agent_rbac_is_impersonation_only(agent: list[dict]) -> None:
     assert rules_of(agent) == sorted([
-        (("",), ("groups", "serviceaccounts", "users"), ("impersonate",), (), ()),
+        # No serviceaccounts: prefixed hub users are never service-account names.
+        (("",), ("groups", "users"), ("impersonate",), (), ()),
         # "*" because RBAC cannot wildcard userextras/<key>; verb impersonate only.
         (("authentication.k8s.io",), ("*",), ("impersonate",), (), ()),
     ])
@@ -100,7 +104,7 @@ def test_agent_rbac_is_impersonation_only(agent: list[dict]) -> None:
         {"kind": "ServiceAccount", "name": "hubproxy-agent", "namespace": "hubproxy-agent"}
     ]
     rbac_text = (DEPLOY / "agent/rbac.yaml").read_text()
-    for documented in ("users", "groups", "serviceaccounts", "uids", "userextras"):
+    for documented in ("users", "groups", "uids", "userextras"):
         assert documented in rbac_text
 
 
@@ -246,6 +250,24 @@ def test_readme_secret_commands_work_with_certs_init_output(tmp_path: Path) -> N
         assert sorted(secret["data"]) == ["ca.crt", "tls.crt", "tls.key"]
         made[secret["metadata"]["name"]] = secret
     assert sorted(made) == ["hubproxy-agent-tls", "hubproxy-gateway-tls", "hubproxy-tunnel-tls"]
+
+
+def test_read_only_profile_has_no_legacy_impersonation() -> None:
+    """The constrained profile (issue 14 item 9): no `impersonate` verb survives the patch
+    (the apiserver would fall back to it), and the actions exposed are reads only."""
+    rendered = kustomize(DEPLOY / "examples/agent-read-only")
+    assert rules_of(rendered) == sorted([
+        (("authentication.k8s.io",), ("*",), ("impersonate:user-info",), (), ()),
+        (("*",), ("*",), ("impersonate-on:user-info:get", "impersonate-on:user-info:list",
+                          "impersonate-on:user-info:watch"), (), ()),
+        ((), (), ("impersonate-on:user-info:get",), (), ("*",)),
+    ])
+    # Everything else is the base, unchanged.
+    base = {(d["kind"], d["metadata"]["name"]): d for d in kustomize(DEPLOY / "agent")}
+    for doc in rendered:
+        if doc["kind"] != "ClusterRole":
+            assert doc == base[(doc["kind"], doc["metadata"]["name"])]
+    assert len(rendered) == len(base)
 
 
 # --- deploy/examples/callers: the caller Role and the Argo CD cluster Secret of the README ---

@@ -34,6 +34,7 @@ from typing import Any
 from certs.identity import validate_cluster_name
 from certs.tls import TLS1_3, ReloadingContext, client_context
 from gateway.agent.enroll import EnrollmentError
+from gateway.agent.impersonation import ProfileWatch
 from gateway.agent.kubeapi import KubeAPIAccess, KubeAPIConfigError, load
 from gateway.ops import diagnostics, startup
 from gateway.ops.certexpiry import CertificateFiles
@@ -141,9 +142,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 class Readiness:
     """Ready = connected to the hub AND the apiserver completed a TLS handshake recently."""
 
-    def __init__(self, dialer: Any, kube: KubeAPIAccess | None) -> None:
+    def __init__(self, dialer: Any, kube: KubeAPIAccess | None,
+                 profile: ProfileWatch | None = None) -> None:
         self.dialer = dialer
         self.kube = kube
+        self.profile = profile
         self.apiserver_ok_at = 0.0
         self.apiserver_error = "not checked yet"
 
@@ -153,6 +156,9 @@ class Readiness:
             return False, "not connected to the hub" + (f": {refusal}" if refusal else "")
         if self.kube is not None and time.monotonic() - self.apiserver_ok_at > READINESS_STALE:
             return False, f"kube-apiserver not reachable: {self.apiserver_error}"
+        if self.profile is not None:
+            # For operators, with the metric: what the credential may do.
+            return True, f"ok (impersonation profile: {self.profile.profile.name})"
         return True, "ok"
 
     async def probe_forever(self) -> None:
@@ -298,10 +304,12 @@ async def serve(args: argparse.Namespace) -> int:
         SessionConfig(ping_after=keepalive, dead_after=tunnel_timeout,
                       agent_version=pack_release(version()), agent_instance=agent_instance),
         server_hostname=args.hub_server_name or hub_host, fanout=fanout, proxy=proxy))
-    readiness = Readiness(dialer, kube)
+    profile = ProfileWatch(kube)
+    readiness = Readiness(dialer, kube, profile)
     agent.metrics.sessions = lambda: dialer.sessions
     agent.metrics.version = version()
     agent.metrics.certificates = CertificateFiles({"agent": str(cert)}).expiries
+    agent.metrics.impersonation_profile = lambda: profile.profile.name
     log.info("agent for cluster %s: hub %s:%d, apiserver %s, services allowed: %s",
              cluster, hub_host, hub_port, kube.describe(),
              ", ".join(f"{n}/{s}:{p}" for n, s, p in args.allow_service) or "none")
@@ -327,6 +335,7 @@ async def serve(args: argparse.Namespace) -> int:
     probe_task = loop.create_task(readiness.probe_forever(), name="readiness")
     renew_task = loop.create_task(
         enrollment.renew_forever() if enrollment is not None else stop.wait(), name="renewal")
+    profile_task = loop.create_task(profile.run(), name="impersonation-profile")
     stop_task = loop.create_task(stop.wait())
     print(f"hubproxy agent {cluster} started", flush=True)
     try:
@@ -339,9 +348,9 @@ async def serve(args: argparse.Namespace) -> int:
             await asyncio.wait_for(dialer.drain(args.drain_timeout), args.drain_timeout + 5)
         return 0
     finally:
-        for task in (run_task, probe_task, stop_task, renew_task):
+        for task in (run_task, probe_task, profile_task, stop_task, renew_task):
             task.cancel()
-        for task in (run_task, probe_task, stop_task, renew_task):
+        for task in (run_task, probe_task, profile_task, stop_task, renew_task):
             with contextlib.suppress(BaseException):
                 await task
         pool.close()

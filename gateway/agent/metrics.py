@@ -23,6 +23,7 @@ from gateway.ops.metrics import Histogram
 UPSTREAM_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                     10.0, 30.0, 60.0)
 UPSTREAMS = ("kube-apiserver", "service", "tcp")
+PROFILES = ("legacy", "constrained", "none", "unknown")  # gateway.agent.impersonation
 
 
 def outcome_kind(outcome: str) -> str:
@@ -47,6 +48,8 @@ class AgentMetrics:
         self.stats: Any = None  # gateway.agent.agent.AgentStats
         self.certificates: Callable[[], dict[str, float]] = dict
         self.version = ""
+        # gateway.agent.impersonation: legacy, constrained, none or unknown (not asked yet).
+        self.impersonation_profile: Callable[[], str] | None = None
 
     def stream_done(self, kind: str, outcome: str, started: float,
                     response_at: float = 0.0) -> None:
@@ -126,6 +129,17 @@ class AgentMetrics:
                 "# TYPE hubproxy_certificate_expiry_timestamp_seconds gauge",
                 *(f'hubproxy_certificate_expiry_timestamp_seconds{{certificate="{name}"}} '
                   f"{when:.0f}" for name, when in sorted(certificates.items())),
+            ]
+        if self.impersonation_profile is not None:
+            held = self.impersonation_profile()
+            lines += [
+                "# HELP hubproxy_agent_impersonation_profile What the agent's credential may "
+                "impersonate, as its apiserver answered at start: 1 for the profile held "
+                "(legacy: any request; constrained: only the granted impersonate-on verbs; "
+                "none; unknown: not answered yet).",
+                "# TYPE hubproxy_agent_impersonation_profile gauge",
+                *(f'hubproxy_agent_impersonation_profile{{profile="{name}"}} '
+                  f"{1 if name == held else 0}" for name in PROFILES),
             ]
         if self.version:
             lines += [

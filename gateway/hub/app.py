@@ -7,7 +7,9 @@ registry, authentication, authorization, metrics, the audit line) and the listen
   :class:`gateway.hub.frontdoor.FrontDoor` per connection;
 * tunnel (``config.tunnel_listen``): agents' mTLS sessions (``tunnel.listener``), registered
   in the :class:`tunnel.registry.SessionRegistry` under the cluster named by their certificate;
-* health (``config.health_listen``): ``/healthz``, ``/readyz``, ``/metrics``.
+* health (``config.health_listen``): ``/healthz``, ``/readyz``, ``/metrics``;
+* with ``config.revalidate_streams``, the task that asks the hub again about open
+  long-running requests (:mod:`gateway.hub.revalidation`).
 
 Graceful shutdown (:meth:`Gateway.shutdown`), in this order and bounded by one deadline:
 ``/readyz`` turns 503 and the front door stops accepting; idle keep-alive connections close at
@@ -28,10 +30,10 @@ import logging
 import os
 import ssl
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, Protocol
 
-from gateway.hub import fleet
+from gateway.hub import fleet, revalidation
 from gateway.hub.admission.auth import Authenticator, TokenAuthenticator
 from gateway.hub.admission.authorize import Authorizer
 from gateway.hub.admission.hubload import FailedAuthLimiter
@@ -42,6 +44,7 @@ from gateway.hub.exchange import Exchange
 from gateway.hub.fleet import FleetView
 from gateway.hub.frontdoor import FrontDoor
 from gateway.hub.requestclass import SHORT, STREAM, front_door_class
+from gateway.hub.revalidation import StreamRevalidator, period_for
 from gateway.ops import audit, startup
 from gateway.ops.certexpiry import CertificateFiles
 from gateway.ops.health import HealthServer, Readiness, token_review_probe
@@ -52,6 +55,12 @@ from tunnel.listener import RefuseHook, start_tunnel_listener
 from tunnel.registry import SessionRegistry
 
 log = logging.getLogger("hubproxy.gateway")
+
+
+class ClusterList(Protocol):
+    """The hub's cluster inventory (``gateway.hub.inventory.ClusterInventory``)."""
+
+    def listed(self, cluster: str) -> bool | None: ...
 
 
 class Gateway:
@@ -104,6 +113,13 @@ class Gateway:
         self._front: asyncio.base_events.Server | None = None
         self._tunnel: Any = None
         self._health: HealthServer | None = None
+        self.revalidator: StreamRevalidator | None = None
+        # The hub's cluster inventory (gateway.hub.inventory), set by the process before start.
+        self.inventory: ClusterList | None = None
+        if config.revalidate_streams:
+            self.revalidator = StreamRevalidator(self, authenticator, authorizer,
+                                                 period_for(config.token_cache_ttl))
+        self._revalidation: asyncio.Task[None] | None = None
         self.front_port = 0
         self.tunnel_port = 0
         self.health_port = 0
@@ -134,6 +150,9 @@ class Gateway:
 
     def in_startup_grace(self) -> bool:
         return time.monotonic() - self.started_at < self.config.unknown_cluster_grace
+
+    def cluster_listed(self, cluster: str) -> bool | None:
+        return None if self.inventory is None else self.inventory.listed(cluster)
 
     def _cluster_changed(self, cluster: str, connected: bool) -> None:
         if connected:
@@ -169,6 +188,12 @@ class Gateway:
     def request_released(self) -> None:
         if self.inflight <= 0:
             self._idle.set()
+
+    def open_streams(self) -> Iterator[Exchange]:
+        """The request in progress on each client connection (for the revalidator)."""
+        for door in self.connections:
+            if door.exchange is not None:
+                yield door.exchange
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -206,6 +231,8 @@ class Gateway:
                 raise startup.bind_error(exc, *config.health_listen, "--health-listen") from None
         self.readiness.listeners_up = True
         self.readiness.start()
+        if self.revalidator is not None:
+            self._revalidation = revalidation.start(self.revalidator)
         log.info("gateway listening: front door %s:%d, tunnel %s, health %s", host,
                  self.front_port, f"{config.tunnel_listen[0]}:{self.tunnel_port}"
                  if self._tunnel else "off",
@@ -240,6 +267,8 @@ class Gateway:
 
     async def close(self) -> None:
         """Abort: close listeners and every connection now."""
+        await revalidation.stop(self._revalidation)
+        self._revalidation = None
         if self._front is not None:
             self._front.close()
         for door in list(self.connections):

@@ -59,10 +59,17 @@ class GatewayConfig:
     # Long-running requests (watches, logs -f, exec/attach/port-forward) open at once per
     # (identity, cluster); 429 beyond (gateway.hub.admission.streams).
     max_streams_per_identity: int = 500
+    # Re-validate open long-running requests (token review + hub authorization) as their
+    # cached answers expire; close them once the hub cleanly says no (gateway.hub.revalidation).
+    revalidate_streams: bool = True
     limits: FrontDoorLimits = field(default_factory=FrontDoorLimits)
     # Clusters never seen connected since start are "unknown" (404) -- except during this grace
     # after start, while agents are still reconnecting to a restarted gateway (503 then).
     unknown_cluster_grace: float = 60.0
+    # Where the hub lists its clusters (gateway.hub.inventory): with one, unknown is 404 and
+    # known-but-not-connected 503 at once, and the grace above is not needed.
+    cluster_inventory: str = "auto"  # auto | managedclusters | clusterprofiles | none
+    inventory_namespaces: tuple[str, ...] = ()  # ClusterProfile namespaces (empty: all)
     shutdown_timeout: float = 25.0
     # Tunnel liveness (--tunnel-keepalive / --tunnel-timeout); None: the tunnel's defaults.
     tunnel_keepalive: float | None = None

@@ -19,15 +19,26 @@ import time
 from typing import Protocol
 
 from gateway.hub.admission.chain import Admitted
+from gateway.hub.admission.recheck import Recheck, Revoked
+from gateway.wire import spdy
 from gateway.wire.http1 import (
     NO_BODY,
     BodyTracker,
+    ChunkedBody,
     HTTPError,
     Limits,
     ResponseHead,
     find_head_end,
     framing_for_response,
     parse_response_head,
+)
+from gateway.wire.websocket import (
+    CLOSE_POLICY_VIOLATION,
+    STATUS_CHANNEL_PROTOCOLS,
+    FrameBoundary,
+    close_frame,
+    exec_goodbye,
+    status_json,
 )
 from tunnel.connection import TunnelStream
 from tunnel.errors import OpenErrorCode, OpenRefused, SessionClosed, StreamError
@@ -73,12 +84,19 @@ OPEN_STATUS: dict[OpenErrorCode, tuple[int, str]] = {
 # Exchange states (response side).
 _HEAD, _BODY, _RAW, _DONE = range(4)
 
+# A revoked stream in the middle of a chunk or frame ends at the next boundary, or is closed
+# at the connection after this long (a stalled upstream must not keep it open).
+ENDING_GRACE = 5.0
+LAST_CHUNK = b"0\r\n\r\n"
+
 
 class Exchange:
     """The stream side of one request (a ``StreamProtocol``). See the module docstring."""
 
     __slots__ = (
         "_copy_views",
+        "_end_timer",
+        "_ending",
         "_lost",
         "_resp_buf",
         "_state",
@@ -91,12 +109,16 @@ class Exchange:
         "method",
         "request_id",
         "response",
+        "spdy_in",
+        "spdy_out",
         "started",
         "status",
         "stream",
         "streaming",
         "tracker",
         "transport",
+        "ws",
+        "ws_protocol",
     )
 
     def __init__(self, door: ClientConnection, method: bytes, admitted: Admitted,
@@ -122,6 +144,15 @@ class Exchange:
         self.bytes_in = 0
         self.bytes_out = 0
         self.started = time.monotonic()
+        # Revocation (gateway.hub.revalidation): why the stream is ending, and its deadline.
+        self._ending: Revoked | None = None
+        self._end_timer: asyncio.TimerHandle | None = None
+        # A revalidated WebSocket: where the server's frames begin, and its subprotocol.
+        self.ws: FrameBoundary | None = None
+        self.ws_protocol = b""  # also the X-Stream-Protocol-Version of a SPDY stream
+        # A revalidated SPDY exec/attach: frame boundaries both ways, and the error stream.
+        self.spdy_in: spdy.FrameBoundary | None = None
+        self.spdy_out: spdy.FrameBoundary | None = None
 
     # --- client -> stream ------------------------------------------------------------------
 
@@ -129,6 +160,8 @@ class Exchange:
         if self._state == _DONE:
             return
         self.bytes_in += len(data)
+        if self.spdy_in is not None:
+            self.spdy_in.feed(data)  # which stream is the error stream
         self.stream.write(data)
 
     def send_eof(self) -> None:
@@ -144,8 +177,16 @@ class Exchange:
     def data_received(self, data: bytes | memoryview) -> None:
         state = self._state
         if state == _RAW:
-            self._to_client(data)
+            if self.ws is not None:
+                self._websocket(data)
+            elif self.spdy_out is not None:
+                self._spdy(data)
+            else:
+                self._to_client(data)
         elif state == _BODY:
+            if self._ending is not None:
+                self._body_to_boundary(data)
+                return
             tracker = self.tracker
             try:
                 n = tracker.feed(data)
@@ -235,6 +276,15 @@ class Exchange:
                     self._fail(502, "the cluster switched protocols without being asked")
                     return
                 self._state = _RAW
+                recheck = self.admitted.recheck
+                protocol = (head.get(b"upgrade") or b"").strip().lower()
+                if recheck is not None and protocol == b"websocket":
+                    self.ws = FrameBoundary()
+                    self.ws_protocol = (head.get(b"sec-websocket-protocol") or b"").strip()
+                elif recheck is not None and recheck.exec_like and protocol == b"spdy/3.1":
+                    self.spdy_in = spdy.FrameBoundary(read_headers=True)
+                    self.spdy_out = spdy.FrameBoundary()
+                    self.ws_protocol = (head.get(b"x-stream-protocol-version") or b"").strip()
             else:
                 try:
                     self.tracker = framing_for_response(head, self.method)
@@ -253,7 +303,7 @@ class Exchange:
                 self.transport.write(raw)  # verbatim: the agent relays the apiserver's head
                 self.door.upgraded(self)
                 if rest:
-                    self._to_client(rest)
+                    self.data_received(rest)
                 return
             try:
                 taken = self.tracker.feed(rest) if rest else 0
@@ -282,6 +332,7 @@ class Exchange:
         if self._state == _DONE:
             return
         self._state = _DONE
+        self._cancel_end_timer()
         self.admitted.release_stream_slot()
         self._reset_stream()
         self.status = self.status or status
@@ -295,6 +346,7 @@ class Exchange:
         if self._state == _DONE:
             return
         self._state = _DONE
+        self._cancel_end_timer()
         self.admitted.release_stream_slot()
         if not self.eof_sent:  # request body not finished (or an upgrade): nothing more to send
             self._reset_stream()
@@ -312,6 +364,7 @@ class Exchange:
         """The client connection closed: cancel the upstream request."""
         if self._state != _DONE:
             self._state = _DONE
+            self._cancel_end_timer()
             self.admitted.release_stream_slot()
             self._reset_stream()
 
@@ -323,3 +376,119 @@ class Exchange:
     def done(self) -> bool:
         return self._state == _DONE
 
+
+    # --- revocation (gateway.hub.revalidation) ----------------------------------------------
+
+    def recheck_on(self) -> Recheck | None:
+        return self.admitted.recheck
+
+    def revoke(self, revoked: Revoked) -> None:
+        """The hub now refuses this request's caller: end it properly (see
+        ``gateway.hub.revalidation``), at the next chunk or frame boundary."""
+        state = self._state
+        if state == _DONE or self._ending is not None:
+            return
+        if state == _HEAD:
+            self._fail(revoked.status, revoked.message)
+            return
+        self._ending = revoked
+        if state == _BODY and isinstance(self.tracker, ChunkedBody):
+            if self.tracker.at_boundary:
+                self._end_body()
+                return
+        elif state == _RAW and self.ws is not None:
+            if self.ws.at_boundary:
+                self._end_websocket()
+                return
+        elif state == _RAW and self.spdy_out is not None \
+                and self.spdy_in is not None and self.spdy_in.error_stream is not None:
+            if self.spdy_out.at_boundary:
+                self._end_spdy()
+                return
+        else:  # SPDY port-forward, another upgrade, a body not chunked: nothing to say in-band
+            self._fail(revoked.status, revoked.message)
+            return
+        self._end_timer = asyncio.get_running_loop().call_later(ENDING_GRACE, self._end_now)
+
+    def _body_to_boundary(self, data: bytes | memoryview) -> None:
+        tracker = self.tracker
+        assert isinstance(tracker, ChunkedBody)
+        try:
+            n = tracker.feed(data, until_boundary=True)
+        except HTTPError:
+            self._fail(502, "the cluster sent a malformed response body")
+            return
+        if n:
+            self._to_client(data[:n])
+        if tracker.at_boundary:
+            self._end_body()
+
+    def _end_body(self) -> None:
+        """The terminating chunk: a clean end of the response (client-go then re-lists)."""
+        self._to_client(LAST_CHUNK)
+        self._reset_stream()  # cancels the watch on the managed cluster
+        assert self.response is not None
+        self._finish(keep_alive=self.response.keep_alive)
+
+    def _websocket(self, data: bytes | memoryview) -> None:
+        ws = self.ws
+        assert ws is not None
+        if self._ending is None:
+            ws.feed(data)
+            self._to_client(data)
+            return
+        n = ws.feed(data, until_boundary=True)
+        if n:
+            self._to_client(data[:n])
+        if ws.at_boundary:
+            self._end_websocket()
+
+    def _end_websocket(self) -> None:
+        revoked = self._ending
+        assert revoked is not None
+        recheck = self.admitted.recheck
+        if recheck is not None and recheck.exec_like:
+            goodbye = exec_goodbye(self.ws_protocol, revoked.status, revoked.reason,
+                                   revoked.message)
+        else:  # port-forward, a Service's WebSocket: no error channel to speak on
+            goodbye = close_frame(CLOSE_POLICY_VIOLATION, revoked.message)
+        self._to_client(goodbye)
+        self._reset_stream()
+        self._finish(keep_alive=False)
+
+    def _spdy(self, data: bytes | memoryview) -> None:
+        out = self.spdy_out
+        assert out is not None
+        if self._ending is None:
+            out.feed(data)
+            self._to_client(data)
+            return
+        n = out.feed(data, until_boundary=True)
+        if n:
+            self._to_client(data[:n])
+        if out.at_boundary:
+            self._end_spdy()
+
+    def _end_spdy(self) -> None:
+        """The Status (v4/v5) or the message (older) on the exec's error stream, then close."""
+        revoked = self._ending
+        assert revoked is not None and self.spdy_in is not None
+        error_stream = self.spdy_in.error_stream
+        assert error_stream is not None
+        if self.ws_protocol in STATUS_CHANNEL_PROTOCOLS:
+            payload = status_json(revoked.status, revoked.reason, revoked.message)
+        else:
+            payload = revoked.message.encode()
+        self._to_client(spdy.data_frame(error_stream, payload))
+        self._reset_stream()
+        self._finish(keep_alive=False)
+
+    def _end_now(self) -> None:
+        self._end_timer = None
+        if self._ending is not None:
+            self._fail(self._ending.status, self._ending.message)
+
+    def _cancel_end_timer(self) -> None:
+        if self._end_timer is not None:
+            self._end_timer.cancel()
+            self._end_timer = None

@@ -152,6 +152,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      "--token-passthrough: the token). A controller that watches every resource "
                      "type of a CRD-heavy cluster (Argo CD's cluster cache) needs one watch per "
                      "type: size it for that")
+    lim.add_argument("--revalidate-streams", action=argparse.BooleanOptionalAction,
+                     default=True,
+                     help="ask the hub again about open long-running requests (watches, logs "
+                     "-f, exec, attach, port-forward) as their cached TokenReview and "
+                     "authorization expire (--token-cache-ttl), and close them once the hub "
+                     "cleanly says no (token revoked, ServiceAccount deleted, "
+                     "managedclusters/proxy lost): within the TTL + 5s. A watch ends cleanly "
+                     "(client-go re-lists and gets 401/403), exec/attach end with a Status "
+                     "kubectl prints (WebSocket or SPDY), other streams are closed. Hub errors "
+                     "never close a "
+                     "stream. Not for --token-passthrough requests (default: on)")
     lim.add_argument("--max-header-bytes", type=positive_int, default=64 * 1024,
                      help="request head size limit (431 beyond; default: %(default)s)")
     lim.add_argument("--max-headers", type=positive_int, default=128,
@@ -180,7 +191,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     lim.add_argument("--unknown-cluster-grace", type=_duration, default=60.0,
                      metavar="DURATION",
                      help="after start, answer 503 (not 404) for clusters not seen yet, while "
-                     "agents reconnect (default: 60s)")
+                     "agents reconnect (default: 60s). Only without a --cluster-inventory")
+    lim.add_argument("--cluster-inventory", default="auto",
+                     choices=("auto", "managedclusters", "clusterprofiles", "none"),
+                     help="where the hub lists its clusters, to answer a cluster that is not "
+                     "connected at once: 404 if the inventory does not know it, 503 if it "
+                     "does. managedclusters: OCM ManagedCluster objects; clusterprofiles: "
+                     "ClusterProfile objects (in the --clusterprofile-namespace namespaces, "
+                     "default all); auto: the first of the two that the hub has, the gateway "
+                     "may list, and that lists at least one cluster; none: no inventory, "
+                     "--unknown-cluster-grace instead (default: %(default)s). Needs list and "
+                     "watch on the resource (deploy/hub grants both)")
     lim.add_argument("--replicas", type=positive_int, default=1, metavar="N",
                      help="gateway pods sharing the tunnel address, i.e. the Deployment's "
                      "replicas (default: %(default)s). Agents keep one session to each of "
@@ -281,8 +302,11 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         hub_max_concurrent_reviews=args.hub_max_concurrent_reviews,
         hub_review_wait=args.hub_review_wait,
         max_streams_per_identity=args.max_streams_per_identity,
+        revalidate_streams=args.revalidate_streams,
         limits=limits,
         unknown_cluster_grace=args.unknown_cluster_grace,
+        cluster_inventory=args.cluster_inventory,
+        inventory_namespaces=tuple(getattr(args, "clusterprofile_namespace", None) or ()),
         shutdown_timeout=args.shutdown_timeout,
         tunnel_keepalive=keepalive,
         tunnel_timeout=tunnel_timeout,
@@ -312,6 +336,14 @@ async def serve(config: GatewayConfig, args: argparse.Namespace | None = None,
             await api_client.close()
             return startup.EXIT_CODE
         gateway.tunnel_join, gateway.tunnel_refuse = joining.handle, joining.refuse
+    inventory_task = None
+    if config.cluster_inventory != "none":
+        from gateway.hub import inventory
+
+        cluster_list = inventory.ClusterInventory(api_client, config.cluster_inventory,
+                                                  config.inventory_namespaces)
+        gateway.inventory = cluster_list
+        inventory_task = inventory.start(cluster_list)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -351,6 +383,8 @@ async def serve(config: GatewayConfig, args: argparse.Namespace | None = None,
     finally:
         for task in extras:
             task.cancel()
+        if inventory_task is not None:
+            inventory_task.cancel()
         if peers is not None:
             peers.stop()
         await gateway.close()

@@ -517,7 +517,16 @@ class ChunkedBody:
             raise self._fail("bare LF in chunked body")
         return line[:-2], i + 1
 
-    def feed(self, data: bytes | bytearray | memoryview) -> int:
+    @property
+    def at_boundary(self) -> bool:
+        """Between two chunks: a terminating ``0`` chunk written now ends the body cleanly."""
+        return self._state == _SIZE and not self._line
+
+    def feed(self, data: bytes | bytearray | memoryview, *, until_boundary: bool = False) -> int:
+        """Bytes of ``data`` that belong to the body. With ``until_boundary``, stop right after
+        the chunk in progress (see :attr:`at_boundary`; 0 when there is none)."""
+        if until_boundary and self.at_boundary:
+            return 0
         pos = 0
         n = len(data)
         while pos < n and self._state != _DONE:
@@ -534,6 +543,8 @@ class ChunkedBody:
                     raise self._fail("missing CRLF after chunk data")
                 pos += 1
                 self._state = _DATA_LF if state == _DATA_CR else _SIZE
+                if until_boundary and self._state == _SIZE:
+                    break
             elif state == _SIZE:
                 line, pos = self._take_line(data, pos)
                 if line is None:

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from bench.plots import gateway_charts
+from bench.plots import gateway_charts, tunnel_charts
 
 
 def _config(rps: float, p99: float) -> dict:
@@ -34,3 +34,14 @@ def test_a_result_without_small_gets_still_plots_what_it_has(tmp_path: Path) -> 
     result = {"configs": {"hubproxy": {"large_body": {"mb_s": 100.0}}}}
     written = gateway_charts(result, tmp_path)
     assert [p.name for p in written] == ["large_body.png", "cpu.png"]
+
+
+def test_tunnel_charts_put_the_tunnel_beside_plain_tls(tmp_path: Path) -> None:
+    result = {"mode": "smoke", "single_mb_s_tunnel": 600.0, "single_mb_s_plain": 700.0,
+              "aggregate_mb_s": 240.0, "aggregate_mb_s_plain": 250.0, "rtt_p50_us": 47.0,
+              "rtt_p50_added_us": 19.0, "rtt_p99_us": 92.0, "rtt_p99_added_us": 10.0}
+    written = tunnel_charts(result, tmp_path)
+    assert [p.name for p in written] == ["tunnel_throughput.png", "tunnel_rtt.png"]
+    for path in written:
+        data = path.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000

@@ -18,15 +18,14 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-import yaml
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from certs import layout
 from certs.files import load_issued, write_pair
 from certs.issue import _issue_leaf, create_ca, issue_agent
-from gateway.demo import agent_args, agent_kubeconfig, write_private
-from tests.gateway.hub.hubsim import hub_and_cluster
+from gateway.demo import agent_args
+from tests.gateway.hub.hubsim import agent_kubeconfig_file, hub_and_cluster, start_gateway
 from tests.support import BackgroundProcess, ProcessGroup, free_port
 from tunnel.connection import ALPN
 
@@ -90,20 +89,12 @@ def agent(group: ProcessGroup, pki: Path, tls_dir: str, tunnel: int,
 
 async def test_refused_agents_are_explained_once_and_counted(pki: Path, tmp_path: Path) -> None:
     async with hub_and_cluster(tmp_path) as sims:
-        agent_kc = write_private(tmp_path / "agent-kc", yaml.safe_dump(agent_kubeconfig(
-            sims.managed.url, sims.managed.ca_file,
-            str(write_private(tmp_path / "agent-token", sims.agent_token)))))
+        agent_kc = agent_kubeconfig_file(sims, tmp_path)
         front, tunnel, health = free_port(), free_port(), free_port()
         group = ProcessGroup()
         try:
-            gateway = group.hubproxy(
-                "gateway", "--tls-dir", str(pki / "gateway"),
-                "--tunnel-tls-dir", str(pki / "tunnel-server"),
-                "--agent-ca", str(pki / "tunnel-ca" / "ca.crt"),
-                "--listen", f"127.0.0.1:{front}", "--tunnel-listen", f"127.0.0.1:{tunnel}",
-                "--health-listen", f"127.0.0.1:{health}",
-                "--hub-kubeconfig", str(sims.hub_kubeconfig), "--shutdown-timeout", "3")
-            await asyncio.to_thread(gateway.wait_for_line, "hubproxy gateway ready", 30)
+            gateway = await start_gateway(group, pki, sims, front=front, tunnel=tunnel,
+                                          health=health)
             expired_health = free_port()
             expired = agent(group, pki, "expired", tunnel, agent_kc,
                             health_listen=f"127.0.0.1:{expired_health}")

@@ -17,11 +17,15 @@ import shutil
 from pathlib import Path
 
 import pytest
-import yaml
 
 from certs import layout
-from gateway.demo import agent_args, agent_kubeconfig, write_private
-from tests.gateway.hub.hubsim import DEMO_USER, hub_and_cluster
+from gateway.demo import agent_args
+from tests.gateway.hub.hubsim import (
+    DEMO_USER,
+    agent_kubeconfig_file,
+    hub_and_cluster,
+    start_gateway,
+)
 from tests.support import BackgroundProcess, ProcessGroup, free_port, wait_for_port
 
 TINYPROXY = shutil.which("tinyproxy")
@@ -86,20 +90,11 @@ def connects(proxy: BackgroundProcess, tunnel: int) -> int:
 
 async def test_agent_dials_the_hub_through_a_connect_proxy(pki: Path, tmp_path: Path) -> None:
     async with hub_and_cluster(tmp_path) as sims:
-        agent_kc = write_private(tmp_path / "agent-kc", yaml.safe_dump(agent_kubeconfig(
-            sims.managed.url, sims.managed.ca_file,
-            str(write_private(tmp_path / "agent-token", sims.agent_token)))))
+        agent_kc = agent_kubeconfig_file(sims, tmp_path)
         front, tunnel, health = free_port(), free_port(), free_port()
         group = ProcessGroup()
         try:
-            gateway = group.hubproxy(
-                "gateway", "--tls-dir", str(pki / "gateway"),
-                "--tunnel-tls-dir", str(pki / "tunnel-server"),
-                "--agent-ca", str(pki / "tunnel-ca" / "ca.crt"),
-                "--listen", f"127.0.0.1:{front}", "--tunnel-listen", f"127.0.0.1:{tunnel}",
-                "--health-listen", f"127.0.0.1:{health}",
-                "--hub-kubeconfig", str(sims.hub_kubeconfig), "--shutdown-timeout", "3")
-            await asyncio.to_thread(gateway.wait_for_line, "hubproxy gateway ready", 30)
+            await start_gateway(group, pki, sims, front=front, tunnel=tunnel, health=health)
             proxy, proxy_port = tinyproxy(group, tmp_path, connect_port=tunnel, auth=True)
             strict, strict_port = tinyproxy(group, tmp_path, connect_port=443, auth=False)
             ca = pki / "front-ca" / "ca.crt"

@@ -19,9 +19,24 @@ from tests.realkube.binaries import REPO
 from tests.realkube.conftest import Fleet
 
 DEPLOY = REPO / "deploy"
-# Components (deploy/image: the image knob) are parts of other kustomizations, not applied alone.
-KUSTOMIZATIONS = sorted(p.parent for p in DEPLOY.rglob("kustomization.yaml")
-                        if yaml.safe_load(p.read_text()).get("kind") != "Component")
+
+
+def kind_of(directory: Path) -> str:
+    return str(yaml.safe_load((directory / "kustomization.yaml").read_text()).get("kind", ""))
+
+
+FOUND = sorted(p.parent for p in DEPLOY.rglob("kustomization.yaml"))
+# A Component (deploy/image, deploy/agent/profiles/*) renders only inside a kustomization that
+# uses it; it is checked there, and test_every_component_is_used makes sure one does.
+COMPONENTS = [d for d in FOUND if kind_of(d) == "Component"]
+KUSTOMIZATIONS = [d for d in FOUND if d not in COMPONENTS]
+
+
+def test_every_component_is_used() -> None:
+    used = {(d / c).resolve() for d in KUSTOMIZATIONS
+            for c in yaml.safe_load((d / "kustomization.yaml").read_text()).get("components", [])}
+    assert DEPLOY / "agent" / "profiles" / "read-only" in COMPONENTS
+    assert set(COMPONENTS) <= used, set(COMPONENTS) - used
 
 
 def test_kustomizations_are_found() -> None:

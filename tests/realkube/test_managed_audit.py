@@ -2,7 +2,8 @@
 
 Every request that reached the managed cluster through hubproxy was made by the agent's
 ServiceAccount impersonating a prefixed hub identity; the agent's credential was never used
-bare; and no token appears in the audit log or in the gateway's and agent's output.
+bare (except for the SelfSubjectAccessReviews in which it asks about itself at start); and
+no token appears in the audit log or in the gateway's and agent's output.
 """
 
 from __future__ import annotations
@@ -29,6 +30,12 @@ def test_every_agent_request_impersonates_the_mapped_hub_user(fleet: Fleet) -> N
 
     # (A request refused before authentication has no user in its event.)
     by_agent = [e for e in events if e.get("user", {}).get("username") == AGENT_USER]
+    # The one exception, by design: at start the agent asks which impersonation profile its
+    # own credential holds (SelfSubjectAccessReviews: a question about itself, no action).
+    asked_about_itself = [e for e in by_agent if e["verb"] == "create" and e["requestURI"]
+                          == "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"]
+    assert asked_about_itself and all("impersonatedUser" not in e for e in asked_about_itself)
+    by_agent = [e for e in by_agent if e not in asked_about_itself]
     bare = [e["requestURI"] for e in by_agent if "impersonatedUser" not in e]
     assert bare == [], "the agent's credential was used without impersonation"
     assert all(e["impersonatedUser"]["username"].startswith(PREFIX) for e in by_agent)

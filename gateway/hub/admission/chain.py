@@ -16,7 +16,10 @@ Kubernetes ``Status``. Messages never contain tokens or internal addresses.
 9. the cluster's session (404 unknown, 503 not connected);
 10. the identity's cap on long-running requests on that cluster
     (:class:`gateway.hub.admission.streams.StreamQuota`, 429): the slot travels in
-    :class:`Admitted` and the exchange releases it when it ends.
+    :class:`Admitted` and the exchange releases it when it ends. With ``revalidate_streams``
+    a long-running request also carries what it was admitted on
+    (:class:`gateway.hub.admission.recheck.Recheck`), for ``gateway.hub.revalidation`` to ask
+    the hub again while it stays open.
 
 Steps 1-5 need nothing but the request (:func:`prepare`, pure). :func:`admit_cached` runs 6-10
 without awaiting when the hub's answers are cached (the common case), :func:`admit` otherwise;
@@ -30,10 +33,12 @@ flight are bounded (503 when no slot frees in time).
 Ordering on purpose: the token is checked before the cluster is looked up, so an anonymous
 caller cannot enumerate which clusters are connected.
 
-Cluster lookup (404 vs 503): the registry only knows connected clusters, so the gateway
-remembers every cluster that connected since it started. Not connected but seen before -> 503
-(``Retry-After``); never seen -> 404, except during ``unknown_cluster_grace`` after start (agents
-of a restarted gateway are still reconnecting), when it is 503 too.
+Cluster lookup (404 vs 503) for a cluster that is not connected: where the hub has a cluster
+inventory (``gateway.hub.inventory``: OCM ManagedClusters or ClusterProfiles), it decides --
+listed -> 503 (``Retry-After``), not listed -> 404, at once. Without one (or before it is first
+listed) the gateway remembers every cluster that connected since it started: seen before ->
+503; never seen -> 404, except during ``unknown_cluster_grace`` after start (agents of a
+restarted gateway are still reconnecting), when it is 503 too.
 
 ``--token-passthrough``: when the hub *cleanly* rejects an ``Authorization: Bearer`` token (not
 on hub errors, never for the WebSocket-subprotocol form, never for a hub token of another
@@ -56,6 +61,7 @@ from gateway.hub.admission.body import DEFAULT_MAX_REQUEST_BODY, BodyTooLarge, c
 from gateway.hub.admission.headers import HeaderRefused, rewrite_request_headers
 from gateway.hub.admission.hubload import FailedAuthLimiter, TooManyFailures
 from gateway.hub.admission.identity import IdentityCache
+from gateway.hub.admission.recheck import Recheck
 from gateway.hub.admission.routing import ClusterRoute, RouteError, route
 from gateway.hub.admission.streams import StreamQuota, StreamSlot, TooManyStreams, is_long_running
 from gateway.hub.admission.upgrade import UpgradeRefused, check_upgrade
@@ -106,6 +112,10 @@ class AdmissionContext(Protocol):
 
     def in_startup_grace(self) -> bool: ...
 
+    def cluster_listed(self, cluster: str) -> bool | None:
+        """Whether the hub's cluster inventory knows ``cluster``; None without one."""
+        ...
+
 
 @dataclass(slots=True)
 class Admitted:
@@ -120,6 +130,9 @@ class Admitted:
     upgrade: bool
     # A long-running request's place under its identity's cap; released when the exchange ends.
     stream_slot: StreamSlot | None = None
+    # A long-running request with a hub identity, when --revalidate-streams: what to ask the
+    # hub again while it stays open (gateway.hub.revalidation).
+    recheck: Recheck | None = None
 
     def release_stream_slot(self) -> None:
         if self.stream_slot is not None:
@@ -211,7 +224,11 @@ def cluster_unavailable(gw: AdmissionContext, cluster: str) -> Refusal:
     hint = (f"; paths are /<cluster>/{cluster}/..., and kubectl get --raw drops the server's "
             f"/<cluster> prefix: write it, e.g. --raw /<cluster>/{cluster}"
             if cluster in API_ROOTS and cluster not in gw.known_clusters else "")
-    if cluster in gw.known_clusters or gw.in_startup_grace():
+    listed = gw.cluster_listed(cluster)
+    # No inventory (None): clusters seen since start, and the start-up grace.
+    known = listed if listed is not None else (
+        cluster in gw.known_clusters or gw.in_startup_grace())
+    if known:
         # No Retry-After with the hint: client-go would retry a mistake ten times first.
         return Refusal(503, f'cluster "{cluster}" is not connected{hint}',
                        retry_after=None if hint else 5)
@@ -258,6 +275,7 @@ def _admitted(gw: AdmissionContext, head: RequestHead, prepared: Prepared,
     except ValueError:
         raise Refusal(400, "request cannot be forwarded") from None
     slot = None
+    recheck = None
     if is_long_running(cluster_route.upstream_target, prepared.upgrade):
         quota = gw.stream_quota
         try:
@@ -265,5 +283,9 @@ def _admitted(gw: AdmissionContext, head: RequestHead, prepared: Prepared,
                                  cluster)
         except TooManyStreams as exc:
             raise Refusal(429, str(exc), retry_after=5) from None
+        if user is not None and gw.config.revalidate_streams:
+            path = cluster_route.upstream_target.partition(b"?")[0]
+            recheck = Recheck(prepared.token, user, cluster,
+                              exec_like=path.endswith((b"/exec", b"/attach")))
     return Admitted(cluster, session, target, metadata, head_bytes,
-                    "" if user is None else user.username, prepared.upgrade, slot)
+                    "" if user is None else user.username, prepared.upgrade, slot, recheck)

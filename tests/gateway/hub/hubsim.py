@@ -61,6 +61,34 @@ class Fleet:
         return f"https://127.0.0.1:{self.front}{path}"
 
 
+def agent_kubeconfig_file(sims: HubAndCluster, directory: Path) -> Path:
+    """A kubeconfig with which an agent reaches the managed kubesim with its own token."""
+    from gateway.demo import agent_kubeconfig
+
+    token_file = write_private(directory / "agent-token", sims.agent_token)
+    return write_private(directory / "agent-kc", yaml.safe_dump(agent_kubeconfig(
+        sims.managed.url, sims.managed.ca_file, str(token_file))))
+
+
+async def start_gateway(group: Any, pki: Path, sims: HubAndCluster, *, front: int, tunnel: int,
+                        health: int, shutdown_timeout: str = "3", extra: tuple[str, ...] = ()
+                        ) -> Any:
+    """`hubproxy gateway` on loopback with the certificates of ``pki`` and the kubesim hub;
+    returns once it says it is ready."""
+    import asyncio
+
+    gateway = group.hubproxy(
+        "gateway", "--tls-dir", str(pki / "gateway"),
+        "--tunnel-tls-dir", str(pki / "tunnel-server"),
+        "--agent-ca", str(pki / "tunnel-ca" / "ca.crt"),
+        "--listen", f"127.0.0.1:{front}", "--tunnel-listen", f"127.0.0.1:{tunnel}",
+        "--health-listen", f"127.0.0.1:{health}",
+        "--hub-kubeconfig", str(sims.hub_kubeconfig), "--shutdown-timeout", shutdown_timeout,
+        *extra)
+    await asyncio.to_thread(gateway.wait_for_line, "hubproxy gateway ready", 30)
+    return gateway
+
+
 @contextlib.asynccontextmanager
 async def gateway_and_agent(tmp_path: Path, *, gateway_flags: tuple[str, ...] = (),
                             agent_flags: tuple[str, ...] = ()) -> AsyncIterator[Fleet]:
@@ -69,27 +97,19 @@ async def gateway_and_agent(tmp_path: Path, *, gateway_flags: tuple[str, ...] = 
     import asyncio
 
     from certs import layout
-    from gateway.demo import agent_args, agent_kubeconfig
+    from gateway.demo import agent_args
     from tests.support import ProcessGroup, free_port
 
     pki = tmp_path / "pki"
     layout.init(pki, layout.InitOptions(clusters=["c1"]))
     async with hub_and_cluster(tmp_path) as sims:
-        token_file = write_private(tmp_path / "agent-token", sims.agent_token)
-        agent_kc = write_private(tmp_path / "agent-kc", yaml.safe_dump(agent_kubeconfig(
-            sims.managed.url, sims.managed.ca_file, str(token_file))))
+        agent_kc = agent_kubeconfig_file(sims, tmp_path)
         front, tunnel, health, agent_health = free_port(), free_port(), free_port(), free_port()
         group = ProcessGroup()
         try:
-            gateway = group.hubproxy(
-                "gateway", "--tls-dir", str(pki / "gateway"),
-                "--tunnel-tls-dir", str(pki / "tunnel-server"),
-                "--agent-ca", str(pki / "tunnel-ca" / "ca.crt"),
-                "--listen", f"127.0.0.1:{front}", "--tunnel-listen", f"127.0.0.1:{tunnel}",
-                "--health-listen", f"127.0.0.1:{health}",
-                "--hub-kubeconfig", str(sims.hub_kubeconfig), "--shutdown-timeout", "2",
-                *gateway_flags)
-            await asyncio.to_thread(gateway.wait_for_line, "hubproxy gateway ready", 30)
+            gateway = await start_gateway(group, pki, sims, front=front, tunnel=tunnel,
+                                          health=health, shutdown_timeout="2",
+                                          extra=gateway_flags)
             agent = group.hubproxy(*agent_args(pki, "c1", hub=f"127.0.0.1:{tunnel}",
                                                kubeconfig=agent_kc,
                                                health_listen=f"127.0.0.1:{agent_health}"),

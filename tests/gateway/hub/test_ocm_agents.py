@@ -14,7 +14,6 @@ import json
 import warnings
 from pathlib import Path
 
-import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -22,8 +21,12 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from certs import layout
 from certs.files import cert_pem, key_pem, load_issued
-from gateway.demo import agent_kubeconfig, write_private
-from tests.gateway.hub.hubsim import DEMO_USER, hub_and_cluster
+from tests.gateway.hub.hubsim import (
+    DEMO_USER,
+    agent_kubeconfig_file,
+    hub_and_cluster,
+    start_gateway,
+)
 from tests.support import ProcessGroup, free_port
 
 OCM_USER = "system:open-cluster-management:cluster:{cluster}:addon:hubproxy:agent:{agent}"
@@ -64,17 +67,9 @@ async def test_ocm_named_agent_serves_and_a_uri_named_one_is_refused(tmp_path: P
     group = ProcessGroup()
     async with hub_and_cluster(tmp_path) as sims:
         try:
-            gateway = group.hubproxy(
-                "gateway", "--tls-dir", str(pki / "gateway"),
-                "--tunnel-tls-dir", str(pki / "tunnel-server"),
-                "--agent-ca", str(pki / "tunnel-ca" / "ca.crt"), "--agent-identity", "ocm",
-                "--listen", f"127.0.0.1:{front}", "--tunnel-listen", f"127.0.0.1:{tunnel}",
-                "--health-listen", f"127.0.0.1:{health}",
-                "--hub-kubeconfig", str(sims.hub_kubeconfig))
-            await asyncio.to_thread(gateway.wait_for_line, "hubproxy gateway ready", 30)
-            token = write_private(tmp_path / "agent-token", sims.agent_token)
-            kubeconfig = write_private(tmp_path / "agent-kc", yaml.safe_dump(agent_kubeconfig(
-                sims.managed.url, sims.managed.ca_file, str(token))))
+            gateway = await start_gateway(group, pki, sims, front=front, tunnel=tunnel,
+                                          health=health, extra=("--agent-identity", "ocm"))
+            kubeconfig = agent_kubeconfig_file(sims, tmp_path)
             common = ["--hub", f"127.0.0.1:{tunnel}", "--cluster", "c1",
                       "--hub-ca", str(pki / "tunnel-ca" / "ca.crt"), "--kubeconfig",
                       str(kubeconfig), "--allow-loopback-targets", "--drain-timeout", "2"]
