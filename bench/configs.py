@@ -252,7 +252,9 @@ def start_hubproxy(lab: Lab, log_level: str = "info", upstream_connections: int 
         "--agent-ca", str(lab.pki / "tunnel-ca" / "ca.crt"),
         "--hub-kubeconfig", str(lab.hub_kubeconfig),
         "--authorize", "none", "--token-cache-ttl", "1h", "--max-connections", "30000",
-        "--max-inflight", "30000", "--workers", str(workers), "--log-level", log_level))
+        "--max-inflight", "30000", "--workers", str(workers), "--log-level", log_level,
+        # One identity holds every watch of the idle-watch measurement.
+        "--max-streams-per-identity", "30000"))
     gateway.wait_for_line("hubproxy gateway ready", 30)
     agent = lab.procs.start(f"agent{suffix}", _hubproxy(
         "agent", "--hub", f"{LOOPBACK}:{tunnel}", "--cluster", CLUSTER,

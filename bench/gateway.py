@@ -48,7 +48,7 @@ from urllib.parse import urlsplit
 from bench import configs, profiling
 from bench.configs import POD_PATH, Config, Lab
 from bench.gateway_report import goals, ratios, summarize, table
-from bench.loadgen import WRK, Target, curl, wrk
+from bench.loadgen import H2LOAD, WRK, Target, curl, h2load, wrk
 from bench.procs import Procs
 from bench.procstats import CpuMeter, peak_rss_mib, rss_mib
 from gateway.ops.rlimits import raise_open_file_limit
@@ -102,6 +102,16 @@ def measure_small_gets(cfgs: list[Config], plan: Plan, work: Path,
                 log(f"  round {rnd + 1} c={conc:<3} {cfg.name:<14} {run['rps']:>9.0f} req/s  "
                     f"p50 {run['p50_ms']:.3f} ms  p99 {run['p99_ms']:.3f} ms"
                     + (f"  ERRORS {run['error_detail']}" if run["errors"] else ""))
+                if conc == 16 and cfg.name.startswith("hubproxy") and H2LOAD is not None:
+                    # Side by side with HTTP/1.1 c=16: one HTTP/2 connection, 16 streams.
+                    meter = CpuMeter(cfg.roles).start()
+                    h2run = h2load(cfg.target, POD_PATH, clients=1, streams=16,
+                                   seconds=plan.wrk_seconds)
+                    h2run["cpu_s"] = meter.stop()
+                    results[cfg.name].setdefault("h2_small_get_runs", []).append(h2run)
+                    log(f"  round {rnd + 1} h2 1x16 {cfg.name:<14} {h2run['rps']:>9.0f} req/s  "
+                        f"mean {h2run['mean_ms']:.3f} ms  ({h2run['protocol']})"
+                        + (f"  ERRORS {h2run['errors']}" if h2run["errors"] else ""))
 
 
 def measure_bodies(cfgs: list[Config], plan: Plan, results: dict[str, Any]) -> None:
@@ -116,6 +126,13 @@ def measure_bodies(cfgs: list[Config], plan: Plan, results: dict[str, Any]) -> N
             results[cfg.name]["body_runs"].append(run)
             log(f"  body {rep + 1}/{plan.body_repeats} {cfg.name:<14} "
                 f"{run['speed'] / 1e6:8.1f} MB/s  (curl CPU {run['client_cpu_util']:.0%})")
+            if cfg.name == "hubproxy":  # the same body over HTTP/2, side by side
+                h2run = curl(cfg.target, path, timeout=300, http2=True)
+                if h2run["size"] != plan.body_bytes:
+                    raise RuntimeError(f"{cfg.name} h2: {h2run['size']} body bytes")
+                results[cfg.name].setdefault("h2_body_runs", []).append(h2run)
+                log(f"  body {rep + 1}/{plan.body_repeats} {cfg.name + ' h2':<14} "
+                    f"{h2run['speed'] / 1e6:8.1f} MB/s  (curl CPU {h2run['client_cpu_util']:.0%})")
 
 
 def measure_watches(cfgs: list[Config], plan: Plan, results: dict[str, Any]) -> None:
@@ -155,8 +172,11 @@ def upstream_check(lab: Lab, static: Target | None, plan: Plan, work: Path) -> d
     return out
 
 
-def idle_watches(cfg: Config, count: int, hold_timeout: float) -> dict[str, Any]:
-    """Open ``count`` watches through the gateway from a separate process; RSS before/with them."""
+def idle_watches(cfg: Config, count: int, hold_timeout: float, h2_connections: int = 0
+                 ) -> dict[str, Any]:
+    """Open ``count`` watches through the gateway from a separate process; RSS before/with them.
+    ``h2_connections``: as HTTP/2 streams over that many connections (0: one HTTP/1.1
+    connection per watch)."""
     gw, agent = cfg.roles["gateway"][0], cfg.roles["agent"][0]
     before = {"gateway": rss_mib(gw), "agent": rss_mib(agent)}
     token_file = Path(tempfile.mkstemp(prefix="bench-token-")[1])
@@ -164,7 +184,7 @@ def idle_watches(cfg: Config, count: int, hold_timeout: float) -> dict[str, Any]
     url = cfg.target.url(WATCH_PATH.format(n=1) + "&hold=1")
     args = [sys.executable, "-m", "bench.loadgen", "idle-watches", url, "--count", str(count),
             "--cafile", cfg.target.cafile or "", "--token-file", str(token_file),
-            "--hold", str(hold_timeout + 60)]
+            "--hold", str(hold_timeout + 60), "--h2-connections", str(h2_connections)]
     proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     info: dict[str, Any] = {"requested": count}
@@ -394,13 +414,26 @@ def run_all(args: argparse.Namespace, plan: Plan) -> dict[str, Any]:
                     f" -> {s['gateway_rss_end_mib']:.1f} MiB ({s['gateway_rss_drift_pct']:+.1f}%)")
             # After the soak: the watches' memory, once freed, would otherwise leave the heap
             # room that hides growth during the soak.
-            if count > 0:
+            idle_protocols = args.idle_protocols.split(",")
+            if count > 0 and "h1" in idle_protocols:
                 log(f"idle watches: {count} through the gateway and one agent:")
                 try:
                     out["idle_watches"] = idle_watches(hub, count, 240)
                 except Exception as exc:
                     out["idle_watches"] = {"error": str(exc)[:2000]}
                 log(f"  {json.dumps({k: v for k, v in out['idle_watches'].items()})[:600]}")
+            if count > 0 and "h2" in idle_protocols:
+                # After the HTTP/1.1 ones the heap keeps their pages: --idle-protocols h2 for
+                # a clean figure.
+                h2_connections = max(1, count // 100)
+                log(f"idle watches over HTTP/2: {count} as streams of {h2_connections} "
+                    "connections:")
+                try:
+                    out["idle_watches_h2"] = idle_watches(hub, count, 240, h2_connections)
+                except Exception as exc:
+                    out["idle_watches_h2"] = {"error": str(exc)[:2000]}
+                log(f"  {json.dumps(out['idle_watches_h2'])[:600]}")
+            if count > 0:
                 log(f"idle TLS floor: {count} connections to a bare uvloop TLS server:")
                 out["tls_floor"] = tls_floor(lab, count)
                 log(f"  {json.dumps(out['tls_floor'])[:300]}")
@@ -432,6 +465,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="mixed-traffic soak length (default 600, --quick 20)")
     parser.add_argument("--idle-watches", type=int,
                         help="idle watches to hold open (default 10000, --quick 2000)")
+    parser.add_argument("--idle-protocols", default="h1,h2", metavar="LIST",
+                        help="idle watches over h1 (one HTTP/1.1 connection each), h2 (streams "
+                        "of one HTTP/2 connection per 100 watches) or both (default: "
+                        "%(default)s; one alone gives a figure the other's heap does not blur)")
     parser.add_argument("--only", metavar="NAMES",
                         help=f"comma-separated subset of {','.join(ORDER)},nginx-auto,"
                         "hubproxy-2w (gateway --workers 2)")

@@ -17,6 +17,13 @@ GOALS_TEXT = {
     "idle_watches_gateway_rss_10k_mib": ("10,000 idle watches <= 150 MiB gateway RSS", 150.0,
                                          "<="),
     "soak_gateway_rss_drift_pct": ("gateway RSS flat (+-5%) over the soak", 5.0, "abs<="),
+    # Issue 15: HTTP/2 at the front door.
+    "idle_watches_h2_gateway_rss_10k_mib": (
+        "10,000 idle watches over HTTP/2 (100 connections) <= 150 MiB gateway RSS", 150.0, "<="),
+    "idle_watches_h2_gateway_bytes_per_watch": (
+        "idle watch over HTTP/2 <= 8 KiB of gateway RSS", 8192.0, "<="),
+    "small_get_h2_m16_vs_h1_c16": ("small GETs, 16 streams of one h2 connection >= 1.0 x "
+                                   "HTTP/1.1 c=16", 1.0, ">="),
 }
 
 
@@ -35,6 +42,18 @@ def summarize(raw: dict[str, Any], body_bytes: int) -> dict[str, Any]:
             "errors": sum(r["errors"] for r in runs),
             "client_cpu_util_max": max(r["client_cpu_util"] for r in runs),
         }
+    h2runs = raw.get("h2_small_get_runs", [])
+    if h2runs:  # h2load: one HTTP/2 connection, 16 streams (beside wrk's HTTP/1.1 c=16)
+        out["small_get"]["h2_c1_m16"] = {
+            "rps": _median([r["rps"] for r in h2runs]),
+            "mean_ms": _median([r["mean_ms"] for r in h2runs if r["mean_ms"] is not None]),
+            "errors": sum(r["errors"] for r in h2runs),
+            "client_cpu_util_max": max(r["client_cpu_util"] for r in h2runs),
+        }
+    if raw.get("h2_body_runs"):
+        out["large_body_h2"] = {"mb_s": _median([r["speed"] / 1e6 for r in raw["h2_body_runs"]]),
+                                "samples_mb_s": [round(r["speed"] / 1e6, 1)
+                                                 for r in raw["h2_body_runs"]]}
     body = raw["body_runs"]
     out["large_body"] = {
         "mb_s": _median([r["speed"] / 1e6 for r in body]),
@@ -99,6 +118,11 @@ def ratios(cfgs: dict[str, Any]) -> dict[str, float | None]:
         direct = _get(cfgs, "direct", "small_get", "c1", f"{q}_ms")
         out[f"{q}_added_ms_c1"] = round(hub - direct, 3) if hub is not None and direct is not None \
             else None
+    # HTTP/2 (1 connection x 16 streams) against HTTP/1.1 c=16, both through hubproxy.
+    out["small_get_h2_m16_vs_h1_c16"] = _ratio(_get(cfgs, HUB, "small_get", "h2_c1_m16", "rps"),
+                                               _get(cfgs, HUB, "small_get", "c16", "rps"))
+    out["large_body_h2_vs_h1"] = _ratio(_get(cfgs, HUB, "large_body_h2", "mb_s"),
+                                        _get(cfgs, HUB, "large_body", "mb_s"))
     out["relay_large_body_vs_direct"] = _ratio(_get(cfgs, "relay", *body),
                                                _get(cfgs, "direct", *body))
     out["relay_small_get_c16_vs_direct"] = _ratio(_get(cfgs, "relay", "small_get", "c16", "rps"),
@@ -122,6 +146,9 @@ def goals(result: dict[str, Any]) -> dict[str, Any]:
     values = dict(result.get("ratios", {}))
     idle = result.get("idle_watches") or {}
     values["idle_watches_gateway_rss_10k_mib"] = idle.get("gateway_rss_at_10k_mib")
+    idle_h2 = result.get("idle_watches_h2") or {}
+    values["idle_watches_h2_gateway_rss_10k_mib"] = idle_h2.get("gateway_rss_at_10k_mib")
+    values["idle_watches_h2_gateway_bytes_per_watch"] = idle_h2.get("gateway_bytes_per_watch")
     values["soak_gateway_rss_drift_pct"] = (result.get("soak") or {}).get("gateway_rss_drift_pct")
     out = {}
     for key, (text, limit, op) in GOALS_TEXT.items():
@@ -156,13 +183,17 @@ def table(result: dict[str, Any]) -> str:
         return [label, *cells, *ratio_cells]
 
     rows = []
-    for conc in ("c1", "c16", "c64"):
-        if any(conc in cfgs[n]["small_get"] for n in names):
+    for conc in ("c1", "c16", "c64", "h2_c1_m16"):
+        if conc == "h2_c1_m16" and any(conc in cfgs[n]["small_get"] for n in names):
+            rows.append(row("small GET req/s h2 1x16", ("small_get", conc, "rps")))
+            rows.append(row("  mean ms h2 1x16", ("small_get", conc, "mean_ms"), 3))
+        elif any(conc in cfgs[n]["small_get"] for n in names):
             rows.append(row(f"small GET req/s {conc}", ("small_get", conc, "rps")))
             rows.append(row(f"  p50 ms {conc}", ("small_get", conc, "p50_ms"), 3))
             rows.append(row(f"  p99 ms {conc}", ("small_get", conc, "p99_ms"), 3))
     rows += [
         row("large body MB/s (median)", ("large_body", "mb_s"), 1),
+        row("  over h2 (curl --http2)", ("large_body_h2", "mb_s"), 1),
         row("watch events/s (median)", ("watch", "events_per_s")),
         row("TTFB ms (new conn, median)", ("ttfb", "ms"), 2),
         row("TTFB ms after handshake", ("ttfb", "after_handshake_ms"), 2),

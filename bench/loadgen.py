@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import shutil
 import ssl
 import subprocess
@@ -132,6 +133,53 @@ def wrk(target: Target, path: str, *, connections: int, threads: int, seconds: f
     }
 
 
+# h2load (HTTP/2) -------------------------------------------------------------------------------
+
+H2LOAD = shutil.which("h2load")
+
+
+def h2load(target: Target, path: str, *, clients: int, streams: int, seconds: float
+           ) -> dict[str, Any]:
+    """Closed-loop GETs over HTTP/2 (nghttp2's h2load): ``clients`` connections, ``streams``
+    concurrent streams on each; req/s, mean latency (h2load prints no percentiles), errors."""
+    if H2LOAD is None:
+        raise RuntimeError("h2load is not installed (apt-get install -y nghttp2-client)")
+    args = [H2LOAD, "-c", str(clients), "-m", str(streams), "-t", "1",
+            "-D", str(max(1, round(seconds))), "--warm-up-time", "1"]
+    if target.token:
+        args += ["-H", f"authorization: Bearer {target.token}"]
+    args.append(target.url(path))
+    code, out, err, wall, cpu = run_timed(args, seconds + 60)
+    if code != 0 or "finished in" not in out:
+        raise RuntimeError(f"h2load failed ({code}): {out[-800:]} {err[-800:]}")
+    finished = re.search(r"finished in [^,]+, ([0-9.]+) req/s", out)
+    assert finished is not None
+    rps = float(finished.group(1))
+    done = re.search(r"requests: (\d+) total, (\d+) started, (\d+) done, (\d+) succeeded, "
+                     r"(\d+) failed, (\d+) errored", out)
+    assert done is not None
+    status = re.search(r"status codes: (\d+) 2xx, (\d+) 3xx, (\d+) 4xx, (\d+) 5xx", out)
+    timing = re.search(r"time for request:\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)", out)
+    protocol = re.search(r"Application protocol: (\S+)", out)
+    return {
+        "rps": rps, "requests": int(done.group(3)),
+        "errors": int(done.group(5)) + int(done.group(6))
+        + (int(status.group(3)) + int(status.group(4)) if status else 0),
+        "mean_ms": _ms(timing.group(3)) if timing else None,
+        "max_ms": _ms(timing.group(2)) if timing else None,
+        "protocol": protocol.group(1) if protocol else "?",
+        "clients": clients, "streams": streams,
+        "client_cpu_util": cpu / wall if wall else 0.0,
+    }
+
+
+def _ms(value: str) -> float:
+    for unit, factor in (("us", 1e-3), ("ms", 1.0), ("s", 1e3)):
+        if value.endswith(unit):
+            return float(value[:-len(unit)]) * factor
+    return float(value)
+
+
 # curl ------------------------------------------------------------------------------------------
 
 _CURL_FORMAT = ('{"code":%{http_code},"size":%{size_download},"speed":%{speed_download},'
@@ -139,12 +187,15 @@ _CURL_FORMAT = ('{"code":%{http_code},"size":%{size_download},"speed":%{speed_do
                 '"ttfb":%{time_starttransfer},"total":%{time_total}}')
 
 
-def curl(target: Target, path: str, timeout: float = 120.0) -> dict[str, Any]:
-    """One GET with a fresh connection, body discarded; curl's own timings + client CPU."""
+def curl(target: Target, path: str, timeout: float = 120.0, http2: bool = False
+         ) -> dict[str, Any]:
+    """One GET with a fresh connection, body discarded; curl's own timings + client CPU.
+    HTTP/1.1 unless ``http2`` (curl would pick h2 wherever ALPN offers it, and the comparison
+    with the other configurations is HTTP/1.1)."""
     if CURL is None:
         raise RuntimeError("curl is not installed")
     args = [CURL, "-sS", "-o", "/dev/null", "--max-time", f"{timeout:g}", "-w", _CURL_FORMAT,
-            *target.curl_args(), target.url(path)]
+            "--http2" if http2 else "--http1.1", *target.curl_args(), target.url(path)]
     code, out, err, wall, cpu = run_timed(args, timeout + 10)
     if code != 0:
         raise RuntimeError(f"curl {path} failed ({code}): {err[-500:]}")
@@ -228,6 +279,112 @@ async def idle_watches(url: str, count: int, cafile: str | None, token: str | No
     print("IDLECLOSED", flush=True)
 
 
+async def idle_watches_h2(url: str, count: int, connections: int, cafile: str | None,
+                          token: str | None, parallel: int, timeout: float, hold: float) -> None:
+    """Like :func:`idle_watches`, over HTTP/2: ``count`` watches as streams spread over
+    ``connections`` h2 connections, each stream waiting for its first event; at most
+    ``parallel`` watches opening at once over all connections (as the HTTP/1.1 client)."""
+    from urllib.parse import urlsplit
+
+    import h2.config
+    import h2.connection
+    import h2.events
+
+    parts = urlsplit(url)
+    ctx = ssl.create_default_context(cafile=cafile)
+    ctx.set_alpn_protocols(["h2"])
+    target = parts.path + ("?" + parts.query if parts.query else "")
+    headers = [(b":method", b"GET"), (b":scheme", b"https"),
+               (b":authority", parts.netloc.encode()), (b":path", target.encode())]
+    if token:
+        headers.append((b"authorization", b"Bearer " + token.encode()))
+    outcomes: dict[str, int] = {}
+    kept: list[asyncio.StreamWriter] = []
+    gate = asyncio.Semaphore(parallel)
+    opened = 0
+
+    def count_outcome(key: str, n: int = 1) -> None:
+        outcomes[key] = outcomes.get(key, 0) + n
+
+    async def one_connection(n: int) -> None:
+        nonlocal opened
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(
+                parts.hostname, parts.port or 443, ssl=ctx, server_hostname="localhost"),
+                timeout)
+        except (TimeoutError, OSError) as exc:
+            count_outcome(f"connect: {type(exc).__name__}", n)
+            return
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(
+            client_side=True, header_encoding=None))
+        conn.initiate_connection()
+        writer.write(conn.data_to_send())
+        waiting: dict[int, tuple[bytearray, asyncio.Future[str]]] = {}
+        status: dict[int, bytes] = {}
+
+        def settle(sid: int, outcome: str) -> None:
+            entry = waiting.pop(sid, None)
+            if entry is not None and not entry[1].done():
+                entry[1].set_result(outcome)
+
+        async def read() -> None:
+            while True:
+                data = await reader.read(65536)
+                if not data:
+                    break
+                for event in conn.receive_data(data):
+                    sid = getattr(event, "stream_id", 0)
+                    if isinstance(event, h2.events.ResponseReceived):
+                        status[sid] = dict(event.headers).get(b":status", b"?")
+                    elif isinstance(event, h2.events.DataReceived):
+                        conn.acknowledge_received_data(event.flow_controlled_length, sid)
+                        if sid in waiting:
+                            waiting[sid][0].extend(event.data)
+                            if b"MODIFIED" in waiting[sid][0]:
+                                settle(sid, "200")
+                    elif isinstance(event, (h2.events.StreamEnded, h2.events.StreamReset)):
+                        settle(sid, status.get(sid, b"reset").decode())
+                writer.write(conn.data_to_send())
+            for sid in list(waiting):
+                settle(sid, "read: closed")
+
+        reading = asyncio.ensure_future(read())
+
+        async def one() -> None:
+            nonlocal opened
+            async with gate:
+                sid = conn.get_next_available_stream_id()
+                future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+                waiting[sid] = (bytearray(), future)
+                conn.send_headers(sid, headers, end_stream=True)
+                writer.write(conn.data_to_send())
+                try:
+                    outcome = await asyncio.wait_for(future, timeout)
+                except TimeoutError:
+                    outcome = "read: TimeoutError"
+            count_outcome(outcome)
+            if outcome == "200":
+                opened += 1
+
+        await asyncio.gather(*(one() for _ in range(n)))
+        kept.append(writer)
+        reading.add_done_callback(lambda task: task.cancelled() or task.exception())
+
+    per = [count // connections + (1 if i < count % connections else 0)
+           for i in range(connections)]
+    start = time.monotonic()
+    await asyncio.gather(*(one_connection(n) for n in per if n))
+    print("IDLEJSON " + json.dumps({"open": opened, "requested": count, "outcomes": outcomes,
+                                    "connections": connections, "protocol": "h2",
+                                    "open_seconds": time.monotonic() - start}), flush=True)
+    loop = asyncio.get_running_loop()
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(loop.run_in_executor(None, sys.stdin.readline), hold)
+    for writer in kept:
+        writer.close()
+    print("IDLECLOSED", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.loadgen")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -240,6 +397,9 @@ def main(argv: list[str] | None = None) -> int:
     idle.add_argument("--parallel", type=int, default=200)
     idle.add_argument("--timeout", type=float, default=30.0, help="per watch")
     idle.add_argument("--hold", type=float, default=120.0, help="at most this long")
+    idle.add_argument("--h2-connections", type=int, default=0,
+                      help="HTTP/2: spread the watches as streams over this many connections "
+                      "(0: HTTP/1.1, one connection per watch)")
     args = parser.parse_args(argv)
     raise_open_file_limit()
     token = Path(args.token_file).read_text().strip() if args.token_file else None
@@ -249,8 +409,12 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         factory = None
     with asyncio.Runner(loop_factory=factory) as runner:
-        runner.run(idle_watches(args.url, args.count, args.cafile, token, args.parallel,
-                                args.timeout, args.hold))
+        if args.h2_connections:
+            runner.run(idle_watches_h2(args.url, args.count, args.h2_connections, args.cafile,
+                                       token, args.parallel, args.timeout, args.hold))
+        else:
+            runner.run(idle_watches(args.url, args.count, args.cafile, token, args.parallel,
+                                    args.timeout, args.hold))
     return 0
 
 

@@ -43,6 +43,7 @@ from gateway.hub.config import GatewayConfig
 from gateway.hub.exchange import Exchange
 from gateway.hub.fleet import FleetView
 from gateway.hub.frontdoor import FrontDoor
+from gateway.hub.frontdoor_h2 import H2FrontDoor, H2Request
 from gateway.hub.requestclass import SHORT, STREAM, front_door_class
 from gateway.hub.revalidation import StreamRevalidator, period_for
 from gateway.ops import audit, startup
@@ -104,7 +105,7 @@ class Gateway:
         self.auth_failures = FailedAuthLimiter(rate=config.auth_failure_rate,
                                                burst=config.auth_failure_burst)
         self.stream_quota = StreamQuota(config.max_streams_per_identity)
-        self.connections: set[FrontDoor] = set()
+        self.connections: set[FrontDoor | H2FrontDoor] = set()
         self.inflight = 0
         self.draining = False
         self.known_clusters: set[str] = set(registry.clusters())
@@ -134,6 +135,10 @@ class Gateway:
             len(list(registry.sessions(c))) for c in registry.clusters()
         )
         self.metrics.client_connections = lambda: len(self.connections)
+        self.metrics.h2_client_connections = lambda: sum(
+            1 for d in self.connections if isinstance(d, H2FrontDoor))
+        self.metrics.h2_open_streams = lambda: sum(
+            len(d.requests) for d in self.connections if isinstance(d, H2FrontDoor))
         self.metrics.tunnel_refused = lambda: self._tunnel.refused if self._tunnel else 0
         self.metrics.auth_reviews = lambda: (
             authenticator.reviews if isinstance(authenticator, TokenAuthenticator) else 0)
@@ -161,23 +166,30 @@ class Gateway:
 
     def request_done(self, *, request_id: str, user: str | None, cluster: str | None,
                      method: bytes | None, target: bytes | None, status: int, bytes_in: int,
-                     bytes_out: int, duration: float, stream: bool = False) -> None:
+                     bytes_out: int, duration: float, stream: bool = False,
+                     protocol: str = "h1") -> None:
         label = cluster if cluster in self.known_clusters else OTHER_CLUSTER
         kind = front_door_class(target) if target is not None else SHORT
         if stream and kind == SHORT:
             kind = STREAM  # an upgrade: its target does not say so
-        self.metrics.request(label, status, bytes_in, bytes_out, duration, kind)
+        metrics = self.metrics
+        metrics.request(label, status, bytes_in, bytes_out, duration, kind)
+        if protocol == "h2":
+            metrics.requests_h2 += 1
+        else:
+            metrics.requests_h1 += 1
         if self._audit:
             emit = audit.stream_end if stream else audit.request_done
             emit(request_id=request_id, user=user or None, cluster=cluster, method=method,
                  target=target, status=status, bytes_in=bytes_in, bytes_out=bytes_out,
-                 duration=duration)
+                 duration=duration, protocol=protocol)
 
-    def audit_stream_start(self, door: FrontDoor, exchange: Exchange) -> None:
+    def audit_stream_start(self, door: FrontDoor | H2Request, exchange: Exchange) -> None:
         if self._audit and door.head is not None:
             audit.stream_start(request_id=exchange.request_id, user=exchange.admitted.user or None,
                                cluster=exchange.admitted.cluster, method=door.head.method,
-                               target=door.head.target, status=exchange.status)
+                               target=door.head.target, status=exchange.status,
+                               protocol="h2" if isinstance(door, H2Request) else "h1")
 
     def clusters_document(self) -> bytes:
         """``GET /clusters``: this gateway's fleet, all workers' sessions merged (see
@@ -190,9 +202,14 @@ class Gateway:
             self._idle.set()
 
     def open_streams(self) -> Iterator[Exchange]:
-        """The request in progress on each client connection (for the revalidator)."""
+        """The request in progress on each client connection, and on each stream of an
+        HTTP/2 connection (for the revalidator)."""
         for door in self.connections:
-            if door.exchange is not None:
+            if isinstance(door, H2FrontDoor):
+                for request in list(door.requests.values()):
+                    if request.exchange is not None:
+                        yield request.exchange
+            elif door.exchange is not None:
                 yield door.exchange
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -248,6 +265,8 @@ class Gateway:
         for door in list(self.connections):
             if door.idle:
                 door.close()
+            elif isinstance(door, H2FrontDoor):
+                door.start_drain()  # GOAWAY: no new streams; those in flight finish
         drain: asyncio.Task[None] | None = None
         if self._tunnel is not None:
             drain = asyncio.ensure_future(self._tunnel.drain(timeout))
@@ -301,10 +320,15 @@ def front_tls(config: GatewayConfig) -> ssl.SSLContext:
     key = os.path.join(config.tls_dir, "tls.key")
     reloading = ReloadingContext(
         lambda: server_context(cert, key, None, min_version=TLS1_2,
-                               alpn_protocols=["http/1.1"]),
+                               alpn_protocols=front_alpn(config)),
         [cert, key],
     )
     return reloading_server_context(reloading)
+
+
+def front_alpn(config: GatewayConfig) -> list[str]:
+    """ALPN of the front door: h2 first (clients that speak it choose it), then HTTP/1.1."""
+    return ["h2", "http/1.1"] if config.limits.http2 else ["http/1.1"]
 
 
 def tunnel_tls(config: GatewayConfig) -> ssl.SSLContext:

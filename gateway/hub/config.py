@@ -29,6 +29,8 @@ class FrontDoorLimits:
     max_connections: int = 10000
     max_inflight: int = 10000  # requests between head and response end (429 beyond)
     write_high_water: int = 512 * 1024  # client transport buffer that pauses the stream
+    http2: bool = True  # offer ALPN h2 at the front door (HTTP/1.1 is always offered)
+    max_h2_streams: int = 250  # SETTINGS_MAX_CONCURRENT_STREAMS per HTTP/2 connection
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,7 @@ from gateway.hub.admission.chain import (
     prepare,
 )
 from gateway.hub.exchange import Exchange
+from gateway.hub.frontdoor_h2 import H2FrontDoor
 from gateway.hub.requestclass import SHORT, front_door_class
 from gateway.ops.metrics import GatewayMetrics
 from gateway.wire.http1 import (
@@ -83,18 +84,19 @@ CLOSED = "closed"
 class FrontDoorHost(AdmissionContext, Protocol):
     """What a client connection needs from the gateway process (``gateway.hub.app.Gateway``)."""
 
-    connections: set[FrontDoor]
+    connections: set[Any]  # FrontDoor and gateway.hub.frontdoor_h2.H2FrontDoor
     draining: bool
     inflight: int
 
     @property
     def metrics(self) -> GatewayMetrics: ...
 
-    def audit_stream_start(self, door: FrontDoor, exchange: Exchange) -> None: ...
+    def audit_stream_start(self, door: Any, exchange: Exchange) -> None: ...
 
     def request_done(self, *, request_id: str, user: str | None, cluster: str | None,
                      method: bytes | None, target: bytes | None, status: int, bytes_in: int,
-                     bytes_out: int, duration: float, stream: bool = False) -> None: ...
+                     bytes_out: int, duration: float, stream: bool = False,
+                     protocol: str = "h1") -> None: ...
 
     def request_released(self) -> None: ...
 
@@ -136,6 +138,14 @@ class FrontDoor(asyncio.Protocol):
             gw.metrics.connections_refused += 1
             self.phase = CLOSED
             transport.abort()
+            return
+        ssl_object = transport.get_extra_info("ssl_object")
+        if ssl_object is not None and ssl_object.selected_alpn_protocol() == "h2":
+            # The client chose HTTP/2: hand the connection to its own protocol.
+            self.phase = CLOSED
+            door = H2FrontDoor(gw, self.client_ip)
+            transport.set_protocol(door)
+            door.connection_made(transport)
             return
         gw.connections.add(self)
         transport.set_write_buffer_limits(high=self.limits.write_high_water)

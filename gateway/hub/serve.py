@@ -188,6 +188,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="client connections at once (default: %(default)s)")
     lim.add_argument("--max-inflight", type=positive_int, default=10000,
                      help="requests in progress at once (429 beyond; default: %(default)s)")
+    lim.add_argument("--no-http2", action="store_true",
+                     help="offer only HTTP/1.1 at the front door (ALPN). By default h2 is "
+                     "offered too: kubectl and client-go then carry every request and watch of "
+                     "a context as streams of one connection (upgrades such as exec and "
+                     "port-forward still use HTTP/1.1)")
+    lim.add_argument("--max-h2-streams", type=positive_int, default=250, metavar="N",
+                     help="concurrent streams per HTTP/2 client connection "
+                     "(SETTINGS_MAX_CONCURRENT_STREAMS; default: %(default)s, Go's own). "
+                     "client-go opens another connection when one is full; each open stream "
+                     "is a request in progress (--max-inflight counts it)")
     lim.add_argument("--unknown-cluster-grace", type=_duration, default=60.0,
                      metavar="DURATION",
                      help="after start, answer 503 (not 404) for clusters not seen yet, while "
@@ -282,6 +292,8 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         max_connections=args.max_connections,
         max_inflight=args.max_inflight,
         max_request_body=args.max_request_body,
+        http2=not args.no_http2,
+        max_h2_streams=args.max_h2_streams,
     )
     return GatewayConfig(
         listen=tuple(args.listen),

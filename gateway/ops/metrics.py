@@ -82,10 +82,22 @@ class GatewayMetrics:
     active_streams: int = 0
     streams_total: int = 0
     connections_refused: int = 0
+    # Requests by the protocol the client spoke at the front door (ALPN h2 or HTTP/1.1).
+    requests_h1: int = 0
+    requests_h2: int = 0
+    h2_connections_total: int = 0  # front-door connections that negotiated h2
+    # HTTP/2 streams per h2 connection, summed and counted as each connection ends.
+    h2_streams_sum: int = 0
+    h2_streams_count: int = 0
+    h2_protocol_errors: int = 0  # h2 connections ended by a protocol error (GOAWAY)
+    h2_calmed: int = 0  # h2 connections ended for abuse (ENHANCE_YOUR_CALM)
     # Live values read at scrape time.
     connected_agents: Callable[[], int] = lambda: 0
     cluster_names: Callable[[], Iterable[str]] = lambda: ()
     client_connections: Callable[[], int] = lambda: 0
+    # Of those, the HTTP/2 ones, and the streams (requests) open on them now.
+    h2_client_connections: Callable[[], int] = lambda: 0
+    h2_open_streams: Callable[[], int] = lambda: 0
     auth_reviews: Callable[[], int] = lambda: 0  # TokenReviews sent = cache misses
     auth_lookups: int = 0  # authentications asked for
     # Agent connections refused before a session (tunnel.listener), by reason.
@@ -114,6 +126,10 @@ class GatewayMetrics:
 
     def stream_closed(self) -> None:
         self.active_streams -= 1
+
+    def h2_streams_per_connection(self, streams: int) -> None:
+        self.h2_streams_sum += streams
+        self.h2_streams_count += 1
 
     def request(self, cluster: str, code: int, bytes_in: int, bytes_out: int,
                 duration: float | None = None, kind: str = "short") -> None:
@@ -145,9 +161,18 @@ class GatewayMetrics:
             "active_streams": self.active_streams,
             "streams_total": self.streams_total,
             "connections_refused": self.connections_refused,
+            "requests_h1": self.requests_h1,
+            "requests_h2": self.requests_h2,
+            "h2_connections_total": self.h2_connections_total,
+            "h2_streams_sum": self.h2_streams_sum,
+            "h2_streams_count": self.h2_streams_count,
+            "h2_protocol_errors": self.h2_protocol_errors,
+            "h2_calmed": self.h2_calmed,
             "connected_agents": self.connected_agents(),
             "clusters": sorted(self.cluster_names()),
             "client_connections": self.client_connections(),
+            "h2_client_connections": self.h2_client_connections(),
+            "h2_open_streams": self.h2_open_streams(),
             "auth_reviews": self.auth_reviews(),
             "auth_lookups": self.auth_lookups,
             "handshake_failures": dict(self.handshake_failures()),
@@ -173,7 +198,9 @@ class GatewayMetrics:
 
 SUMMED = ("bytes_in", "bytes_out", "active_streams", "streams_total", "connections_refused",
           "connected_agents", "client_connections", "auth_reviews", "auth_lookups",
-          "authz_lookups", "tunnel_refused")
+          "authz_lookups", "tunnel_refused", "requests_h1", "requests_h2", "h2_connections_total",
+          "h2_streams_sum", "h2_streams_count", "h2_protocol_errors", "h2_calmed",
+          "h2_client_connections", "h2_open_streams")
 
 
 def merge(snapshots: Iterable[dict[str, Any]]) -> dict[str, Any]:
@@ -265,6 +292,31 @@ def render(m: dict[str, Any]) -> bytes:
         "# HELP hubproxy_client_connections Open client connections on the front door.",
         "# TYPE hubproxy_client_connections gauge",
         f"hubproxy_client_connections {m['client_connections']}",
+        "# HELP hubproxy_requests_by_protocol_total Front-door requests by the protocol the "
+        "client spoke (h1: HTTP/1.1, h2: HTTP/2).",
+        "# TYPE hubproxy_requests_by_protocol_total counter",
+        f'hubproxy_requests_by_protocol_total{{protocol="h1"}} {m["requests_h1"]}',
+        f'hubproxy_requests_by_protocol_total{{protocol="h2"}} {m["requests_h2"]}',
+        "# HELP hubproxy_h2_client_connections Open front-door connections speaking HTTP/2.",
+        "# TYPE hubproxy_h2_client_connections gauge",
+        f"hubproxy_h2_client_connections {m['h2_client_connections']}",
+        "# HELP hubproxy_h2_open_streams Requests open as streams of HTTP/2 connections now.",
+        "# TYPE hubproxy_h2_open_streams gauge",
+        f"hubproxy_h2_open_streams {m['h2_open_streams']}",
+        "# HELP hubproxy_h2_connections_total Front-door connections that negotiated HTTP/2.",
+        "# TYPE hubproxy_h2_connections_total counter",
+        f"hubproxy_h2_connections_total {m['h2_connections_total']}",
+        "# HELP hubproxy_h2_streams_per_connection Streams each ended HTTP/2 connection "
+        "carried.",
+        "# TYPE hubproxy_h2_streams_per_connection summary",
+        f"hubproxy_h2_streams_per_connection_sum {m['h2_streams_sum']}",
+        f"hubproxy_h2_streams_per_connection_count {m['h2_streams_count']}",
+        "# HELP hubproxy_h2_connection_errors_total HTTP/2 connections ended by the gateway, "
+        "by reason (protocol: a protocol error; calm: a flood or rapid reset, "
+        "ENHANCE_YOUR_CALM).",
+        "# TYPE hubproxy_h2_connection_errors_total counter",
+        f'hubproxy_h2_connection_errors_total{{reason="protocol"}} {m["h2_protocol_errors"]}',
+        f'hubproxy_h2_connection_errors_total{{reason="calm"}} {m["h2_calmed"]}',
         "# HELP hubproxy_client_connections_refused_total Connections refused (limit, "
         "shutdown).",
         "# TYPE hubproxy_client_connections_refused_total counter",

@@ -58,6 +58,13 @@ def test_smoke_run_measures_hubproxy_against_direct(tmp_path: Path) -> None:
     idle = result["idle_watches"]
     assert idle["open"] == idle["requested"] == result["plan"]["idle_watches"]
     assert idle["outcomes"] == {"200": idle["requested"]}
+    idle_h2 = result["idle_watches_h2"]  # the same watches as streams of one h2 connection
+    assert idle_h2["open"] == idle_h2["requested"] == result["plan"]["idle_watches"]
+    assert idle_h2["outcomes"] == {"200": idle_h2["requested"]} and idle_h2["protocol"] == "h2"
+    if shutil.which("h2load"):  # small GETs over one HTTP/2 connection, 16 streams
+        h2 = hub["small_get"]["h2_c1_m16"]
+        assert h2["rps"] > 0 and h2["errors"] == 0
+        assert result["ratios"]["small_get_h2_m16_vs_h1_c16"] > 0
     floor = result["tls_floor"]
     assert floor["connections"] == idle["requested"] and floor["bytes_per_connection"] > 0
     assert 0 < floor["openssl_bytes_per_connection"] < 1_000_000

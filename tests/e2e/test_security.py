@@ -73,6 +73,9 @@ async def test_rule1_no_identity_refused_at_agent_even_if_gateway_bypassed(
             while registry.pick("cluster1") is None:
                 await asyncio.sleep(0.05)
         session = registry.pick("cluster1")
+        # The agent's one bare request, asking its apiserver about itself at start-up, must be
+        # over before the window in which nothing may reach the apiserver.
+        await asyncio.to_thread(agent.wait_for_line, "impersonation profile:", 20)
         since = time.time()
         for metadata in (b"", b"{}", b'{"user": ""}', b"\xff garbage"):
             protocol = Recorder()

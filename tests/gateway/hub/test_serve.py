@@ -279,3 +279,16 @@ async def test_gateway_process_with_an_agent_on_its_tunnel(pki: Path, tmp_path: 
             assert proc.popen.returncode == 0
         finally:
             group.stop_all()
+
+
+def test_http2_flags(pki: Path) -> None:
+    from gateway.hub.app import front_alpn
+
+    parser = build_parser()
+    default = config_from_args(parser.parse_args(["gateway", *base_flags(pki)]))
+    assert default.limits.http2 and default.limits.max_h2_streams == 250
+    assert front_alpn(default) == ["h2", "http/1.1"]
+    apply_environment(parser, {"HUBPROXY_NO_HTTP2": "true", "HUBPROXY_MAX_H2_STREAMS": "32"})
+    config = config_from_args(parser.parse_args(["gateway", *base_flags(pki)]))
+    assert not config.limits.http2 and config.limits.max_h2_streams == 32
+    assert front_alpn(config) == ["http/1.1"]

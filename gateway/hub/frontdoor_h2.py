@@ -1,0 +1,786 @@
+"""The front door over HTTP/2: one asyncio Protocol per client connection that chose ``h2``.
+
+:class:`gateway.hub.frontdoor.FrontDoor` hands a connection over here when TLS negotiated
+ALPN ``h2``. Framing, HPACK and flow-control bookkeeping are the ``h2`` library's (python-hyper,
+sans-IO); this module wires it to admission and the tunnel:
+
+* Each HTTP/2 stream is one request (:class:`H2Request`) with exactly the admission of an
+  HTTP/1.1 request: its HEADERS become a :class:`gateway.wire.http1.RequestHead`
+  (:func:`gateway.wire.http2.request_head_from_h2`) and go through
+  :func:`gateway.hub.admission.chain.prepare` / ``admit_cached`` / ``admit``. Admitted, it opens
+  one tunnel stream carrying HTTP/1.1 bytes (the agent is unchanged), relayed by the same
+  :class:`gateway.hub.exchange.Exchange` as HTTP/1.1; the request is the Exchange's client
+  connection and its transport, and turns the HTTP/1.1 response back into HEADERS and DATA
+  (:class:`gateway.wire.http2.ResponseTranslator`). Refusals are ``Status`` responses on the
+  stream; the connection and its other streams carry on.
+* Flow control follows the tunnel: request DATA is acknowledged (WINDOW_UPDATE for the stream)
+  only once the tunnel stream took it without pausing, so a client never has more than one
+  stream window (64 KiB) of a request in the gateway. The connection window is the stream
+  window times the stream limit, so streams whose tunnel is slow can never use it up and stall
+  the others. Response bytes are sent as the client's windows allow; what does not fit pauses
+  that tunnel stream alone (the tunnel then holds back the agent's credit).
+* Bounds (DESIGN §6 rule 7, the known HTTP/2 attacks): ``SETTINGS_MAX_CONCURRENT_STREAMS``
+  (``max_streams``; more open streams is a connection error), ``SETTINGS_MAX_HEADER_LIST_SIZE``
+  and the decoder's limit equal to the HTTP/1.1 head limit (HPACK bombs), the ``h2`` library's
+  bound of 64 CONTINUATION frames per header block (CVE-2024-27316), a budget of client stream
+  resets (rapid reset, CVE-2023-44487), a budget of frames that cost us an answer (PING,
+  SETTINGS) and one of frames that only cost parsing (WINDOW_UPDATE, PRIORITY, unknown types):
+  past a budget the connection ends with GOAWAY ENHANCE_YOUR_CALM. A client that does not read
+  cannot grow our write buffer past ``4 x write_high_water`` (then it is aborted). DATA beyond
+  a ``Content-Length`` is a protocol error before a byte of it is forwarded; a body without one
+  is counted against ``max_request_body`` (413).
+* Drain: the gateway sends GOAWAY (last stream id) when it starts shutting down; streams in
+  flight finish, new ones get 503, and the connection closes when the last one ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import TYPE_CHECKING, Any, Protocol
+
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import h2.exceptions
+import h2.settings
+from hyperframe.frame import GoAwayFrame
+
+from gateway.hub.admission.chain import (
+    AdmissionContext,
+    Admitted,
+    Refusal,
+    admit,
+    admit_cached,
+    new_request_id,
+    prepare,
+)
+from gateway.hub.exchange import Exchange
+from gateway.hub.requestclass import SHORT, front_door_class
+from gateway.ops.metrics import GatewayMetrics
+from gateway.wire.http1 import HTTPError
+from gateway.wire.http2 import (
+    LAST_CHUNK,
+    H2RequestError,
+    ResponseStart,
+    ResponseTranslator,
+    chunk,
+    request_head_from_h2,
+)
+from gateway.wire.status import error_response
+
+if TYPE_CHECKING:
+    from gateway.wire.http1 import RequestHead
+
+log = logging.getLogger("hubproxy.gateway")
+
+STREAM_WINDOW = 65535  # per-stream receive window (the HTTP/2 default)
+RESET_BURST, RESET_RATE = 200, 50.0  # client RST_STREAMs: burst, then per second
+ANSWERED_BURST, ANSWERED_RATE = 200, 20.0  # PING and SETTINGS (each costs us an ACK)
+CHEAP_BURST, CHEAP_RATE = 5000, 1000.0  # WINDOW_UPDATE, PRIORITY, unknown frames
+
+
+class H2Host(AdmissionContext, Protocol):
+    """What an HTTP/2 connection needs from the gateway process (``gateway.hub.app.Gateway``;
+    the same as ``gateway.hub.frontdoor.FrontDoorHost``, which imports this module)."""
+
+    connections: set[Any]
+    draining: bool
+    inflight: int
+
+    @property
+    def metrics(self) -> GatewayMetrics: ...
+
+    def audit_stream_start(self, door: Any, exchange: Exchange) -> None: ...
+
+    def request_done(self, *, request_id: str, user: str | None, cluster: str | None,
+                     method: bytes | None, target: bytes | None, status: int, bytes_in: int,
+                     bytes_out: int, duration: float, stream: bool = False,
+                     protocol: str = "h1") -> None: ...
+
+    def request_released(self) -> None: ...
+
+
+class FrameBudget:
+    """A token bucket: ``spend()`` is False once the peer went past ``burst`` + ``rate``/s."""
+
+    __slots__ = ("burst", "rate", "stamp", "tokens")
+
+    def __init__(self, burst: float, rate: float) -> None:
+        self.burst = self.tokens = burst
+        self.rate = rate
+        self.stamp = time.monotonic()
+
+    def spend(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
+
+
+class H2FrontDoor(asyncio.Protocol):
+    """One HTTP/2 client connection. See the module docstring."""
+
+    protocol = "h2"
+
+    def __init__(self, gw: H2Host, client_ip: str) -> None:
+        self.gw = gw
+        self.limits = gw.config.limits
+        self.client_ip = client_ip
+        self.transport: Any = None
+        self.max_streams = self.limits.max_h2_streams
+        # Inbound heads are validated by h2 (RFC 9113 §8.2-8.3). Outbound fields come from
+        # gateway.wire.http2.response_fields (lower-case names, no connection-specific fields,
+        # values already checked by the HTTP/1.1 response parser): not checked twice.
+        config = h2.config.H2Configuration(client_side=False, header_encoding=None,
+                                           validate_inbound_headers=True,
+                                           validate_outbound_headers=False,
+                                           normalize_outbound_headers=False)
+        self.conn = h2.connection.H2Connection(config=config)
+        self.conn.local_settings = h2.settings.Settings(client=False, initial_values={
+            h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: self.max_streams,
+            h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: self.limits.head.max_head_bytes,
+            h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
+            h2.settings.SettingCodes.ENABLE_PUSH: 0,
+        })
+        # The decoder enforces the list size itself (an HPACK bomb expands past it: refused).
+        self.conn.decoder.max_header_list_size = self.limits.head.max_head_bytes
+        self.requests: dict[int, H2Request] = {}
+        self.streams_total = 0  # streams this connection opened (metrics: streams/connection)
+        self.closed = False
+        self._goaway_sent = False
+        self._write_paused = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._resets = FrameBudget(RESET_BURST, RESET_RATE)
+        self._answered = FrameBudget(ANSWERED_BURST, ANSWERED_RATE)
+        self._cheap = FrameBudget(CHEAP_BURST, CHEAP_RATE)
+
+    # --- asyncio.Protocol --------------------------------------------------------------------
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        self.gw.connections.add(self)
+        self.gw.metrics.h2_connections_total += 1
+        transport.set_write_buffer_limits(high=self.limits.write_high_water)
+        conn = self.conn
+        conn.initiate_connection()
+        # Connection window = every stream's window: streams held back by a slow tunnel can
+        # never use up the connection's window and stall the rest.
+        conn.increment_flow_control_window(STREAM_WINDOW * self.max_streams - 65535)
+        self._flush()
+        self._arm_idle()
+
+    def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return
+        try:
+            events = self.conn.receive_data(data)
+        except h2.exceptions.ProtocolError as exc:
+            # h2 queued a GOAWAY with the error code (PROTOCOL_ERROR, FLOW_CONTROL_ERROR,
+            # ENHANCE_YOUR_CALM for oversized header lists and CONTINUATION floods, ...).
+            log.info("h2 connection from %s: protocol error: %s", self.client_ip,
+                     type(exc).__name__)
+            self.gw.metrics.h2_protocol_errors += 1
+            self._flush()
+            self.close(goaway=False)
+            return
+        for event in events:
+            if self.closed:
+                return
+            self._event(event)
+        self._flush()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._disarm()
+        for request in list(self.requests.values()):
+            request.abandon()
+        self.requests.clear()
+        self.gw.connections.discard(self)
+        self.gw.metrics.h2_streams_per_connection(self.streams_total)
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+        for request in self.requests.values():
+            request.pause_tunnel("client")
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        for request in list(self.requests.values()):
+            request.resume_tunnel("client")
+            request.send_pending()
+        self._flush()
+
+    # --- events ------------------------------------------------------------------------------
+
+    def _event(self, event: h2.events.Event) -> None:
+        if isinstance(event, h2.events.RequestReceived):
+            self._request(event)
+        elif isinstance(event, h2.events.DataReceived):
+            request = self.requests.get(event.stream_id)
+            if request is None:  # answered already: keep the connection window open
+                self.conn.acknowledge_received_data(event.flow_controlled_length,
+                                                    event.stream_id)
+            else:
+                request.body(event.data, event.flow_controlled_length)
+        elif isinstance(event, h2.events.StreamEnded):
+            request = self.requests.get(event.stream_id)
+            if request is not None:
+                request.body_ended()
+        elif isinstance(event, h2.events.StreamReset):
+            request = self.requests.pop(event.stream_id, None)
+            if request is not None:
+                request.abandon()
+                self._maybe_idle()
+            if not event.remote_reset:
+                return
+            if not self._resets.spend():
+                self._calm("rapid reset")
+        elif isinstance(event, h2.events.WindowUpdated):
+            if not self._cheap.spend():
+                self._calm("WINDOW_UPDATE flood")
+                return
+            if event.stream_id:
+                request = self.requests.get(event.stream_id)
+                if request is not None:
+                    request.send_pending()
+            else:
+                for request in list(self.requests.values()):
+                    request.send_pending()
+        elif isinstance(event, (h2.events.PingReceived, h2.events.RemoteSettingsChanged)):
+            if not self._answered.spend():
+                self._calm("PING or SETTINGS flood")
+                return
+            if isinstance(event, h2.events.RemoteSettingsChanged):
+                for request in list(self.requests.values()):
+                    request.send_pending()
+        elif isinstance(event, h2.events.ConnectionTerminated):
+            self.close(goaway=False)
+        elif (isinstance(event, (h2.events.PriorityUpdated, h2.events.UnknownFrameReceived))
+              and not self._cheap.spend()):
+            self._calm("PRIORITY or unknown frame flood")
+        # TrailersReceived (ignored: HTTP/1.1 requests to the agent carry none), StreamEnded
+        # follows it; SettingsAcknowledged, PingAckReceived: nothing to do.
+
+    def _calm(self, why: str) -> None:
+        log.info("h2 connection from %s closed: %s", self.client_ip, why)
+        self.gw.metrics.h2_calmed += 1
+        self.conn.close_connection(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
+        self._flush()
+        self.close(goaway=False)
+
+    def _request(self, event: h2.events.RequestReceived) -> None:
+        sid = event.stream_id
+        self.streams_total += 1
+        self._disarm()
+        ended = event.stream_ended is not None
+        request = H2Request(self, sid)
+        self.requests[sid] = request
+        try:
+            head = request_head_from_h2(list(event.headers), self.limits.head, end_stream=ended)
+        except H2RequestError as exc:
+            request.refuse(exc.status, str(exc))
+            return
+        request.start(head, ended)
+
+    # --- output ------------------------------------------------------------------------------
+
+    def _flush(self) -> None:
+        data = self.conn.data_to_send()
+        if data and not self.closed:
+            self.transport.write(data)
+            if self.transport.get_write_buffer_size() > 4 * self.limits.write_high_water:
+                # Not reading what we must answer (PING/SETTINGS ACKs, responses past our
+                # windows cannot happen): the buffer may not grow without bound.
+                log.info("h2 connection from %s aborted: it does not read", self.client_ip)
+                self.closed = True
+                self.transport.abort()
+
+    def finished(self, request: H2Request) -> None:
+        if self.requests.get(request.stream_id) is request:
+            del self.requests[request.stream_id]
+        self._maybe_idle()
+
+    def _maybe_idle(self) -> None:
+        if self.requests or self.closed:
+            return
+        if self.gw.draining:
+            self.close()
+        else:
+            self._arm_idle()
+
+    def _arm_idle(self) -> None:
+        self._disarm()
+        if self.limits.idle_timeout > 0:
+            self._timer = asyncio.get_running_loop().call_later(self.limits.idle_timeout,
+                                                                self._idle_timeout)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _idle_timeout(self) -> None:
+        if not self.requests:
+            self.close()
+
+    def start_drain(self) -> None:
+        """The gateway is shutting down: GOAWAY now (no new streams), close when idle."""
+        if self.closed or self._goaway_sent:
+            return
+        self._goaway_sent = True
+        self._flush()
+        # Written beside h2's state machine: h2 would refuse to send DATA for the streams in
+        # flight after its own GOAWAY, and those must finish.
+        frame = GoAwayFrame(0)
+        frame.last_stream_id = self.conn.highest_inbound_stream_id
+        frame.error_code = 0
+        self.transport.write(frame.serialize())
+        self._maybe_idle()
+
+    def close(self, *, goaway: bool = True) -> None:
+        """Close after flushing what was written (GOAWAY first unless one went already)."""
+        if self.closed:
+            return
+        if goaway and not self._goaway_sent:
+            self._goaway_sent = True
+            self.conn.close_connection()
+            self._flush()
+        self.closed = True
+        self._disarm()
+        for request in list(self.requests.values()):
+            request.abandon()
+        self.requests.clear()
+        self.transport.close()
+
+    @property
+    def idle(self) -> bool:
+        return not self.requests
+
+    @property
+    def write_paused(self) -> bool:
+        return self._write_paused
+
+
+# Request phases
+_ADMITTING, _OPEN, _ANSWERED = range(3)
+
+
+class H2Request:
+    """One HTTP/2 stream: admission, then the client side of an :class:`Exchange`.
+
+    It is also the Exchange's transport: ``write`` receives the HTTP/1.1 response bytes and
+    sends them as HEADERS and DATA."""
+
+    def __init__(self, door: H2FrontDoor, stream_id: int) -> None:
+        self.door = door
+        self.gw = door.gw
+        self.stream_id = stream_id
+        self.request_id = new_request_id()
+        self.head: RequestHead | None = None
+        self.exchange: Exchange | None = None
+        self.translator: ResponseTranslator | None = None
+        self.phase = _ADMITTING
+        self.early: list[bytes] = []  # body bytes that arrived during admission (unacked)
+        self.unacked = 0  # flow-controlled bytes received and not yet acknowledged
+        self.body_bytes = 0
+        self.client_ended = False
+        self.response_ended = False
+        self.pending: list[bytes] = []  # response payload waiting for the client's windows
+        self._finished = False  # the exchange is over; end the stream once pending is sent
+        self._complete = False
+        self._tunnel_paused: set[str] = set()  # why the tunnel stream is not read
+        self._stream_write_paused = False  # the tunnel's send window is full
+        self._task: asyncio.Task[Admitted] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._counted = False
+        self._started = time.monotonic()
+        self._long_running = False
+        self.streaming = False
+
+    # --- admission ---------------------------------------------------------------------------
+
+    def start(self, head: RequestHead, ended: bool) -> None:
+        self.head = head
+        self.client_ended = ended
+        gw = self.gw
+        if gw.draining:
+            self.refuse(503, "the gateway is shutting down, retry", retry_after=1)
+            return
+        if gw.inflight >= self.door.limits.max_inflight:
+            self.refuse(429, "the gateway is overloaded, retry later", retry_after=1)
+            return
+        gw.inflight += 1
+        self._counted = True
+        try:
+            prepared = prepare(head, self.door.client_ip, self.door.limits.max_request_body)
+            admitted = admit_cached(gw, head, prepared, self.request_id)
+        except Refusal as exc:
+            self.refuse(exc.status, exc.message, retry_after=exc.retry_after,
+                        extra_headers=exc.extra_headers)
+            return
+        except Exception as exc:  # a bug must answer 500, as it does on the task path
+            log.error("request %s: admission failed: %s", self.request_id, type(exc).__name__,
+                      exc_info=exc)
+            self.refuse(500, "internal error in the gateway")
+            return
+        if admitted is not None:
+            self._open(admitted)
+            return
+        self._task = asyncio.ensure_future(
+            admit(gw, head, self.door.client_ip, self.request_id, prepared))
+        self._task.add_done_callback(self._admitted)
+
+    def _admitted(self, task: asyncio.Task[Admitted]) -> None:
+        self._task = None
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if self.phase != _ADMITTING or self.door.closed:
+            if exc is None:
+                task.result().release_stream_slot()  # admitted, but the client left
+            return
+        if isinstance(exc, Refusal):
+            self.refuse(exc.status, exc.message, retry_after=exc.retry_after,
+                        extra_headers=exc.extra_headers)
+        elif exc is not None:
+            log.error("request %s: admission failed: %s", self.request_id, type(exc).__name__,
+                      exc_info=exc)
+            self.refuse(500, "internal error in the gateway")
+        else:
+            self._open(task.result())
+        self.door._flush()
+
+    def _open(self, admitted: Admitted) -> None:
+        head = self.head
+        assert head is not None
+        exchange = Exchange(self, head.method, admitted, self.request_id)  # type: ignore[arg-type]
+        self.exchange = exchange
+        self.translator = ResponseTranslator(head.method)
+        early = b"".join(self.early)
+        self.early = []
+        if head.chunked:
+            early = chunk(early)
+        exchange.bytes_in = len(early)
+        self.phase = _OPEN
+        self.gw.metrics.stream_opened()
+        try:
+            admitted.session.open_stream(admitted.target, admitted.metadata, exchange,
+                                         initial_data=admitted.head + early)
+        except Exception as exc:  # session closing or at its stream limit
+            log.info("request %s: cannot open a stream to %s: %s", self.request_id,
+                     admitted.cluster, type(exc).__name__)
+            self.gw.metrics.stream_closed()
+            self.exchange = None
+            exchange.client_gone()
+            self.phase = _ADMITTING
+            self.refuse(503, f'cluster "{admitted.cluster}" cannot take requests now, retry',
+                        retry_after=1, user=admitted.user, cluster=admitted.cluster)
+            return
+        if exchange.done:
+            return
+        self._long_running = front_door_class(head.target, admitted.upgrade) != SHORT
+        if self.door.write_paused:
+            self.pause_tunnel("client")
+        self._acknowledge()
+        if self.client_ended:
+            self.body_ended()
+        else:
+            self._arm(self.door.limits.idle_timeout, self._body_timeout)
+
+    # --- client -> tunnel --------------------------------------------------------------------
+
+    def body(self, data: bytes, flow_length: int) -> None:
+        self.unacked += flow_length
+        if self.phase == _ANSWERED or (self.phase == _OPEN and self.exchange is None):
+            self._acknowledge_all()  # answered already: nobody wants the rest
+            return
+        head = self.head
+        assert head is not None
+        self.body_bytes += len(data)
+        if head.chunked and self.body_bytes > self.door.limits.max_request_body:
+            limit = self.door.limits.max_request_body
+            self._fail_body(413, f"the request body is larger than the gateway's limit of "
+                                 f"{limit} bytes")
+            return
+        if self.phase == _ADMITTING:
+            self.early.append(data)  # bounded by the stream window: not acknowledged yet
+            return
+        exchange = self.exchange
+        assert exchange is not None
+        if data:
+            exchange.send(chunk(data) if head.chunked else data)
+        self._acknowledge()
+
+    def _acknowledge(self) -> None:
+        """Give the client its stream window back for what the tunnel has taken."""
+        if self.unacked and not self._stream_write_paused and self.phase != _ADMITTING:
+            n, self.unacked = self.unacked, 0
+            self.door.conn.acknowledge_received_data(n, self.stream_id)
+
+    def body_ended(self) -> None:
+        self.client_ended = True
+        exchange = self.exchange
+        if self.phase != _OPEN or exchange is None or exchange.done:
+            return
+        assert self.head is not None
+        if self.head.chunked:
+            exchange.send(LAST_CHUNK)
+        exchange.send_eof()
+        if exchange.done:
+            return
+        self._disarm()
+        if not exchange.head_sent and not self._long_running:
+            self._arm(self.door.limits.response_header_timeout, exchange.timed_out)
+
+    def _body_timeout(self) -> None:
+        if self.phase == _OPEN and not self.client_ended:
+            if self.exchange is not None and self.exchange.head_sent:
+                return  # answered while the body still flows: the client's to finish
+            self._fail_body(408, "timed out reading the request body")
+            self.door._flush()
+
+    def _fail_body(self, status: int, message: str) -> None:
+        exchange = self.exchange
+        if exchange is not None:
+            if exchange.head_sent:
+                self._reset(h2.errors.ErrorCodes.CANCEL)
+                return
+            self.exchange = None
+            exchange.client_gone()
+            self.gw.metrics.stream_closed()
+            self.refuse(status, message, user=exchange.admitted.user,
+                        cluster=exchange.admitted.cluster)
+        else:
+            if self._task is not None:
+                self._task.cancel()
+            self.refuse(status, message)
+
+    # --- the Exchange's client connection and transport ----------------------------------------
+
+    @property
+    def transport(self) -> H2Request:
+        return self
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return default  # no "sslcontext": the Exchange copies tunnel memoryviews for us
+
+    def pause_reading(self, reason: str) -> None:
+        self._stream_write_paused = True  # the tunnel's send window is full: stop acking
+
+    def resume_reading(self, reason: str) -> None:
+        self._stream_write_paused = False
+        self._acknowledge()
+        self.door._flush()
+
+    def response_started(self, exchange: Exchange) -> None:
+        self._disarm()
+        target = self.head.target if self.head is not None else b""
+        if b"watch=" in target or b"follow=" in target:
+            exchange.streaming = self.streaming = True
+            self.gw.audit_stream_start(self, exchange)  # type: ignore[arg-type]
+
+    def upgraded(self, exchange: Exchange) -> None:  # pragma: no cover - never over h2
+        raise AssertionError("no upgrades over HTTP/2")
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        """HTTP/1.1 response bytes from the Exchange -> HEADERS and DATA."""
+        translator = self.translator
+        if translator is None or self.response_ended:
+            return
+        try:
+            items = translator.feed(data)
+        except HTTPError:
+            self._reset(h2.errors.ErrorCodes.INTERNAL_ERROR)
+            return
+        conn = self.door.conn
+        for item in items:
+            if isinstance(item, ResponseStart):
+                conn.send_headers(self.stream_id, item.fields)
+            else:
+                self.pending.append(item)
+        self.send_pending()
+        self.door._flush()
+
+    def send_pending(self) -> None:
+        """Send what the client's windows allow; pause the tunnel stream for the rest."""
+        if self.response_ended or self.door.closed:
+            return
+        conn = self.door.conn
+        pending = self.pending
+        sid = self.stream_id
+        try:
+            while pending:
+                room = min(conn.local_flow_control_window(sid), conn.max_outbound_frame_size)
+                if room <= 0:
+                    break
+                piece = pending[0]
+                if len(piece) <= room:
+                    pending.pop(0)
+                    conn.send_data(sid, piece)
+                else:
+                    pending[0] = piece[room:]
+                    conn.send_data(sid, piece[:room])
+        except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
+            self.abandon()
+            return
+        if pending:
+            self.pause_tunnel("window")
+            return
+        self.resume_tunnel("window")
+        if self._finished:
+            self._end_stream()
+
+    def pause_tunnel(self, reason: str) -> None:
+        if not self._tunnel_paused and self.exchange is not None \
+                and self.exchange.stream is not None:
+            self.exchange.stream.pause_reading()
+        self._tunnel_paused.add(reason)
+
+    def resume_tunnel(self, reason: str) -> None:
+        if reason in self._tunnel_paused:
+            self._tunnel_paused.discard(reason)
+            if not self._tunnel_paused and self.exchange is not None \
+                    and self.exchange.stream is not None:
+                self.exchange.stream.resume_reading()
+
+    def exchange_finished(self, exchange: Exchange, *, keep_alive: bool) -> None:
+        if self.exchange is not exchange:
+            return
+        self.exchange = None
+        self.gw.metrics.stream_closed()
+        self._disarm()
+        translator = self.translator
+        if translator is not None:
+            with contextlib.suppress(HTTPError):
+                translator.feed_eof()
+        self._record(exchange.status, exchange.bytes_in, exchange.bytes_out,
+                     user=exchange.admitted.user, cluster=exchange.admitted.cluster,
+                     stream=exchange.streaming)
+        self._release()
+        if translator is None or not translator.complete:
+            self._reset(h2.errors.ErrorCodes.INTERNAL_ERROR)  # truncated: never end it cleanly
+            return
+        self._finished = True
+        self.send_pending()
+        self.door._flush()
+
+    def exchange_failed(self, exchange: Exchange, status: int, message: str,
+                        retry_after: int | None) -> None:
+        if self.exchange is not exchange:
+            return
+        self.exchange = None
+        self.gw.metrics.stream_closed()
+        self.refuse(status, message, retry_after=retry_after, user=exchange.admitted.user,
+                    cluster=exchange.admitted.cluster)
+        self.door._flush()
+
+    # --- answering and ending ------------------------------------------------------------------
+
+    def refuse(self, status: int, message: str, *, retry_after: int | None = None,
+               extra_headers: Any = (), user: str | None = None,
+               cluster: str | None = None) -> None:
+        """Answer this stream with a ``Status``; the connection carries on."""
+        if self.phase == _ANSWERED or self.door.closed:
+            self._release()
+            return
+        self.phase = _ANSWERED
+        self._disarm()
+        log.debug("request %s answered by the gateway: %d %s", self.request_id, status, message)
+        if status == 401:
+            extra_headers = (*extra_headers, (b"WWW-Authenticate", b'Bearer realm="hubproxy"'))
+        head = self.head
+        method = head.method if head is not None else b"GET"
+        response = error_response(status, message, retry_after=retry_after,
+                                  extra_headers=extra_headers, head_only=method == b"HEAD")
+        self.translator = ResponseTranslator(method)
+        self.write(response)
+        self._record(status, 0, len(response), user=user, cluster=cluster)
+        self._release()
+        self._finished = True
+        self._acknowledge_all()
+        self.send_pending()
+
+    def _acknowledge_all(self) -> None:
+        self.early = []
+        if self.unacked and not self.door.closed:
+            n, self.unacked = self.unacked, 0
+            with contextlib.suppress(h2.exceptions.ProtocolError):
+                self.door.conn.acknowledge_received_data(n, self.stream_id)
+
+    def _end_stream(self) -> None:
+        if self.response_ended:
+            return
+        self.response_ended = True
+        conn = self.door.conn
+        try:
+            conn.end_stream(self.stream_id)
+            if not self.client_ended:
+                # Answered before the body ended (a refusal, an early response): no more of
+                # it is wanted (RFC 9113 §8.1).
+                conn.reset_stream(self.stream_id, h2.errors.ErrorCodes.NO_ERROR)
+        except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
+            pass
+        self.door.finished(self)
+
+    def _reset(self, code: int) -> None:
+        if not self.response_ended:
+            self.response_ended = True
+            with contextlib.suppress(h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
+                self.door.conn.reset_stream(self.stream_id, code)
+        self.abandon()
+        self.door.finished(self)
+        self.door._flush()
+
+    def abandon(self) -> None:
+        """The client reset the stream or the connection went: cancel upstream, account."""
+        self.response_ended = True
+        self.phase = _ANSWERED
+        self._disarm()
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+        exchange = self.exchange
+        if exchange is not None:
+            self.exchange = None
+            exchange.client_gone()
+            self.gw.metrics.stream_closed()
+            self._record(exchange.status or 499, exchange.bytes_in, exchange.bytes_out,
+                         user=exchange.admitted.user, cluster=exchange.admitted.cluster,
+                         stream=exchange.streaming)
+        self._release()
+
+    # --- bookkeeping -------------------------------------------------------------------------
+
+    def _arm(self, delay: float, callback: Any) -> None:
+        self._disarm()
+        if delay > 0:
+            self._timer = asyncio.get_running_loop().call_later(delay, callback)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _release(self) -> None:
+        if self._counted:
+            self._counted = False
+            self.gw.inflight -= 1
+            self.gw.request_released()
+
+    def _record(self, status: int, bytes_in: int, bytes_out: int, *, user: str | None = None,
+                cluster: str | None = None, stream: bool = False) -> None:
+        head = self.head
+        self.gw.request_done(
+            request_id=self.request_id, user=user, cluster=cluster,
+            method=head.method if head is not None else None,
+            target=head.target if head is not None else None,
+            status=status, bytes_in=bytes_in, bytes_out=bytes_out,
+            duration=time.monotonic() - self._started, stream=stream, protocol="h2",
+        )

@@ -1,0 +1,284 @@
+"""HTTP/2 requests in, HTTP/1.1 over the tunnel, HTTP/2 responses out (sans-IO).
+
+The front door speaks HTTP/2 to clients (``gateway.hub.frontdoor_h2``) but every tunnel stream
+still carries one HTTP/1.1 exchange, so the agent and the admission chain stay as they are. This
+module holds the two pure translations, no frames and no sockets (framing, HPACK and flow
+control are the ``h2`` library's):
+
+* :func:`request_head_from_h2` turns a decoded HEADERS block into the same
+  :class:`gateway.wire.http1.RequestHead` an HTTP/1.1 request produces, so the admission rules
+  (``gateway.hub.admission.chain.prepare``) exist once. The ``h2`` library has already refused
+  what RFC 9113 §8.2-8.3 (and Go's server) refuse: upper-case names, connection-specific
+  fields, ``te`` other than ``trailers``, missing, repeated, unknown or misplaced
+  pseudo-headers, an empty ``:path``. On top of that the head meets our HTTP/1.1 limits (field
+  count, line and head sizes: 431/414) and the same byte rules (method a token, target visible
+  ASCII, ``Content-Length`` plain digits). A body without ``Content-Length`` is forwarded
+  chunked (:func:`chunk`). ``CONNECT`` (and so extended CONNECT, RFC 8441) is refused with 405:
+  WebSocket and SPDY upgrades stay on HTTP/1.1, as client-go does.
+* :class:`ResponseTranslator` takes the HTTP/1.1 response bytes the
+  :class:`gateway.hub.exchange.Exchange` relays (already checked by it: head parsed strictly,
+  body framing validated) and yields one :class:`ResponseStart` (``:status`` plus the fields
+  minus connection-specific ones, names lower-cased) and the body payload de-chunked, with
+  ``complete`` set once the body's framing says it has ended. Interim 1xx heads are dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gateway.wire.http1 import (
+    NO_BODY,
+    BodyTracker,
+    HTTPError,
+    Limits,
+    RequestHead,
+    ResponseHead,
+    find_head_end,
+    framing_for_response,
+    parse_response_head,
+)
+
+Headers = list[tuple[bytes, bytes]]
+
+_TCHAR = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+_TARGET_OK = bytes(range(0x21, 0x7F))
+_VALUE_OK = bytes(b for b in range(256) if b == 9 or (b >= 0x20 and b != 0x7F))
+_DIGITS = b"0123456789"
+
+# RFC 9113 §8.2.2: never in HTTP/2 (h2 refuses them inbound; we drop them outbound), plus the
+# names a response's Connection header nominates.
+CONNECTION_SPECIFIC = frozenset(
+    (b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade", b"te")
+)
+
+
+class H2RequestError(ValueError):
+    """A request refused before admission; ``status`` is what the stream is answered with."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def request_head_from_h2(fields: Headers, limits: Limits, *, end_stream: bool) -> RequestHead:
+    """The protocol-neutral head of one HTTP/2 request (see the module docstring).
+
+    ``fields`` is the decoded HEADERS block as ``h2`` delivers it (bytes, pseudo-headers first).
+    ``end_stream``: the HEADERS frame ended the stream (no body follows).
+    """
+    if len(fields) > limits.max_headers + 4:
+        raise H2RequestError("too many header fields", 431)
+    method = path = authority = b""
+    headers: Headers = []
+    names: list[bytes] = []
+    cookies: list[bytes] = []
+    size = 0
+    for name, value in fields:
+        size += len(name) + len(value) + 4  # as the HTTP/1.1 line "name: value\r\n" would be
+        if name[:1] == b":":  # sized as the request line (414) below
+            if name == b":method":
+                method = value
+            elif name == b":path":
+                path = value
+            elif name == b":authority":
+                authority = value
+            continue  # :scheme is ours to set (https); h2 refused unknown pseudo-headers
+        if len(name) + len(value) + 2 > limits.max_field_line:
+            raise H2RequestError("header field too large", 431)
+        if not name or name.translate(None, _TCHAR):
+            raise H2RequestError("invalid header name", 400)  # never a CRLF into HTTP/1.1
+        if value.translate(None, _VALUE_OK):
+            raise H2RequestError("control character in a header value", 400)
+        if name == b"cookie":
+            cookies.append(value)  # RFC 9113 §8.2.3: crumbs are joined for HTTP/1.1
+            continue
+        headers.append((name, value))
+        names.append(name)
+    if size > limits.max_head_bytes:
+        raise H2RequestError("request header fields too large", 431)
+    if len(headers) > limits.max_headers:
+        raise H2RequestError("too many header fields", 431)
+    if method == b"CONNECT":
+        raise H2RequestError("CONNECT is not supported; upgrades use HTTP/1.1", 405)
+    if not method or method.translate(None, _TCHAR):
+        raise H2RequestError("invalid method", 400)
+    if len(method) + len(path) + 10 > limits.max_request_line:
+        raise H2RequestError("request target too long", 414)
+    if not path or path.translate(None, _TARGET_OK) or path[:1] != b"/":
+        raise H2RequestError("invalid request target", 400)
+    if cookies:
+        headers.append((b"cookie", b"; ".join(cookies)))
+        names.append(b"cookie")
+    hosts = names.count(b"host")
+    if hosts > 1:
+        raise H2RequestError("more than one Host header", 400)
+    if authority:
+        if hosts:  # RFC 9113 §8.3.1: :authority wins; one Host travels
+            i = names.index(b"host")
+            del headers[i], names[i]
+        headers.insert(0, (b"host", authority))
+        names.insert(0, b"host")
+    elif not hosts:
+        raise H2RequestError("a request needs :authority or Host", 400)
+    host = headers[names.index(b"host")][1]
+    if not host or host.translate(None, _TARGET_OK) or any(c in host for c in b",/@"):
+        raise H2RequestError("invalid Host header", 400)
+    head = RequestHead(method, path, b"HTTP/1.1", headers, names)
+    lengths = head.get_all(b"content-length")
+    if lengths:
+        value = lengths[0]
+        if (len(lengths) > 1 or not value or value.translate(None, _DIGITS)
+                or len(value) > 18):
+            raise H2RequestError("invalid Content-Length", 400)
+        head.content_length = int(value)
+    elif not end_stream:
+        # A body of unknown length: HTTP/1.1 needs it chunked (h2 refused transfer-encoding).
+        head.chunked = True
+        headers.append((b"transfer-encoding", b"chunked"))
+        names.append(b"transfer-encoding")
+    expect = head.get(b"expect")
+    if expect is not None and expect.lower() != b"100-continue":
+        raise H2RequestError("unsupported Expect", 417)
+    return head
+
+
+def chunk(data: bytes | bytearray | memoryview) -> bytes:
+    """One HTTP/1.1 chunk (empty data makes no chunk: the last-chunk is :data:`LAST_CHUNK`)."""
+    if not data:
+        return b""
+    return b"%x\r\n" % len(data) + bytes(data) + b"\r\n"
+
+
+LAST_CHUNK = b"0\r\n\r\n"
+
+
+def response_fields(head: ResponseHead) -> Headers:
+    """``:status`` and the fields of an HTTP/1.1 response head as HTTP/2 allows them."""
+    nominated = head.connection
+    out: Headers = [(b":status", b"%d" % head.status)]
+    for (_name, value), lname in zip(head.headers, head.names, strict=True):
+        if lname in CONNECTION_SPECIFIC or lname in nominated:
+            continue
+        out.append((lname, value))
+    return out
+
+
+@dataclass(slots=True)
+class ResponseStart:
+    status: int
+    fields: Headers
+
+
+# Translator states
+_HEAD, _BODY, _DONE = range(3)
+# Dechunker states
+_SIZE, _DATA, _CRLF, _TRAILER = range(4)
+
+
+class ResponseTranslator:
+    """HTTP/1.1 response bytes -> one :class:`ResponseStart`, then payload bytes.
+
+    ``feed`` returns what to send, in order: a :class:`ResponseStart` and/or ``bytes`` chunks of
+    payload. The input is what the Exchange relays, so framing errors here are the agent's
+    (raised as :class:`HTTPError` 502). ``complete`` is set when the body has ended by its own
+    framing; a close-delimited body completes at :meth:`feed_eof`.
+    """
+
+    __slots__ = (
+        "_buf",
+        "_dstate",
+        "_line",
+        "_remaining",
+        "_state",
+        "complete",
+        "head",
+        "method",
+        "tracker",
+    )
+
+    def __init__(self, method: bytes) -> None:
+        self.method = method
+        self._state = _HEAD
+        self._buf = bytearray()
+        self.head: ResponseHead | None = None
+        self.tracker: BodyTracker = NO_BODY
+        self.complete = False
+        self._dstate = _SIZE
+        self._line = bytearray()
+        self._remaining = 0
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[ResponseStart | bytes]:
+        out: list[ResponseStart | bytes] = []
+        if self._state == _HEAD:
+            self._buf += data
+            while self._state == _HEAD:
+                end = find_head_end(self._buf, max_head_bytes=256 * 1024,
+                                    max_request_line=64 * 1024)
+                if end < 0:
+                    return out
+                head = parse_response_head(bytes(self._buf[:end]),
+                                           Limits(256 * 1024, 64 * 1024, 64 * 1024, 512))
+                rest = bytes(self._buf[end:])
+                del self._buf[:]
+                if head.is_interim or head.is_switching:
+                    self._buf += rest
+                    continue  # 1xx: HTTP/2 clients do without them here; 101 never comes
+                self.head = head
+                self.tracker = framing_for_response(head, self.method)
+                out.append(ResponseStart(head.status, response_fields(head)))
+                self._state = _BODY
+                if self.tracker is NO_BODY:
+                    self._state, self.complete = _DONE, True
+                data = rest
+        if self._state != _BODY or not data:
+            return out
+        tracker = self.tracker
+        n = tracker.feed(data)
+        body = memoryview(data)[:n]
+        if self.head is not None and self.head.chunked:
+            self._dechunk(body, out)
+        elif n:
+            out.append(bytes(body))
+        if tracker.complete:
+            self._state, self.complete = _DONE, True
+        return out
+
+    def feed_eof(self) -> None:
+        if self._state == _BODY:
+            self.tracker.feed_eof()  # raises unless close-delimited
+            self._state, self.complete = _DONE, True
+
+    def _dechunk(self, data: memoryview, out: list[ResponseStart | bytes]) -> None:
+        """Payload of already-validated chunked bytes (the Exchange's tracker checked them)."""
+        pos, n = 0, len(data)
+        while pos < n:
+            state = self._dstate
+            if state == _DATA:
+                take = min(n - pos, self._remaining)
+                out.append(bytes(data[pos:pos + take]))
+                pos += take
+                self._remaining -= take
+                if not self._remaining:
+                    self._dstate = _CRLF
+                    self._line.clear()
+                continue
+            # size line, CRLF after data, or trailer lines: all end at LF
+            i = bytes(data[pos:]).find(b"\n")
+            if i < 0:
+                self._line += data[pos:]
+                if len(self._line) > 64 * 1024:
+                    raise HTTPError("chunk line too long", 502)
+                return
+            line = bytes(self._line) + bytes(data[pos:pos + i])
+            self._line.clear()
+            pos += i + 1
+            if state == _CRLF:
+                self._dstate = _SIZE
+            elif state == _SIZE:
+                size = int(line.rstrip(b"\r").partition(b";")[0].strip(b" \t") or b"0", 16)
+                if size:
+                    self._dstate, self._remaining = _DATA, size
+                else:
+                    self._dstate = _TRAILER
+            elif line.rstrip(b"\r") == b"":  # end of the trailer section
+                return

@@ -1,0 +1,294 @@
+"""The front door over HTTP/2 (gateway.hub.frontdoor_h2), with a raw ``h2`` client over real
+TLS against the in-process gateway harness (fake tunnel sessions)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import ssl
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from tests.gateway.hub.h2client import H2Client
+from tests.gateway.hub.test_frontdoor_harness import (
+    HUB_TOKEN,
+    FakeStream,
+    Harness,
+    Tls,
+    running,
+    tls,  # noqa: F401 - the session fixture
+)
+
+
+@pytest.fixture(scope="module")
+def h2tls(tls: Tls) -> Tls:  # noqa: F811
+    # The harness' server context, offering h2 like front_tls does in production.
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.minimum_version = ssl.TLSVersion.TLSv1_2
+    tls.ca.issue_cert("localhost", "127.0.0.1").configure_cert(server)
+    server.set_alpn_protocols(["h2", "http/1.1"])
+    return Tls(tls.ca, server, tls.client, tls.ca_file)
+
+
+@pytest.fixture
+async def gw(h2tls: Tls) -> AsyncIterator[Harness]:
+    async with running(h2tls) as harness:
+        harness.connect_cluster("c1")
+        yield harness
+
+
+@pytest.fixture
+async def client(gw: Harness) -> AsyncIterator[H2Client]:
+    c = await H2Client.connect(gw.port, gw.tls.ca_file)
+    yield c
+    await c.close()
+
+
+async def test_get_through_h2(gw: Harness, client: H2Client) -> None:
+    r = await client.request("/c1/api/v1/namespaces/default/pods?limit=1", token=HUB_TOKEN)
+    assert r.status == 200 and r.ended
+    echoed = json.loads(r.body)
+    assert echoed["method"] == "GET"
+    assert echoed["target"] == "/api/v1/namespaces/default/pods?limit=1"
+    names = [n.lower() for n, _ in echoed["headers"]]
+    assert "authorization" not in names
+    assert ["host", "localhost"] in [[n.lower(), v] for n, v in echoed["headers"]]
+
+
+async def test_refusal_is_a_status_on_its_stream_and_the_connection_carries_on(
+        gw: Harness, client: H2Client) -> None:
+    r = await client.request("/c1/version")  # no token
+    assert r.status == 401 and r.ended
+    assert r.headers["www-authenticate"] == 'Bearer realm="hubproxy"'
+    assert json.loads(r.body)["code"] == 401
+    r = await client.request("/c1/version", token=HUB_TOKEN,
+                             extra=[("impersonate-user", "system:admin")])
+    assert r.status == 403
+    r = await client.request("/nope/version", token=HUB_TOKEN)
+    assert r.status == 404
+    assert (await client.request("/c1/version", token=HUB_TOKEN)).status == 200
+    assert len(gw.streams("c1")) == 1  # only the admitted request reached the cluster
+
+
+async def test_streams_run_concurrently_on_one_connection(gw: Harness, client: H2Client
+                                                           ) -> None:
+    sids = [client.start(f"/c1/api/v1/namespaces/ns{i}/pods", token=HUB_TOKEN)
+            for i in range(20)]
+    for i, sid in enumerate(sids):
+        r = await client.wait(sid)
+        assert r.status == 200 and r.ended
+        assert json.loads(r.body)["target"] == f"/api/v1/namespaces/ns{i}/pods"
+    assert gw.gateway.metrics.requests_h2 == 20
+
+
+async def test_body_with_content_length_is_forwarded(gw: Harness, client: H2Client) -> None:
+    body = b'{"kind":"ConfigMap"}'
+    r = await client.request("/c1/api/v1/namespaces/default/configmaps", method="POST",
+                             token=HUB_TOKEN, body=body,
+                             extra=[("content-length", str(len(body))),
+                                    ("content-type", "application/json")])
+    assert r.status == 200
+    echoed = json.loads(r.body)
+    assert echoed["method"] == "POST" and echoed["body"] == body.decode()
+    assert ["content-length", str(len(body))] in [[n.lower(), v] for n, v in echoed["headers"]]
+
+
+async def test_body_without_content_length_is_forwarded_chunked(gw: Harness, client: H2Client
+                                                                ) -> None:
+    sid = client.start("/c1/api/v1/namespaces/default/configmaps", method="POST",
+                       token=HUB_TOKEN, end_stream=False)
+    for part in (b"abc", b"defgh", b"ij"):
+        client.conn.send_data(sid, part)
+    client.conn.end_stream(sid)
+    client.flush()
+    r = await client.wait(sid)
+    assert r.status == 200
+    echoed = json.loads(r.body)
+    # Chunk boundaries are the gateway's (what came during admission travels as one chunk).
+    from gateway.wire.http1 import ChunkedBody
+
+    framed = echoed["body"].encode()
+    tracker = ChunkedBody()
+    assert tracker.feed(framed) == len(framed) and tracker.complete
+    assert tracker.body_bytes == 10 and b"abc" in framed and framed.endswith(b"ij\r\n0\r\n\r\n")
+    assert ["transfer-encoding", "chunked"] in [[n.lower(), v] for n, v in echoed["headers"]]
+
+
+async def test_chunked_body_over_the_limit_is_413(h2tls: Tls) -> None:
+    from gateway.hub.config import FrontDoorLimits
+
+    async with running(h2tls, limits=FrontDoorLimits(max_request_body=1000)) as harness:
+        harness.connect_cluster("c1")
+        c = await H2Client.connect(harness.port, harness.tls.ca_file)
+        try:
+            sid = c.start("/c1/api/v1/namespaces/default/configmaps", method="POST",
+                          token=HUB_TOKEN, end_stream=False)
+            c.conn.send_data(sid, b"x" * 1500)
+            c.flush()
+            r = await c.wait(sid)
+            assert r.status == 413
+            r = await c.request("/c1/api/v1/namespaces/default/configmaps", method="POST",
+                                token=HUB_TOKEN, body=b"x" * 2000,
+                                extra=[("content-length", "2000")])
+            assert r.status == 413  # declared: refused by admission, as over HTTP/1.1
+        finally:
+            await c.close()
+
+
+async def test_chunked_response_is_dechunked_into_data(gw: Harness, client: H2Client) -> None:
+    async def chunked_agent(stream: FakeStream) -> None:
+        await stream.request()
+        stream.send(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: keep-alive\r\n"
+                    b"Keep-Alive: timeout=5\r\nContent-Type: text/plain\r\n\r\n5\r\nhello\r\n")
+        await asyncio.sleep(0.05)
+        stream.send(b"1;ext=1\r\n \r\n5\r\nworld\r\n0\r\nx-trailer: t\r\n\r\n")
+        stream.send_eof()
+
+    gw.connect_cluster("chunky", chunked_agent)
+    r = await client.request("/chunky/api/v1/pods", token=HUB_TOKEN)
+    assert r.status == 200 and r.ended and r.reset is None
+    assert bytes(r.body) == b"hello world"
+    assert r.headers["content-type"] == "text/plain"
+    for hop in ("transfer-encoding", "connection", "keep-alive"):
+        assert hop not in r.headers
+
+
+async def test_truncated_response_resets_the_stream(gw: Harness, client: H2Client) -> None:
+    async def short_agent(stream: FakeStream) -> None:
+        await stream.request()
+        stream.send(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly this")
+        stream.send_eof()
+
+    gw.connect_cluster("short", short_agent)
+    r = await client.request("/short/api/v1/pods", token=HUB_TOKEN)
+    assert r.status == 200 and not r.ended
+    assert r.reset is not None  # never a clean end for a body cut short
+
+
+async def test_head_request(gw: Harness, client: H2Client) -> None:
+    async def head_agent(stream: FakeStream) -> None:
+        await stream.request()
+        stream.send(b"HTTP/1.1 200 OK\r\nContent-Length: 1234\r\n\r\n")
+        stream.send_eof()
+
+    gw.connect_cluster("heads", head_agent)
+    r = await client.request("/heads/api/v1/pods", method="HEAD", token=HUB_TOKEN)
+    assert r.status == 200 and r.ended and r.body == b""
+    assert r.headers["content-length"] == "1234"
+
+
+async def test_request_body_is_acknowledged_only_as_the_tunnel_takes_it(
+        gw: Harness, client: H2Client) -> None:
+    """While the tunnel stream's send window is full, the client's stream window is not given
+    back; it is once the tunnel takes data again."""
+    sid = client.start("/c1/api/v1/namespaces/default/configmaps", method="POST",
+                       token=HUB_TOKEN, extra=[("content-length", "200000")],
+                       end_stream=False)
+    client.conn.send_data(sid, b"a" * 1000)
+    client.flush()
+    streams = gw.streams("c1")
+    await eventually(lambda: streams and len(streams[0].received) > 1000)
+    exchange = streams[0].protocol
+    exchange.pause_writing()  # what the tunnel does when the stream's credit is used up
+    sent = 1000
+    while client.conn.local_flow_control_window(sid) > 0:
+        n = min(client.conn.local_flow_control_window(sid), 16384)
+        client.conn.send_data(sid, b"b" * n)
+        sent += n
+    client.flush()
+    await eventually(lambda: streams[0].received.count(b"b") == sent - 1000)
+    await asyncio.sleep(0.2)
+    assert client.conn.local_flow_control_window(sid) == 0  # no credit while paused
+    assert sent == 65535
+    exchange.resume_writing()
+    await eventually(lambda: client.conn.local_flow_control_window(sid) > 0)
+    client.conn.reset_stream(sid)
+    client.flush()
+
+
+async def eventually(predicate: Any, timeout: float = 5.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(0.01)
+
+
+async def test_watch_is_audited_with_its_protocol(gw: Harness, client: H2Client,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    async def watch_agent(stream: FakeStream) -> None:
+        await stream.request()
+        stream.send(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                    b"b\r\n{\"type\":1}\n\r\n")
+        await stream.wait(lambda: stream.closed, timeout=30)
+
+    gw.connect_cluster("w", watch_agent)
+    caplog.set_level(logging.INFO, logger="hubproxy.audit")
+    gw.gateway._audit = True
+    sid = client.start("/w/api/v1/pods?watch=1", token=HUB_TOKEN)
+    await client.wait(sid, lambda r: bytes(r.body) == b'{"type":1}\n')
+    live = gw.gateway.metrics.render().decode()
+    assert "hubproxy_h2_client_connections 1" in live and "hubproxy_h2_open_streams 1" in live
+    client.conn.reset_stream(sid)
+    client.flush()
+    await eventually(lambda: gw.streams("w")[0].closed)
+    records = [json.loads(r.getMessage()) for r in caplog.records if r.name == "hubproxy.audit"]
+    events = {(r["event"], r.get("protocol")) for r in records}
+    assert ("stream_start", "h2") in events and ("stream_end", "h2") in events
+    await client.close()
+    await eventually(lambda: gw.gateway.metrics.h2_streams_count == 1)
+    assert gw.gateway.metrics.h2_streams_sum == 1
+    text = gw.gateway.metrics.render().decode()
+    assert 'hubproxy_requests_by_protocol_total{protocol="h2"} 1' in text
+    assert "hubproxy_h2_streams_per_connection_count 1" in text
+
+
+async def test_http1_still_served_and_counted(gw: Harness) -> None:
+    from tests.gateway.hub.test_frontdoor_harness import get, read_response
+
+    reader, writer = await gw.open()  # the harness' client offers no ALPN: HTTP/1.1
+    writer.write(get("/c1/version"))
+    status, _, _ = await read_response(reader)
+    assert status == 200
+    writer.close()
+    assert gw.gateway.metrics.requests_h1 == 1 and gw.gateway.metrics.requests_h2 == 0
+
+
+async def test_rule1_revoked_token_ends_an_h2_watch_cleanly(h2tls: Tls) -> None:
+    """Revocation reaches watches that are streams of an HTTP/2 connection too: the watch ends
+    with END_STREAM after its last whole event, the cluster's stream is reset, the connection
+    carries on and the re-list gets 401."""
+    from tests.gateway.hub.test_frontdoor_harness import USERS
+
+    token = "hub-token-DAVE-h2-revocable"
+    USERS[token] = {"username": "dave", "uid": "uid-d", "groups": [], "extra": {}}
+    event = b'{"type":"ADDED"}\n'
+    streams: list[FakeStream] = []
+
+    async def watch_agent(stream: FakeStream) -> None:
+        await stream.request()
+        streams.append(stream)
+        stream.send(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                    b"%x\r\n%s\r\n" % (len(event), event))
+        await stream.wait(lambda: stream.closed, timeout=25)
+
+    try:
+        async with running(h2tls, token_cache_ttl=0.5) as harness:
+            harness.connect_cluster("c1", watch_agent)
+            c = await H2Client.connect(harness.port, harness.tls.ca_file)
+            try:
+                sid = c.start("/c1/api/v1/namespaces/team/configmaps?watch=1", token=token)
+                await c.wait(sid, lambda r: bytes(r.body) == event)
+                await asyncio.sleep(1.5)  # revalidated while valid: still open
+                assert not c.responses[sid].ended
+                del USERS[token]
+                r = await c.wait(sid, timeout=8)
+                assert r.ended and r.reset is None and bytes(r.body) == event
+                await eventually(lambda: streams[0].closed)
+                again = await c.request("/c1/api/v1/namespaces/team/configmaps", token=token)
+                assert again.status == 401
+            finally:
+                await c.close()
+    finally:
+        USERS.pop(token, None)

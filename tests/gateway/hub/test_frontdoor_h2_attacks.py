@@ -1,0 +1,335 @@
+"""HTTP/2's known attacks against the front door (issue 15 item 3), each through a real TLS
+socket: refused, or bounded."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import AsyncIterator
+
+import hpack
+import pytest
+from hyperframe.frame import (
+    ContinuationFrame,
+    DataFrame,
+    HeadersFrame,
+    PingFrame,
+    RstStreamFrame,
+    SettingsFrame,
+    WindowUpdateFrame,
+)
+
+from gateway.hub.config import FrontDoorLimits
+from gateway.hub.frontdoor_h2 import ANSWERED_BURST, CHEAP_BURST, RESET_BURST
+from tests.gateway.hub.h2client import H2Client, RawH2
+from tests.gateway.hub.test_frontdoor_harness import (
+    HUB_TOKEN,
+    FakeStream,
+    Harness,
+    Tls,
+    running,
+    tls,  # noqa: F401 - the session fixture
+)
+
+PROTOCOL_ERROR, FLOW_CONTROL_ERROR, ENHANCE_YOUR_CALM = 1, 3, 11
+
+
+@pytest.fixture(scope="module")
+def h2tls(tls: Tls) -> Tls:  # noqa: F811
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.ca.issue_cert("localhost", "127.0.0.1").configure_cert(server)
+    server.set_alpn_protocols(["h2", "http/1.1"])
+    return Tls(tls.ca, server, tls.client, tls.ca_file)
+
+
+async def hold_agent(stream: FakeStream) -> None:
+    """Answers the head of a watch, then holds the stream until it is reset."""
+    await stream.request()
+    stream.send(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n")
+    await stream.wait(lambda: stream.closed, timeout=60)
+
+
+@pytest.fixture
+async def gw(h2tls: Tls) -> AsyncIterator[Harness]:
+    async with running(h2tls, limits=FrontDoorLimits(max_h2_streams=8)) as harness:
+        harness.connect_cluster("c1")
+        harness.connect_cluster("hold", hold_agent)
+        yield harness
+
+
+@pytest.fixture
+async def raw(gw: Harness) -> AsyncIterator[RawH2]:
+    r = await RawH2.connect(gw.port, gw.tls.ca_file)
+    yield r
+    await r.close()
+
+
+async def warm_token(gw: Harness) -> None:
+    """One request first, so the token's review is cached and later ones admit at once."""
+    c = await H2Client.connect(gw.port, gw.tls.ca_file)
+    try:
+        assert (await c.request("/c1/version", token=HUB_TOKEN)).status == 200
+    finally:
+        await c.close()
+
+
+async def test_rapid_reset_is_bounded(gw: Harness, raw: RawH2) -> None:
+    """CVE-2023-44487: open and reset streams as fast as possible; past the reset budget the
+    connection ends with GOAWAY ENHANCE_YOUR_CALM, and the tunnel streams opened stay bounded."""
+    await warm_token(gw)
+    before = len(gw.streams("c1"))
+    sid = 1
+    for _ in range(20):  # bounded: 20 batches of 100 HEADERS + RST_STREAM
+        batch = bytearray()
+        for _ in range(100):
+            f = HeadersFrame(sid)
+            f.data = raw.headers_block("/c1/api/v1/pods", HUB_TOKEN)
+            f.flags.add("END_STREAM")
+            f.flags.add("END_HEADERS")
+            batch += f.serialize() + RstStreamFrame(sid, error_code=8).serialize()
+            sid += 2
+        raw.send(bytes(batch))
+        await asyncio.sleep(0)
+        if raw.closed.is_set():
+            break
+    await raw.wait_closed()
+    assert raw.goaway is not None and raw.goaway.error_code == ENHANCE_YOUR_CALM
+    opened = len(gw.streams("c1")) - before
+    assert opened <= RESET_BURST + 100, opened
+    assert sid > 2 * RESET_BURST  # the budget, not something else, ended it
+    assert gw.gateway.metrics.h2_calmed == 1
+
+
+async def test_continuation_flood_is_refused(gw: Harness, raw: RawH2) -> None:
+    """CVE-2024-27316: a header block that never ends (HEADERS without END_HEADERS and endless
+    CONTINUATION frames) is a connection error long before memory grows."""
+    raw.headers(1, raw.headers_block("/c1/version", HUB_TOKEN), end_headers=False)
+    sent = 0
+    for _ in range(100):  # bounded: up to 100 x 100 frames of 1 KiB
+        batch = b"".join(ContinuationFrame(1, data=b"\x40" + b"a" * 1023).serialize()
+                         for _ in range(100))
+        raw.send(batch)
+        sent += 100
+        await asyncio.sleep(0.01)
+        if raw.closed.is_set():
+            break
+    await raw.wait_closed()
+    assert raw.goaway is not None and raw.goaway.error_code in (PROTOCOL_ERROR,
+                                                                ENHANCE_YOUR_CALM)
+    assert sent < 10_000
+    assert gw.streams("c1") == []
+
+
+async def test_hpack_bomb_is_refused(gw: Harness, raw: RawH2) -> None:
+    """A 4 KB dynamic-table entry referenced 100 times decodes to 400 KB from a 4 KB block:
+    over the header-list limit (the HTTP/1.1 head limit, 64 KiB), a connection error."""
+    encoder = hpack.Encoder()
+    headers = [(":method", "GET"), (":scheme", "https"), (":authority", "localhost"),
+               (":path", "/c1/version"), ("authorization", f"Bearer {HUB_TOKEN}")]
+    block = encoder.encode(headers + [("x-bomb", "a" * 4000)] * 100)
+    assert len(block) < 5000
+    raw.headers(1, block)
+    await raw.wait_closed()
+    assert raw.goaway is not None and raw.goaway.error_code in (PROTOCOL_ERROR,
+                                                                ENHANCE_YOUR_CALM)
+    assert gw.streams("c1") == []
+
+
+async def test_header_limits_match_http1(gw: Harness) -> None:
+    """More fields than HTTP/1.1 allows (128) is a 431 Status on that stream; the connection
+    carries on."""
+    c = await H2Client.connect(gw.port, gw.tls.ca_file)
+    try:
+        many = [(f"x-f{i}", "v") for i in range(200)]
+        r = await c.request("/c1/version", token=HUB_TOKEN, extra=many)
+        assert r.status == 431 and r.ended
+        assert (await c.request("/c1/version", token=HUB_TOKEN)).status == 200
+    finally:
+        await c.close()
+    assert len(gw.streams("c1")) == 1
+
+
+@pytest.mark.parametrize("frame", ["ping", "settings"])
+async def test_ping_and_settings_floods_are_bounded(gw: Harness, raw: RawH2, frame: str) -> None:
+    one = (PingFrame(0, opaque_data=b"12345678") if frame == "ping" else SettingsFrame(0))
+    for _ in range(10):  # bounded: 10 x 100 frames
+        raw.send(one.serialize() * 100)
+        await asyncio.sleep(0.01)
+        if raw.closed.is_set():
+            break
+    await raw.wait_closed()
+    assert raw.goaway is not None and raw.goaway.error_code == ENHANCE_YOUR_CALM
+    acks = len([f for f in raw.frames if isinstance(f, (PingFrame, SettingsFrame))
+                and "ACK" in f.flags])
+    assert acks <= ANSWERED_BURST + 2
+
+
+async def test_window_update_flood_is_bounded(gw: Harness, raw: RawH2) -> None:
+    for _ in range(20):  # bounded: 20 x 1000 frames
+        raw.send(WindowUpdateFrame(0, window_increment=1).serialize() * 1000)
+        await asyncio.sleep(0.01)
+        if raw.closed.is_set():
+            break
+    await raw.wait_closed()
+    assert raw.goaway is not None and raw.goaway.error_code == ENHANCE_YOUR_CALM
+    assert CHEAP_BURST < 20_000
+
+
+async def test_stream_count_is_limited(gw: Harness, raw: RawH2) -> None:
+    """SETTINGS_MAX_CONCURRENT_STREAMS (8 here): a ninth open stream is refused; never opened."""
+    await warm_token(gw)
+    settings = await_settings(raw)
+    for i in range(9):
+        raw.headers(1 + 2 * i, raw.headers_block("/hold/api/v1/pods?watch=1", HUB_TOKEN))
+    await raw.wait_closed()
+    assert (await settings)[SettingsFrame.MAX_CONCURRENT_STREAMS] == 8
+    assert raw.goaway is not None and raw.goaway.error_code == PROTOCOL_ERROR
+    assert len(gw.streams("hold")) <= 8
+
+
+async def await_settings(raw: RawH2) -> dict[int, int]:
+    await raw.wait_for(lambda: raw.frames_of(SettingsFrame))
+    return dict(raw.frames_of(SettingsFrame)[0].settings)
+
+
+async def test_streams_opened_but_never_read_hold_one_window(gw: Harness) -> None:
+    """A client that never gives flow-control credit back gets at most its window on that
+    stream; the gateway stops reading the tunnel stream (no buffering), and another stream on
+    the same connection is not held up."""
+    big = b"x" * 1_000_000
+
+    async def big_agent(stream: FakeStream) -> None:
+        await stream.request()
+        stream.send(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(big))
+        for i in range(0, len(big), 16384):
+            if stream.closed:
+                return
+            await stream.wait(lambda: not stream.paused or stream.closed, timeout=30)
+            stream.send(big[i:i + 16384])
+        stream.send_eof()
+
+    gw.connect_cluster("big", big_agent)
+    c = await H2Client.connect(gw.port, gw.tls.ca_file, auto_ack=False)
+    try:
+        sid = c.start("/big/api/v1/pods", token=HUB_TOKEN)
+        await c.wait(sid, lambda r: len(r.body) >= 65535)
+        await asyncio.sleep(0.3)
+        assert len(c.responses[sid].body) == 65535  # the initial window, not a byte more
+        stream = gw.streams("big")[0]
+        assert stream.paused
+        # Another stream on the same connection still completes (the connection window is
+        # not used up: the client's own connection window is 65535 as well, so this one is
+        # small).
+        c.auto_ack = True
+        c.conn.acknowledge_received_data(65535, sid)  # connection credit only matters here
+        c.flush()
+        r = await c.request("/c1/version", token=HUB_TOKEN)
+        assert r.status == 200 and r.ended
+        c.auto_ack = False
+    finally:
+        await c.close()
+
+
+async def test_body_larger_than_content_length_is_refused(gw: Harness, raw: RawH2) -> None:
+    """DATA past a declared Content-Length is a protocol error; the excess never reaches the
+    cluster."""
+    await warm_token(gw)
+    block = raw.encoder.encode([(":method", "POST"), (":scheme", "https"),
+                                (":authority", "localhost"),
+                                (":path", "/c1/api/v1/namespaces/default/configmaps"),
+                                ("authorization", f"Bearer {HUB_TOKEN}"),
+                                ("content-length", "10")])
+    raw.headers(1, block, end_stream=False)
+    raw.send(DataFrame(1, data=b"0123456789").serialize())
+    raw.send(DataFrame(1, data=b"SMUGGLED-GET / HTTP/1.1\r\n\r\n", flags=["END_STREAM"])
+             .serialize())
+    await raw.wait_closed()
+    assert raw.goaway is not None and raw.goaway.error_code == PROTOCOL_ERROR
+    for stream in gw.streams("c1")[1:]:
+        assert b"SMUGGLED" not in stream.received
+
+
+@pytest.mark.parametrize("fields", [
+    [("X-Upper", "1")],  # upper-case name
+    [("connection", "keep-alive")],  # connection-specific
+    [("transfer-encoding", "chunked")],
+    [("te", "gzip")],  # te other than trailers
+    [(":protocol", "websocket")],  # extended CONNECT was not offered
+])
+async def test_malformed_requests_are_refused(gw: Harness, raw: RawH2,
+                                              fields: list[tuple[str, str]]) -> None:
+    raw.headers(1, raw.headers_block("/c1/version", HUB_TOKEN, extra=fields))
+    await raw.wait_closed()
+    assert raw.goaway is not None and raw.goaway.error_code == PROTOCOL_ERROR
+    assert gw.streams("c1") == []
+
+
+async def test_missing_pseudo_header_is_refused(gw: Harness, raw: RawH2) -> None:
+    block = raw.encoder.encode([(":method", "GET"), (":scheme", "https"),
+                                (":authority", "localhost")])  # no :path
+    raw.headers(1, block)
+    await raw.wait_closed()
+    assert raw.goaway is not None and raw.goaway.error_code == PROTOCOL_ERROR
+    assert gw.streams("c1") == []
+
+
+async def test_goaway_on_drain(gw: Harness) -> None:
+    """Shutdown sends GOAWAY naming the last stream; the watch in flight carries on until the
+    drain deadline, a new stream is not served."""
+    c = await H2Client.connect(gw.port, gw.tls.ca_file)
+    try:
+        sid = c.start("/hold/api/v1/pods?watch=1", token=HUB_TOKEN)
+        await c.wait(sid, lambda r: r.status == 200)
+        shutdown = asyncio.ensure_future(gw.gateway.shutdown(timeout=1.0))
+        async with asyncio.timeout(5):
+            while c.goaway is None:
+                await asyncio.sleep(0.02)
+        assert c.goaway.error_code == 0
+        assert c.goaway.last_stream_id == sid
+        assert not c.responses[sid].ended and c.responses[sid].reset is None
+        await shutdown
+        await asyncio.wait_for(c.closed.wait(), 5)
+    finally:
+        await c.close()
+
+
+@pytest.mark.parametrize("field", [("x-a\r\nimpersonate-user", "admin"),
+                                   ("x-a", "v\r\nImpersonate-User: admin"),
+                                   ("x-a", "v\nImpersonate-User: admin")],
+                         ids=["crlf-in-name", "crlf-in-value", "lf-in-value"])
+async def test_rule2_no_header_injection_into_the_http1_request(
+        gw: Harness, raw: RawH2, field: tuple[str, str]) -> None:
+    """HPACK carries any bytes; none of them may become a line of the HTTP/1.1 head the agent
+    reads: the request is refused (a 400 on the stream, or a connection error)."""
+    encoder = hpack.Encoder()
+    block = encoder.encode([(":method", "GET"), (":scheme", "https"),
+                            (":authority", "localhost"), (":path", "/c1/version"),
+                            ("authorization", f"Bearer {HUB_TOKEN}"), field])
+    raw.headers(1, block)
+    await raw.wait_for(lambda: raw.goaway is not None or any(
+        f.stream_id == 1 and "END_STREAM" in f.flags for f in raw.frames))
+    assert gw.streams("c1") == []
+
+
+async def test_stalled_body_and_idle_connection_are_timed_out(h2tls: Tls) -> None:
+    """A stream whose body never comes gets 408 after --idle-timeout (the cluster's stream is
+    reset); a connection with no stream left is closed with GOAWAY after it too."""
+    limits = FrontDoorLimits(idle_timeout=0.5)
+    async with running(h2tls, limits=limits) as harness:
+        harness.connect_cluster("c1")
+        c = await H2Client.connect(harness.port, harness.tls.ca_file)
+        try:
+            sid = c.start("/c1/api/v1/namespaces/default/configmaps", method="POST",
+                          token=HUB_TOKEN, extra=[("content-length", "10")], end_stream=False)
+            c.conn.send_data(sid, b"01234")  # half the body, then nothing
+            c.flush()
+            r = await c.wait(sid, timeout=5)
+            assert r.status == 408
+            stream = harness.streams("c1")[0]
+            assert stream.closed and stream.reset_code is not None
+            async with asyncio.timeout(5):
+                await c.closed.wait()
+            assert c.goaway is not None and c.goaway.error_code == 0
+        finally:
+            await c.close()

@@ -1,0 +1,141 @@
+"""gateway.wire.http2: HTTP/2 heads to the protocol-neutral RequestHead, HTTP/1.1 responses to
+HTTP/2 fields and payload. Pure: fields in, heads and bytes out."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.wire.http1 import DEFAULT_LIMITS, HTTPError, Limits, parse_request_head
+from gateway.wire.http2 import (
+    H2RequestError,
+    ResponseStart,
+    ResponseTranslator,
+    chunk,
+    request_head_from_h2,
+)
+
+BASE = [(b":method", b"GET"), (b":scheme", b"https"), (b":authority", b"gw.example:9092"),
+        (b":path", b"/c1/api/v1/pods?watch=1")]
+
+
+def head(extra: list[tuple[bytes, bytes]] = (), *, fields: list | None = None,  # type: ignore[assignment]
+         end_stream: bool = True, limits: Limits = DEFAULT_LIMITS):  # type: ignore[no-untyped-def]
+    return request_head_from_h2((fields if fields is not None else BASE) + list(extra), limits,
+                                end_stream=end_stream)
+
+
+def test_same_head_as_http1() -> None:
+    h2head = head([(b"authorization", b"Bearer t"), (b"accept", b"application/json")])
+    h1head = parse_request_head(b"GET /c1/api/v1/pods?watch=1 HTTP/1.1\r\n"
+                                b"Host: gw.example:9092\r\nAuthorization: Bearer t\r\n"
+                                b"Accept: application/json\r\n\r\n")
+    assert (h2head.method, h2head.target, h2head.version) == (h1head.method, h1head.target,
+                                                                h1head.version)
+    assert h2head.names == h1head.names
+    assert [v for _, v in h2head.headers] == [v for _, v in h1head.headers]
+    assert h2head.host == b"gw.example:9092"
+    assert h2head.content_length is None and not h2head.chunked and h2head.upgrade is None
+
+
+def test_authority_wins_over_host_and_one_host_travels() -> None:
+    h = head([(b"host", b"other")])
+    assert h.get_all(b"host") == [b"gw.example:9092"]
+
+
+def test_host_without_authority() -> None:
+    fields = [f for f in BASE if f[0] != b":authority"] + [(b"host", b"h.example")]
+    assert head(fields=fields).host == b"h.example"
+
+
+def test_cookies_are_joined() -> None:
+    h = head([(b"cookie", b"a=1"), (b"cookie", b"b=2")])
+    assert h.get_all(b"cookie") == [b"a=1; b=2"]
+
+
+def test_body_without_length_goes_chunked() -> None:
+    post = [(b":method", b"POST"), *BASE[1:]]
+    h = head(fields=post, end_stream=False)
+    assert h.chunked and h.get(b"transfer-encoding") == b"chunked"
+    h = head([(b"content-length", b"12")], fields=post, end_stream=False)
+    assert h.content_length == 12 and not h.chunked
+    assert chunk(b"abc") == b"3\r\nabc\r\n" and chunk(b"") == b""
+
+
+@pytest.mark.parametrize("extra,status", [
+    ([(b"content-length", b"1x")], 400),
+    ([(b"content-length", b"1"), (b"content-length", b"1")], 400),
+    ([(b"x-a", b"v\x00")], 400),
+    ([(b"x-a", b"v\r\nimpersonate-user: admin")], 400),
+    ([(b"x-a\r\nimpersonate-user", b"admin")], 400),
+    ([(b"x a", b"v")], 400),
+    ([(b"expect", b"something")], 417),
+    ([(b"host", b"a"), (b"host", b"b")], 400),
+    ([(f"x-{i}".encode(), b"v") for i in range(129)], 431),
+    ([(b"x-big", b"v" * 70000)], 431),
+], ids=["cl-not-digits", "cl-twice", "nul", "crlf-in-value", "crlf-in-name", "space-in-name",
+        "expect", "two-hosts", "129-fields", "big-field"])
+def test_refusals(extra: list[tuple[bytes, bytes]], status: int) -> None:
+    with pytest.raises(H2RequestError) as err:
+        head(extra)
+    assert err.value.status == status
+
+
+@pytest.mark.parametrize("path,status", [(b"*", 400), (b"/a b", 400), (b"/\xff", 400),
+                                         (b"/" + b"a" * 20000, 414)],
+                         ids=["asterisk", "space", "non-ascii", "long"])
+def test_bad_paths(path: bytes, status: int) -> None:
+    fields = [*BASE[:3], (b":path", path)]
+    with pytest.raises(H2RequestError) as err:
+        head(fields=fields)
+    assert err.value.status == status
+
+
+def test_bad_authority() -> None:
+    for authority in (b"a b", b"a\r\nx", b"user@host", b"a,b"):
+        with pytest.raises(H2RequestError):
+            head(fields=[*BASE[:2], (b":authority", authority), BASE[3]])
+
+
+def test_connect_is_refused() -> None:
+    with pytest.raises(H2RequestError) as err:
+        head(fields=[(b":method", b"CONNECT"), (b":authority", b"x:443")])
+    assert err.value.status == 405
+
+
+def test_response_translated() -> None:
+    t = ResponseTranslator(b"GET")
+    out = t.feed(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nConnection: keep-alive, x-hop"
+                 b"\r\nX-Hop: 1\r\nKeep-Alive: timeout=5\r\nTransfer-Encoding: chunked\r\n"
+                 b"Content-Type: application/json\r\nAudit-Id: a\r\n\r\n4\r\n{\"a\"\r\n")
+    assert out[0] == ResponseStart(200, [(b":status", b"200"),
+                                         (b"content-type", b"application/json"),
+                                         (b"audit-id", b"a")])
+    assert out[1:] == [b'{"a"']
+    assert not t.complete
+    # Split anywhere, even inside size lines and CRLFs.
+    rest = b"3;x=y\r\n:1}\r\n0\r\nT: v\r\n\r\n"
+    payload = b"".join(b for i in range(len(rest)) for b in t.feed(rest[i:i + 1]))
+    assert payload == b":1}" and t.complete
+
+
+def test_response_content_length_and_close_delimited() -> None:
+    t = ResponseTranslator(b"GET")
+    assert t.feed(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nab")[1:] == [b"ab"]
+    assert t.feed(b"c") == [b"c"] and t.complete
+    t = ResponseTranslator(b"GET")
+    t.feed(b"HTTP/1.1 200 OK\r\n\r\nabc")
+    assert not t.complete
+    t.feed_eof()
+    assert t.complete
+    t = ResponseTranslator(b"GET")
+    t.feed(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nab")
+    with pytest.raises(HTTPError):
+        t.feed_eof()
+    assert not t.complete
+
+
+def test_head_and_204_have_no_body() -> None:
+    t = ResponseTranslator(b"HEAD")
+    out = t.feed(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n")
+    assert out == [ResponseStart(200, [(b":status", b"200"), (b"content-length", b"10")])]
+    assert t.complete
