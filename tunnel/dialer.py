@@ -41,6 +41,7 @@ log = logging.getLogger("hubproxy.tunnel")
 
 OnOpen = Callable[[OpenRequest], StreamProtocol | None]
 WATCH_INTERVAL = 0.5
+ROTATION_OVERLAP = 1.0  # seconds the rotated session stays usable beside its successor
 OLD_SESSION_DEADLINE = 300.0  # how long a replaced session may keep its in-flight streams
 SETTINGS_TIMEOUT = 5.0  # a hub that sends no SETTINGS by then is taken as a single instance
 # After reaching an instance that another session already serves: a random delay in this range,
@@ -126,7 +127,11 @@ class AgentDialer:
                 continue
             self._duplicates = 0
             if self._rotated is not None:
-                self._retire(self._rotated)
+                # A moment of overlap: the hub sends new streams to the newest of equally
+                # loaded sessions, so few OPENs are in flight on the old one when it drains
+                # (an OPEN crossing the DRAIN is refused SHUTTING_DOWN, PROTOCOL.md section 9).
+                old = self._rotated
+                asyncio.get_running_loop().call_later(ROTATION_OVERLAP, self._retire, old)
                 self._rotated = None
             self.session = session
             self.backoff.connected(time.monotonic())
