@@ -42,15 +42,20 @@ def server_context(
     *,
     min_version: ssl.TLSVersion = TLS1_2,
     alpn_protocols: Sequence[str] | None = None,
+    client_cert_optional: bool = False,
 ) -> ssl.SSLContext:
-    """A server context; client certificates are REQUIRED when ``client_ca_file`` is given."""
+    """A server context; client certificates are REQUIRED when ``client_ca_file`` is given.
+
+    ``client_cert_optional``: asked for and verified when sent, but a peer may send none
+    (CERT_OPTIONAL); the caller must then refuse what needs one (the tunnel's join door).
+    """
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = min_version
     ctx.options |= ssl.OP_NO_COMPRESSION | ssl.OP_CIPHER_SERVER_PREFERENCE
     ctx.load_cert_chain(os.fspath(cert_file), os.fspath(key_file))
     if client_ca_file is not None:
         ctx.load_verify_locations(cafile=os.fspath(client_ca_file))
-        ctx.verify_mode = ssl.CERT_REQUIRED
+        ctx.verify_mode = ssl.CERT_OPTIONAL if client_cert_optional else ssl.CERT_REQUIRED
     if alpn_protocols:
         ctx.set_alpn_protocols(list(alpn_protocols))
     return ctx

@@ -24,6 +24,8 @@ ENV_PREFIX = "HUBPROXY_"
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "gateway": ("gateway.hub.serve", "run the hub-side gateway (front door :9092, tunnel :8091)"),
     "agent": ("gateway.agent.command", "run the managed-cluster agent that dials out to the hub"),
+    "cluster": ("gateway.hub.join.command",
+                "add (print a one-command join), list or remove managed clusters"),
     "certs": ("certs.cli", "create CAs and issue gateway, tunnel and agent certificates"),
     "kubeconfig": ("gateway.access.kubeconfig",
                    "print a kubeconfig for clusters behind the gateway"),

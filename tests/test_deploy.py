@@ -327,3 +327,23 @@ def test_argocd_cluster_secret_example_names_its_cluster_for_hubproxy_creds() ->
                        "spec": {"interactive": False}})
     assert parse_exec_info(sent, args.cluster).cluster_name == "cluster1"
     assert "caData" in config["tlsClientConfig"]
+
+
+def test_join_component_adds_only_its_secret_role_and_flag() -> None:
+    """deploy/join (issue 12): the base's gateway reads no Secret; with joining on, a Role in
+    its own namespace only, and the flag that names the CA Secret."""
+    docs = kustomize(DEPLOY / "examples/hub-join")
+    base = kustomize(DEPLOY / "hub")
+    extra = [d for d in docs if d["kind"] in ("Role", "RoleBinding")]
+    assert len(docs) == len(base) + 2 and len(extra) == 2
+    role = next(d for d in extra if d["kind"] == "Role")
+    assert role["metadata"]["namespace"] == "hubproxy"
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["secrets"],
+                              "verbs": ["get", "list", "watch", "update"]}]
+    binding = next(d for d in extra if d["kind"] == "RoleBinding")
+    assert binding["metadata"]["namespace"] == "hubproxy"
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "hubproxy-gateway", "namespace": "hubproxy"}]
+    (deployment,) = by_kind(docs)["Deployment"]
+    assert env_of(deployment["spec"]["template"]["spec"]["containers"][0])[
+        "HUBPROXY_JOIN_CA_SECRET"] == "hubproxy-tunnel-ca"

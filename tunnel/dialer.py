@@ -6,7 +6,8 @@
 * GOAWAY from the hub (it is shutting down or shedding load): a new session is dialled for new
   streams while the old one finishes its in-flight streams.
 * Certificate rotation: when the context factory hands out a new context (files changed on
-  disk), a new session is opened with it and the old one is drained.
+  disk), a new session is opened with it, and only once the hub has accepted it is the old
+  one drained (the old one keeps taking streams meanwhile, so renewal fails no request).
 * ``drain(deadline)`` (SIGTERM): DRAIN to the hub, in-flight streams finish up to the deadline.
 * Through an egress proxy (``proxy``, from ``HTTPS_PROXY``/``NO_PROXY`` via
   :func:`tunnel.proxy.proxy_for`): HTTP CONNECT to the hub, then the same TLS inside it. A
@@ -43,6 +44,7 @@ log = logging.getLogger("hubproxy.tunnel")
 
 OnOpen = Callable[[OpenRequest], StreamProtocol | None]
 WATCH_INTERVAL = 0.5
+ROTATION_OVERLAP = 1.0  # seconds the rotated session stays usable beside its successor
 OLD_SESSION_DEADLINE = 300.0  # how long a replaced session may keep its in-flight streams
 SETTINGS_TIMEOUT = 5.0  # a hub that sends no SETTINGS by then is taken as a single instance
 # After reaching an instance that another session already serves: a random delay in this range,
@@ -90,6 +92,7 @@ class AgentDialer:
         self._caching_factory = False
         self._refusals = LogThrottle(REFUSAL_LOG_INTERVAL)
         self.last_refusal: str | None = None  # why the hub last refused us (None once accepted)
+        self._rotated: TunnelSession | None = None  # replaced certificate, successor not up
 
     @property
     def connected(self) -> bool:
@@ -97,6 +100,8 @@ class AgentDialer:
 
     async def run(self) -> None:
         """Keep one usable session to the hub until ``drain`` is called."""
+        # A session whose certificate was rotated (self._rotated) keeps serving until its
+        # successor is up (the hub has registered it): no request finds no session.
         while not self._stopping.is_set():
             context = self.ssl_context_factory()
             # A factory that hands out the same context until its files change (ReloadingContext)
@@ -105,6 +110,10 @@ class AgentDialer:
             self._caching_factory = self.ssl_context_factory() is context
             session = await self._connect(context)
             if session is None:
+                # Not replaced yet: the rotated session keeps serving until it ends.
+                rotated: TunnelSession | None = self._rotated
+                if rotated is not None and (rotated.closed or rotated.draining):
+                    self._rotated = None
                 await self._sleep(self.backoff.next_delay())
                 continue
             if self.fanout is not None and not await self.fanout.admit(self, session):
@@ -123,6 +132,13 @@ class AgentDialer:
                 await self._sleep(min(REDIAL_DELAY_CAP, random.uniform(low, high) * scale))
                 continue
             self._duplicates = 0
+            if self._rotated is not None:
+                # A moment of overlap: the hub sends new streams to the newest of equally
+                # loaded sessions, so few OPENs are in flight on the old one when it drains
+                # (an OPEN crossing the DRAIN is refused SHUTTING_DOWN, PROTOCOL.md section 9).
+                old = self._rotated
+                asyncio.get_running_loop().call_later(ROTATION_OVERLAP, self._retire, old)
+                self._rotated = None
             self.session = session
             self.backoff.connected(time.monotonic())
             reason = await self._watch(session, context)
@@ -133,7 +149,10 @@ class AgentDialer:
             if reason == "closed":
                 log.warning("hub session ended: %s", session.close_reason or "closed")
                 await self._sleep(self.backoff.next_delay())
-            else:  # goaway or rotation: dial again at once, let the old one finish
+            elif reason == "certificate rotated":  # drained once the new one is up
+                log.info("replacing the hub session (%s)", reason)
+                self._rotated = session  # (the previous one was retired when this one came up)
+            else:  # goaway: dial again at once, let the old one finish
                 log.info("replacing the hub session (%s)", reason)
                 self._retire(session)
 
@@ -257,7 +276,8 @@ class AgentDialer:
     async def drain(self, deadline: float) -> None:
         """Stop reconnecting; DRAIN every session and wait up to ``deadline`` for its streams."""
         self._stopping.set()
-        sessions = [s for s in (self.session, *self.retiring) if s is not None and not s.closed]
+        sessions = [s for s in (self.session, self._rotated, *self.retiring)
+                    if s is not None and not s.closed]
         await asyncio.gather(*(s.drain(deadline) for s in sessions), return_exceptions=True)
 
 

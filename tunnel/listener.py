@@ -20,6 +20,17 @@ checks its certificate, so the reason must travel after it: OpenSSL writes the m
 handshake fails; :class:`_AlertKeepingSSLObject` keeps those bytes and the listener sends them
 before closing. A certificate that verifies but names no cluster gets a GOAWAY (UNAUTHORIZED)
 saying why instead of SETTINGS.
+
+Joining (``tunnel.join``, issue 12): given a ``join`` handler, the listener also offers the ALPN
+``hubproxy-join/1`` and its context asks for a client certificate without requiring one
+(``CERT_OPTIONAL``: a certificate that is sent must still verify, or the handshake fails as
+before). The check moves here, fail closed: a connection on the tunnel ALPN without a
+certificate is refused (``no_certificate``) before any frame; only a join-ALPN connection may
+go without, and it is handed to :class:`tunnel.join.JoinExchange`, which serves one request.
+
+Revocation: ``refuse(cluster, certificate)`` (the gateway's list of removed clusters) is asked
+for every new session; a reason refuses it (``revoked``), and :meth:`TunnelListener.close_where`
+ends the sessions that are open.
 """
 
 from __future__ import annotations
@@ -31,6 +42,7 @@ import logging
 import socket
 import ssl
 from collections import Counter
+from collections.abc import Callable
 from typing import Any, cast
 
 from cryptography import x509
@@ -39,13 +51,16 @@ from tunnel import frames
 from tunnel.connection import ALPN, SessionConfig, TunnelSession
 from tunnel.errors import GoAwayCode
 from tunnel.handshake import (
+    NO_CERTIFICATE,
     PROTOCOL,
+    REVOKED,
     HandshakeFailure,
     LogThrottle,
     classify_hub_failure,
     wrong_name,
 )
 from tunnel.identity import URI_NAMING, AgentIdentityError, AgentNaming, cluster_from_certificate
+from tunnel.join import JOIN_ALPN, JoinExchange, JoinHandler
 from tunnel.registry import SessionRegistry
 
 log = logging.getLogger("hubproxy.tunnel")
@@ -64,8 +79,20 @@ class AgentSession(TunnelSession):
         self.peer = peer
         self.cluster: str | None = None
         self.certificate_not_after = 0.0  # POSIX time the agent certificate expires
+        self.certificate: x509.Certificate | None = None
+        # A join-ALPN connection: its bytes go to this exchange, never to the frame parser.
+        # (Delegated here rather than by transport.set_protocol, which uvloop's SSL transport
+        # does not carry over from a BufferedProtocol to a plain one.)
+        self._join: JoinExchange | None = None
+        self._join_buffer: bytearray | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if self._listener.join is not None and _alpn(transport) == JOIN_ALPN:
+            self.closed = True  # not a tunnel session: never processes a frame
+            self._join_buffer = bytearray(4096)
+            self._join = self._listener.start_join(cast(asyncio.Transport, transport),
+                                                   self.peer)
+            return
         try:
             self.cluster, self.certificate_not_after = self._identify(transport)
         except AgentIdentityError as exc:
@@ -75,21 +102,37 @@ class AgentSession(TunnelSession):
                 self._listener.failed(self.peer, HandshakeFailure(PROTOCOL, str(exc)))
                 cast(asyncio.Transport, transport).abort()
                 return
-            self._listener.failed(self.peer, wrong_name(str(exc)))
+            self._listener.failed(self.peer, exc.failure if isinstance(
+                exc, _Refused) else wrong_name(str(exc)))
             # Tell the agent why: one GOAWAY instead of its SETTINGS, then close.
-            assert isinstance(transport, asyncio.Transport)
-            transport.write(frames.encode_goaway(0, GoAwayCode.UNAUTHORIZED, str(exc)))
-            transport.close()
-            asyncio.get_running_loop().call_later(2.0, transport.abort)  # a peer not reading
+            # (cast: uvloop's SSL transport is not an asyncio.Transport subclass)
+            tls = cast(asyncio.Transport, transport)
+            tls.write(frames.encode_goaway(0, GoAwayCode.UNAUTHORIZED, str(exc)))
+            tls.close()
+            asyncio.get_running_loop().call_later(2.0, tls.abort)  # a peer not reading
             return
         self.name = f"agent:{self.cluster}"
         super().connection_made(transport)
         self._listener.adopt(self)
 
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._join_buffer is not None:
+            return memoryview(self._join_buffer)
+        return super().get_buffer(sizehint)
+
     def buffer_updated(self, nbytes: int) -> None:
+        if self._join is not None and self._join_buffer is not None:
+            self._join.data_received(bytes(self._join_buffer[:nbytes]))
+            return
         if self.cluster is None:  # refused in connection_made; the transport is aborting
             return
         super().buffer_updated(nbytes)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._join is not None:
+            self._join.connection_lost(exc)
+            return
+        super().connection_lost(exc)
 
     def _identify(self, transport: asyncio.BaseTransport) -> tuple[str, float]:
         """(cluster, certificate expiry as POSIX time), or AgentIdentityError."""
@@ -102,8 +145,26 @@ class AgentSession(TunnelSession):
         if ssl_object.selected_alpn_protocol() != ALPN:
             raise AgentIdentityError(f"ALPN {ALPN!r} required", about_protocol=True)
         der = ssl_object.getpeercert(binary_form=True)
+        if not der:  # only possible with CERT_OPTIONAL, i.e. when joining is enabled
+            raise _Refused(HandshakeFailure(NO_CERTIFICATE, "the peer sent no client certificate"))
         cluster = cluster_from_certificate(der, self._listener.naming)
-        return cluster, x509.load_der_x509_certificate(der).not_valid_after_utc.timestamp()
+        self.certificate = x509.load_der_x509_certificate(der)
+        refuse = self._listener.refuse
+        why = refuse(cluster, self.certificate) if refuse is not None else None
+        if why is not None:
+            raise _Refused(HandshakeFailure(REVOKED, f"cluster {cluster}: {why}"))
+        return cluster, self.certificate.not_valid_after_utc.timestamp()
+
+
+class _Refused(AgentIdentityError):
+    """A verified certificate the hub still refuses (none sent, or its cluster removed)."""
+
+    def __init__(self, failure: HandshakeFailure) -> None:
+        super().__init__(failure.message)
+        self.failure = failure
+
+
+RefuseHook = Callable[[str, x509.Certificate], str | None]
 
 
 class TunnelListener:
@@ -111,8 +172,12 @@ class TunnelListener:
                  naming: AgentNaming = URI_NAMING,
                  ssl_context: ssl.SSLContext | None = None,
                  handshake_timeout: float = HANDSHAKE_TIMEOUT,
-                 log_interval: float = REFUSAL_LOG_INTERVAL) -> None:
+                 log_interval: float = REFUSAL_LOG_INTERVAL,
+                 join: JoinHandler | None = None, refuse: RefuseHook | None = None) -> None:
         self.registry = registry
+        self.join = join
+        self.refuse = refuse
+        self.joins: set[JoinExchange] = set()
         self.config = config
         self.naming = naming
         self.ssl_context = ssl_context
@@ -185,6 +250,32 @@ class TunnelListener:
                         f" [and {suppressed} more from this host since the last such line]"
                         if suppressed else "")
 
+    def start_join(self, transport: asyncio.Transport,
+                   peer: tuple[str, int] | None) -> JoinExchange:
+        """A :class:`JoinExchange` for a join-ALPN connection (one request, then close)."""
+        assert self.join is not None
+        ssl_object = transport.get_extra_info("ssl_object")
+        der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
+        exchange = JoinExchange(self.join, der or None, peer,
+                                on_done=lambda: self.joins.discard(exchange))
+        self.joins.add(exchange)
+        exchange.connection_made(transport)
+        return exchange
+
+    def close_where(self, refuse: RefuseHook) -> int:
+        """Close every session ``refuse`` now has a reason against; how many were closed."""
+        closed = 0
+        for session in list(self.sessions):
+            if session.cluster is None or session.certificate is None or session.closed:
+                continue
+            why = refuse(session.cluster, session.certificate)
+            if why is not None:
+                log.warning("closing the session of cluster %s from %s: %s", session.cluster,
+                            f"{session.peer[0]}:{session.peer[1]}" if session.peer else "?", why)
+                session.close(why)
+                closed += 1
+        return closed
+
     def _stop_accepting(self) -> None:
         for task in [*self._accepting, *self._handshakes]:
             task.cancel()
@@ -216,6 +307,9 @@ class TunnelListener:
         self._stop_accepting()
         for session in list(self.sessions):
             session.close("hub closing")
+        for exchange in list(self.joins):
+            if exchange.transport is not None:
+                exchange.transport.abort()
 
     async def wait_closed(self) -> None:
         for session in list(self.sessions):
@@ -243,14 +337,21 @@ async def start_tunnel_listener(
     handshake_timeout: float = HANDSHAKE_TIMEOUT,
     reuse_port: bool = False,
     naming: AgentNaming = URI_NAMING,
+    join: JoinHandler | None = None,
+    refuse: RefuseHook | None = None,
 ) -> TunnelListener:
-    if ssl_context.verify_mode != ssl.CERT_REQUIRED:
-        raise ValueError("the tunnel listener needs an SSL context that requires client certs")
+    # Fail closed: without joining, the TLS layer itself requires the certificate; with it,
+    # the context must at least ask for one, and AgentSession requires it on the tunnel ALPN.
+    wanted = ssl.CERT_OPTIONAL if join is not None else ssl.CERT_REQUIRED
+    if ssl_context.verify_mode != wanted:
+        raise ValueError("the tunnel listener needs an SSL context that requires client certs"
+                         if join is None else
+                         "a tunnel listener that serves joins needs a CERT_OPTIONAL context")
     # The listener keeps failed handshakes' alerts (see the module docstring); this context is
     # the listener's own (the gateway builds one for it).
     ssl_context.sslobject_class = _AlertKeepingSSLObject
     listener = TunnelListener(registry, config or SessionConfig(), naming, ssl_context,
-                              handshake_timeout)
+                              handshake_timeout, join=join, refuse=refuse)
     listener.listen(_listening_sockets(host, port, reuse_port=reuse_port))
     return listener
 
@@ -325,6 +426,11 @@ class _AlertKeepingSSLObject(ssl.SSLObject):
             if self._alert is not None and self._outgoing is not None:
                 self._alert.data = self._outgoing.read()
             raise
+
+
+def _alpn(transport: asyncio.BaseTransport) -> str | None:
+    ssl_object = transport.get_extra_info("ssl_object")
+    return ssl_object.selected_alpn_protocol() if ssl_object is not None else None
 
 
 def _peer(address: object) -> tuple[str, int] | None:

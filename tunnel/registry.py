@@ -2,7 +2,8 @@
 
 Several sessions per cluster are normal (an agent reconnecting while its old session drains,
 several agent replicas). New streams go to the least-loaded session that is neither closed nor
-draining; a newer session never disturbs streams on an older one.
+draining (the newest of equally loaded ones); a newer session never disturbs streams on an
+older one.
 """
 
 from __future__ import annotations
@@ -49,7 +50,9 @@ class SessionRegistry:
         for session in self._sessions.get(cluster, ()):
             if session.closed or session.draining:
                 continue
-            if best is None or session.active_streams < best.active_streams:
+            # Ties go to the newest session: after an agent's certificate rotation the new
+            # session takes the new streams while the old one is about to drain.
+            if best is None or session.active_streams <= best.active_streams:
                 best = session
         return best
 

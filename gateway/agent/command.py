@@ -33,6 +33,7 @@ from typing import Any
 
 from certs.identity import validate_cluster_name
 from certs.tls import TLS1_3, ReloadingContext, client_context
+from gateway.agent.enroll import EnrollmentError
 from gateway.agent.impersonation import ProfileWatch
 from gateway.agent.kubeapi import KubeAPIAccess, KubeAPIConfigError, load
 from gateway.ops import diagnostics, startup
@@ -86,6 +87,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      "certificate) (default: %(default)s)")
     hub.add_argument("--ocm-addon-name", default="hubproxy", metavar="NAME",
                      help="with --agent-identity=ocm, this add-on's name (default: %(default)s)")
+    hub.add_argument("--credentials-secret", metavar="NAMESPACE/NAME",
+                     help="join mode (hubproxy cluster add): keep the agent's key and "
+                     "certificate in this Secret of the managed cluster, which holds ca.crt "
+                     "(the hub CA) and, until the first join, the join token; the agent makes "
+                     "its key, gets its certificate with the token, renews it at two thirds of "
+                     "its lifetime, and writes the files it dials with into --tls-dir (which "
+                     "must then be writable). Needs get/update on that Secret only")
     hub.add_argument("--hub-ca", metavar="FILE",
                      help="CA that verifies the hub (default DIR/ca.crt); never system roots")
     hub.add_argument("--hub-server-name", metavar="NAME",
@@ -229,14 +237,16 @@ async def serve(args: argparse.Namespace) -> int:
     tls_dir = Path(args.tls_dir)
     cert, key = tls_dir / "tls.crt", tls_dir / "tls.key"
     hub_ca = Path(args.hub_ca) if args.hub_ca else tls_dir / "ca.crt"
-    startup.check_key_pair(args.tls_dir, "--tls-dir")
-    startup.check_ca_file(str(hub_ca), "--hub-ca" if args.hub_ca
-                          else "--hub-ca (default: ca.crt in --tls-dir)")
+    if not args.credentials_secret:  # join mode writes them from its Secret first
+        startup.check_key_pair(args.tls_dir, "--tls-dir")
+        startup.check_ca_file(str(hub_ca), "--hub-ca" if args.hub_ca
+                              else "--hub-ca (default: ca.crt in --tls-dir)")
     try:
         naming = AgentNaming(args.agent_identity, args.ocm_addon_name)
     except ValueError as exc:
         raise ValueError(f"--ocm-addon-name: {exc}") from None
-    _check_certificate_cluster(cert, cluster, naming)
+    if not args.credentials_secret:
+        _check_certificate_cluster(cert, cluster, naming)
     health_address = None
     if args.health_listen and args.health_listen != "off":
         try:
@@ -246,6 +256,21 @@ async def serve(args: argparse.Namespace) -> int:
         startup.check_port_free(*health_address, "--health-listen")
     kube = load(kubeconfig=args.kubeconfig, context=args.context, apiserver=args.apiserver,
                 apiserver_ca=args.apiserver_ca, token_file=args.token_file)
+    hub_host, hub_port = args.hub
+    # An egress proxy from HTTPS_PROXY/NO_PROXY, as curl and Go read them (tunnel.proxy).
+    proxy = proxy_for(os.environ, hub_host, hub_port)
+    enrollment = None
+    if args.credentials_secret:
+        from gateway.agent.enroll import CredentialSecret, Enrollment
+
+        namespace, slash, name = args.credentials_secret.partition("/")
+        if not slash or not namespace or not name:
+            raise ValueError("--credentials-secret: expected NAMESPACE/NAME")
+        enrollment = Enrollment(cluster=cluster, secret=CredentialSecret(kube, namespace, name),
+                                tls_dir=tls_dir, hub=(hub_host, hub_port),
+                                server_hostname=args.hub_server_name, proxy=proxy)
+        await enrollment.ensure()
+        _check_certificate_cluster(cert, cluster, naming)
     insecure = set(args.insecure_service)
     if not insecure <= set(args.allow_service):
         raise ValueError("--insecure-service names a Service that is not --allow-service'd")
@@ -267,9 +292,6 @@ async def serve(args: argparse.Namespace) -> int:
         lambda: client_context(hub_ca, cert, key, min_version=TLS1_3, alpn_protocols=tunnel_alpn()),
         [cert, key, hub_ca],
     )
-    hub_host, hub_port = args.hub
-    # An egress proxy from HTTPS_PROXY/NO_PROXY, as curl and Go read them (tunnel.proxy).
-    proxy = proxy_for(os.environ, hub_host, hub_port)
     if proxy is not None:
         log.info("dialling the hub through the proxy %s (from %s)", proxy.display, proxy.source)
     elif os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy"):
@@ -311,6 +333,8 @@ async def serve(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, stop.set)
     run_task = loop.create_task(dialer.run(), name="dialer")
     probe_task = loop.create_task(readiness.probe_forever(), name="readiness")
+    renew_task = loop.create_task(
+        enrollment.renew_forever() if enrollment is not None else stop.wait(), name="renewal")
     profile_task = loop.create_task(profile.run(), name="impersonation-profile")
     stop_task = loop.create_task(stop.wait())
     print(f"hubproxy agent {cluster} started", flush=True)
@@ -324,9 +348,9 @@ async def serve(args: argparse.Namespace) -> int:
             await asyncio.wait_for(dialer.drain(args.drain_timeout), args.drain_timeout + 5)
         return 0
     finally:
-        for task in (run_task, probe_task, profile_task, stop_task):
+        for task in (run_task, probe_task, profile_task, stop_task, renew_task):
             task.cancel()
-        for task in (run_task, probe_task, profile_task, stop_task):
+        for task in (run_task, probe_task, profile_task, stop_task, renew_task):
             with contextlib.suppress(BaseException):
                 await task
         pool.close()
@@ -350,6 +374,6 @@ def run(args: argparse.Namespace) -> int:
         except ImportError:
             return asyncio.run(serve(args))
         return uvloop.run(serve(args))
-    except (KubeAPIConfigError, ValueError, OSError, ProxyError) as exc:
+    except (KubeAPIConfigError, ValueError, OSError, ProxyError, EnrollmentError) as exc:
         print(f"hubproxy agent: {exc}", file=sys.stderr)
         return 2

@@ -53,7 +53,8 @@ from gateway.ops.certexpiry import CertificateFiles
 from gateway.ops.health import HealthServer, Readiness, token_review_probe
 from gateway.ops.metrics import OTHER_CLUSTER, GatewayMetrics
 from tunnel.connection import ALPN, SessionConfig
-from tunnel.listener import start_tunnel_listener
+from tunnel.join import JOIN_ALPN, JoinHandler
+from tunnel.listener import RefuseHook, start_tunnel_listener
 from tunnel.registry import SessionRegistry
 
 log = logging.getLogger("hubproxy.gateway")
@@ -79,9 +80,15 @@ class Gateway:
         tunnel_ssl: ssl.SSLContext | None = None,
         hub_probe: Callable[[], Awaitable[None]] | None = None,
         session_config: SessionConfig | None = None,
+        tunnel_join: JoinHandler | None = None,
+        tunnel_refuse: RefuseHook | None = None,
         metrics: GatewayMetrics | None = None,
     ) -> None:
         self.config = config
+        # Joining (gateway.hub.join, wired by serve.py): the tunnel's join handler and the
+        # hook that refuses removed clusters' sessions.
+        self.tunnel_join = tunnel_join
+        self.tunnel_refuse = tunnel_refuse
         self.authenticator = authenticator
         self.authorizer = authorizer
         self.registry = registry
@@ -140,6 +147,11 @@ class Gateway:
         self.metrics.handshake_failures = lambda: (
             self._tunnel.handshake_failures if self._tunnel is not None else {})
         self._audit = audit.logger.isEnabledFor(logging.INFO)
+
+    @property
+    def tunnel_listener(self) -> Any:
+        """The started ``tunnel.listener.TunnelListener`` (None before start or without one)."""
+        return self._tunnel
 
     # --- per request (called by FrontDoor and the admission chain) -----------------------------
 
@@ -229,6 +241,7 @@ class Gateway:
                 self._tunnel = await start_tunnel_listener(
                     thost, tport, self.tunnel_ssl, self.registry, self.session_config,
                     reuse_port=shared, naming=config.agent_naming,
+                    join=self.tunnel_join, refuse=self.tunnel_refuse,
                 )
             except OSError as exc:
                 raise startup.bind_error(exc, thost, tport, "--tunnel-listen") from None
@@ -337,16 +350,23 @@ def front_alpn(config: GatewayConfig) -> list[str]:
 
 
 def tunnel_tls(config: GatewayConfig) -> ssl.SSLContext:
-    """TLS 1.3 + required agent client certificates verified against --agent-ca only."""
+    """TLS 1.3 + agent client certificates verified against --agent-ca only.
+
+    Required by the TLS layer, unless joining is on: then the context also offers the join
+    ALPN and asks for a certificate without requiring one, and the listener refuses tunnel
+    sessions without one (``tunnel.listener``).
+    """
     from certs.tls import TLS1_3, ReloadingContext, reloading_server_context, server_context
 
     assert config.tunnel_tls_dir is not None and config.agent_ca is not None
     cert = os.path.join(config.tunnel_tls_dir, "tls.crt")
     key = os.path.join(config.tunnel_tls_dir, "tls.key")
     ca = config.agent_ca
-    alpn = _tunnel_alpn()
+    joining = config.join_ca_secret is not None
+    alpn = _tunnel_alpn() + ([JOIN_ALPN] if joining else [])
     reloading = ReloadingContext(
-        lambda: server_context(cert, key, ca, min_version=TLS1_3, alpn_protocols=alpn),
+        lambda: server_context(cert, key, ca, min_version=TLS1_3, alpn_protocols=alpn,
+                               client_cert_optional=joining),
         [cert, key, ca],
     )
     return reloading_server_context(reloading)

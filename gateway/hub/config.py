@@ -87,3 +87,9 @@ class GatewayConfig:
     tunnel_keepalive: float | None = None
     tunnel_timeout: float | None = None
     readiness_interval: float = 10.0  # hub auth probe period for /readyz
+    # Joining (gateway.hub.join): on when a CA Secret is named. The tunnel port then also
+    # serves the join ALPN (CSR + token, or renewal with the current certificate).
+    join_ca_secret: str | None = None  # Secret (tls.crt/tls.key = tunnel CA) that signs
+    join_namespace: str = "hubproxy"  # where the CA Secret and the cluster records are
+    join_certificate_lifetime: float = 7 * 86400.0  # seconds
+    join_poll_interval: float = 2.0  # how often the records are re-read (revocation)

@@ -31,6 +31,7 @@ from typing import Any
 
 from gateway.hub.clusterprofile import component as clusterprofile
 from gateway.hub.config import FrontDoorLimits, GatewayConfig
+from gateway.hub.join.service import JoinService
 from gateway.hub.ocm import component as ocm
 from gateway.hub.workers import instance_id as workers_instance_id
 from gateway.ops import audit, diagnostics, gctune, startup
@@ -251,8 +252,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         choices=("debug", "info", "warning", "error"),
                         help="log level of diagnostics on stderr (default: %(default)s); the "
                         "audit trail (one JSON line per request) always goes to stdout")
+    join = parser.add_argument_group(
+        "joining clusters (hubproxy cluster add|list|remove; see deploy/README.md)")
+    join.add_argument("--join-ca-secret", metavar="NAME",
+                      help="enable joining: the Secret (in --join-namespace; tls.crt/tls.key = "
+                      "the tunnel CA, the CA of --agent-ca) that signs agents' certificate "
+                      "requests. The tunnel port then also serves the ALPN hubproxy-join/1: a "
+                      "join token + CSR, or a renewal with the current certificate. Off by "
+                      "default; when set and unreadable the gateway does not start")
+    join.add_argument("--join-namespace", default=_own_namespace(), metavar="NAMESPACE",
+                      help="namespace of the CA Secret and the cluster records (default: the "
+                      "pod's own namespace, else hubproxy)")
+    join.add_argument("--join-certificate-lifetime", type=_duration, default=7 * 86400.0,
+                      metavar="DURATION",
+                      help="lifetime of certificates signed for joined agents (default: 7d); "
+                      "agents renew at two thirds of it")
+    join.add_argument("--join-poll-interval", type=_duration, default=2.0, metavar="DURATION",
+                      help="how often every gateway process re-reads the cluster records: a "
+                      "removed cluster's sessions close within about this long (default: 2s)")
     clusterprofile.add_arguments(parser)
     ocm.add_arguments(parser)
+
+
+def _own_namespace() -> str:
+    try:
+        with open("/var/run/secrets/kubernetes.io/serviceaccount/namespace") as f:
+            return f.read().strip() or "hubproxy"
+    except OSError:
+        return "hubproxy"
 
 
 def config_from_args(args: argparse.Namespace) -> GatewayConfig:
@@ -326,6 +353,10 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         lease_namespace=lease_namespace(args.lease_namespace),
         lease_duration=args.lease_duration,
         ready_wait=args.ready_wait,
+        join_ca_secret=args.join_ca_secret or None,
+        join_namespace=args.join_namespace,
+        join_certificate_lifetime=args.join_certificate_lifetime,
+        join_poll_interval=args.join_poll_interval,
     )
 
 
@@ -367,6 +398,13 @@ async def serve(config: GatewayConfig, args: argparse.Namespace | None = None,
     except startup.StartupError as exc:
         print(f"hubproxy gateway: {exc}", file=sys.stderr)
         return startup.EXIT_CODE
+    joining = None
+    if config.join_ca_secret is not None:
+        joining = await _joining(config, api_client)
+        if joining is None:
+            await api_client.close()
+            return startup.EXIT_CODE
+        gateway.tunnel_join, gateway.tunnel_refuse = joining.handle, joining.refuse
     inventory_task = None
     if config.cluster_inventory != "none":
         from gateway.hub import inventory
@@ -396,6 +434,9 @@ async def serve(config: GatewayConfig, args: argparse.Namespace | None = None,
             peers = link.sender(config.worker_index)
             peers.start(gateway.metrics.snapshot)
         announcer = start_instance_discovery(config, gateway, api_client)
+        if joining is not None:  # every process: each has its own listener to police
+            joining.listener = gateway.tunnel_listener
+            extras.append(asyncio.ensure_future(joining.run()))
         gctune.settle()
         print(f"hubproxy gateway ready: front door port {gateway.front_port}, tunnel port "
               f"{gateway.tunnel_port}, health port {gateway.health_port or 'off'}",
@@ -430,6 +471,30 @@ async def serve(config: GatewayConfig, args: argparse.Namespace | None = None,
         with contextlib.suppress(Exception):
             await api_client.close()
     return 0
+
+
+async def _joining(config: GatewayConfig, api_client: object) -> JoinService | None:
+    """The join service, its CA and records read once; None (after saying why) if they fail."""
+    import datetime
+
+    from gateway.hub.join.store import CASecretError, RecordStore
+
+    assert config.join_ca_secret is not None
+    service = JoinService(RecordStore(api_client, config.join_namespace),
+                          config.join_ca_secret,
+                          lifetime=datetime.timedelta(seconds=config.join_certificate_lifetime),
+                          poll_interval=config.join_poll_interval)
+    try:
+        await service.start()
+    except CASecretError as exc:
+        print(f"hubproxy gateway: --join-ca-secret: {exc} (refusing to start)", file=sys.stderr)
+        return None
+    except Exception as exc:
+        print(f"hubproxy gateway: cannot read the cluster records in {config.join_namespace} "
+              f"(HTTP {getattr(exc, 'status', None) or type(exc).__name__}); refusing to start",
+              file=sys.stderr)
+        return None
+    return service
 
 
 def run(args: argparse.Namespace) -> int:

@@ -36,6 +36,13 @@ def test_every_agent_request_impersonates_the_mapped_hub_user(fleet: Fleet) -> N
                           == "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"]
     assert asked_about_itself and all("impersonatedUser" not in e for e in asked_about_itself)
     by_agent = [e for e in by_agent if e not in asked_about_itself]
+    # And, for an agent that joined with `hubproxy cluster add` (test_join.py), reading and
+    # updating its own credentials Secret, the one object its Role names (resourceNames).
+    own_secret = [e for e in by_agent if e["requestURI"] ==
+                  "/api/v1/namespaces/hubproxy-agent/secrets/hubproxy-agent-credentials"]
+    assert all(e["verb"] in ("get", "update") and "impersonatedUser" not in e
+               for e in own_secret)
+    by_agent = [e for e in by_agent if e not in own_secret]
     bare = [e["requestURI"] for e in by_agent if "impersonatedUser" not in e]
     assert bare == [], "the agent's credential was used without impersonation"
     assert all(e["impersonatedUser"]["username"].startswith(PREFIX) for e in by_agent)
