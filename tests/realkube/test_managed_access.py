@@ -82,6 +82,15 @@ def test_apply_get_list_in_the_granted_namespace(fleet: Fleet, alice: Path) -> N
 
 def test_watch_streams_events_through_the_tunnel(fleet: Fleet, alice: Path) -> None:
     env = {**os.environ, "KUBECONFIG": str(alice), "HOME": str(alice.parent)}
+
+    def watches_started() -> int:
+        return sum(e["verb"] == "watch" and e["stage"] == "ResponseStarted"
+                   and e.get("impersonatedUser", {}).get("username") == ALICE
+                   and e["objectRef"].get("namespace") == "team"
+                   for e in fleet.managed.audit_events())
+
+    # Other tests (earlier in the session) may have watched here too: wait for a new one.
+    before = watches_started()
     watcher = subprocess.Popen(
         [KUBECTL, "get", "configmaps", "-n", "team", "--watch-only", "--output-watch-events",
          "-o", "custom-columns=TYPE:.type,NAME:.object.metadata.name", "--no-headers"],
@@ -93,10 +102,7 @@ def test_watch_streams_events_through_the_tunnel(fleet: Fleet, alice: Path) -> N
         # The watch is open once the apiserver has started its response (audit stage
         # ResponseStarted, as alice's mapped identity): only then is an event sure to be seen.
         deadline = time.monotonic() + 20
-        while not any(e["verb"] == "watch" and e["stage"] == "ResponseStarted"
-                      and e.get("impersonatedUser", {}).get("username") == ALICE
-                      and e["objectRef"].get("namespace") == "team"
-                      for e in fleet.managed.audit_events()):
+        while watches_started() <= before:
             assert time.monotonic() < deadline, "the watch never reached the apiserver"
             time.sleep(0.1)
         fleet.managed.admin("create", "configmap", "watched", "-n", "team", "--from-literal=k=v")
