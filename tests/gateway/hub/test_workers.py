@@ -215,7 +215,7 @@ def serve_one(config, link):
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # as serve() does: handle it
     # One write(2) per line: two forked workers share the pipe, and print() may write a line
     # in pieces that interleave with the other worker's.
-    os.write(1, f"worker {config.worker_index} instance {config.hub_instance}\n".encode())
+    os.write(1, f"worker {config.worker_index} instance {config.hub_instance}\\n".encode())
     if sys.argv[1] == "crash" and config.worker_index == 1:
         return 3
     signal.sigwait({signal.SIGTERM})
