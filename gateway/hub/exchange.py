@@ -40,7 +40,7 @@ from gateway.wire.websocket import (
     exec_goodbye,
     status_json,
 )
-from tunnel.connection import TunnelStream
+from tunnel.connection import TunnelSession, TunnelStream
 from tunnel.errors import OpenErrorCode, OpenRefused, SessionClosed, StreamError
 from tunnel.targets import KubeAPITarget
 
@@ -64,6 +64,9 @@ class ClientConnection(Protocol):
     def exchange_failed(self, exchange: Exchange, status: int, message: str,
                         retry_after: int | None) -> None: ...
 
+    def another_session(self, cluster: str) -> TunnelSession | None:
+        """A usable session of ``cluster`` to send a refused OPEN again, or None."""
+
 
 RESPONSE_LIMITS = Limits(max_head_bytes=256 * 1024, max_request_line=64 * 1024,
                          max_field_line=64 * 1024, max_headers=512)
@@ -80,6 +83,9 @@ OPEN_STATUS: dict[OpenErrorCode, tuple[int, str]] = {
     OpenErrorCode.INTERNAL: (502, "the cluster's agent failed"),
 }
 
+
+# An OPEN refused by a draining session is sent again at most this many times.
+MAX_REOPENS = 2
 
 # Exchange states (response side).
 _HEAD, _BODY, _RAW, _DONE = range(4)
@@ -109,6 +115,8 @@ class Exchange:
         "eof_sent",
         "head_sent",
         "method",
+        "reopens",
+        "replay",
         "request_id",
         "response",
         "spdy_in",
@@ -146,6 +154,10 @@ class Exchange:
         self.bytes_in = 0
         self.bytes_out = 0
         self.started = time.monotonic()
+        # The whole request as it rode in the OPEN, kept until the response starts when the
+        # client sent all of it before the OPEN (see _reopen); None otherwise.
+        self.replay: bytes | None = None
+        self.reopens = 0
         # Revocation (gateway.hub.revalidation): why the stream is ending, and its deadline.
         self._ending: Revoked | None = None
         self._end_timer: asyncio.TimerHandle | None = None
@@ -230,6 +242,8 @@ class Exchange:
                 self._finish(keep_alive=False)
             return
         if isinstance(exc, OpenRefused):
+            if exc.code == OpenErrorCode.SHUTTING_DOWN and self._reopen():
+                return
             status, message = OPEN_STATUS.get(exc.code, (502, "the cluster's agent failed"))
             if exc.code == OpenErrorCode.DENIED and self.admitted.target != KubeAPITarget():
                 message = "the cluster's agent does not allow this Service"
@@ -241,6 +255,26 @@ class Exchange:
             self._fail(502, "the cluster reset the request")
         else:
             self._fail(502, "the cluster's agent failed")
+
+    def _reopen(self) -> bool:
+        """Send the request again on another session of the cluster, once its OPEN was refused
+        because the session is draining: such an OPEN never reached the apiserver, so this is
+        safe, as HTTP/2 allows for streams a GOAWAY refused. Only when the whole request rode
+        in the OPEN (nothing else to replay) and at most ``MAX_REOPENS`` times."""
+        if self.replay is None or self.head_sent or self.reopens >= MAX_REOPENS:
+            return False
+        session = self.door.another_session(self.admitted.cluster)
+        if session is None:
+            return False
+        self.reopens += 1
+        self._lost = False
+        self.stream = None
+        self.admitted.session = session
+        session.open_stream(self.admitted.target, self.admitted.metadata, self,
+                            initial_data=self.replay)
+        if self.eof_sent and self.stream is not None and not self._lost:
+            self.stream.write_eof()
+        return True
 
     def pause_writing(self) -> None:
         self.door.pause_reading("stream")
@@ -271,6 +305,7 @@ class Exchange:
                 del buf[:end]
                 continue
             self.response = head
+            self.replay = None  # answered: never sent again
             self.status = head.status
             upgrade = self.admitted.upgrade
             if head.is_switching:

@@ -66,6 +66,7 @@ from gateway.wire.http1 import (
     parse_request_head,
 )
 from gateway.wire.status import error_response
+from tunnel.connection import TunnelSession
 
 log = logging.getLogger("hubproxy.gateway")
 
@@ -354,6 +355,8 @@ class FrontDoor(asyncio.Protocol):
                 initial = initial + bytes(self.buf[:early])
                 del self.buf[:early]
         exchange.bytes_in = early
+        if tracker.complete and not admitted.upgrade:
+            exchange.replay = initial  # all of the request rides in the OPEN
         self.gw.metrics.stream_opened()
         try:
             admitted.session.open_stream(admitted.target, admitted.metadata, exchange,
@@ -494,6 +497,9 @@ class FrontDoor(asyncio.Protocol):
             return
         self._refuse(status, message, retry_after=retry_after,
                      user=exchange.admitted.user, cluster=exchange.admitted.cluster)
+
+    def another_session(self, cluster: str) -> TunnelSession | None:
+        return self.gw.registry.pick(cluster)
 
     # --- answering ---------------------------------------------------------------------------
 

@@ -71,6 +71,7 @@ from gateway.wire.http2 import (
     request_head_from_h2,
 )
 from gateway.wire.status import error_response
+from tunnel.connection import TunnelSession
 
 if TYPE_CHECKING:
     from gateway.wire.http1 import RequestHead
@@ -470,6 +471,8 @@ class H2Request:
         if head.chunked:
             early = chunk(early)
         exchange.bytes_in = len(early)
+        if self.client_ended:  # all of the request rides in the OPEN (and its last chunk)
+            exchange.replay = admitted.head + early + (LAST_CHUNK if head.chunked else b"")
         self.phase = _OPEN
         self.gw.metrics.stream_opened()
         try:
@@ -674,6 +677,9 @@ class H2Request:
         self._finished = True
         self.send_pending()
         self.door._flush()
+
+    def another_session(self, cluster: str) -> TunnelSession | None:
+        return self.gw.registry.pick(cluster)
 
     def exchange_failed(self, exchange: Exchange, status: int, message: str,
                         retry_after: int | None) -> None:

@@ -14,8 +14,10 @@ from tests.gateway.hub.test_frontdoor_harness import (
     HUB_TOKEN,
     MANAGED_TOKEN,
     OTHER_TOKEN,
+    FakeSession,
     FakeStream,
     Harness,
+    echo_agent,
     get,
     parse_raw,
     read_response,
@@ -547,3 +549,52 @@ async def test_a_watch_keeps_only_what_its_audit_line_needs(tls, caplog) -> None
                  if '"stream_end"' in r.getMessage()]
         assert end["method"] == "GET" and end["path"] == "/w/api/v1/pods?watch=true"
         assert end["cluster"] == "w" and end["status"] == 200
+
+
+async def test_an_open_a_draining_agent_refuses_is_sent_on_another_session(gw: Harness) -> None:
+    """The agent drains a session (a duplicate, or one its certificate rotation replaced) just
+    as a request's OPEN crosses: the OPEN never reached the apiserver, so the gateway sends it
+    again on the cluster's other session instead of answering 503."""
+    draining = FakeSession(echo_agent)
+
+    async def refuses_while_draining(stream: FakeStream) -> None:
+        draining.draining = True  # its DRAIN arrives first, then the refusal
+        stream.fail(OpenRefused(OpenErrorCode.SHUTTING_DOWN, "draining"))
+
+    draining.agent = refuses_while_draining
+    gw.registry.add("c2", draining)
+    serving = FakeSession(echo_agent)
+    gw.registry.add("c2", serving)
+    body = b'{"kind":"ConfigMap"}'
+    request = (b"POST /c2/api/v1/namespaces/x/configmaps HTTP/1.1\r\nHost: h\r\n"
+               b"Authorization: Bearer " + HUB_TOKEN.encode() + b"\r\n"
+               b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body)
+    got, _, answer = parse_raw(await gw.exchange(request))
+    assert got == 200
+    assert json.loads(answer)["body"] == body.decode()  # the echo of the request, in full
+    assert len(draining.streams) == 1 and len(serving.streams) == 1
+    assert bytes(serving.streams[0].received) == bytes(draining.streams[0].received)
+
+
+async def test_a_request_whose_body_was_still_coming_is_not_sent_again(gw: Harness) -> None:
+    """Body bytes that followed the OPEN were lost with the refused stream: no replay, 503."""
+    draining = FakeSession(echo_agent)
+
+    async def refuses_after_the_body_started(stream: FakeStream) -> None:
+        await stream.wait(lambda: stream.received.endswith(b"0123456789"), 5)
+        draining.draining = True
+        stream.fail(OpenRefused(OpenErrorCode.SHUTTING_DOWN, "draining"))
+
+    draining.agent = refuses_after_the_body_started
+    gw.registry.add("c2", draining)
+    serving = FakeSession(echo_agent)
+    gw.registry.add("c2", serving)
+    reader, writer = await gw.open()
+    writer.write(b"POST /c2/api/v1/namespaces/x/configmaps HTTP/1.1\r\nHost: h\r\n"
+                 b"Authorization: Bearer " + HUB_TOKEN.encode() + b"\r\n"
+                 b"Content-Length: 10\r\n\r\n")
+    await asyncio.sleep(0.2)
+    writer.write(b"0123456789")
+    assert (await read_response(reader))[0] == 503
+    assert serving.streams == []
+    writer.close()
