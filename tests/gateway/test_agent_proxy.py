@@ -105,7 +105,8 @@ async def test_agent_dials_the_hub_through_a_connect_proxy(pki: Path, tmp_path: 
             await asyncio.to_thread(via.wait_for_line, "connected to the hub", 30)
             code, review = await whoami(front, ca, sims.user_token)
             assert code == 201 and review["status"]["userInfo"]["username"] == DEMO_USER
-            assert connects(proxy, tunnel) >= 1, proxy.output[-2000:]
+            await asyncio.to_thread(proxy.wait_for_line, f"CONNECT 127.0.0.1:{tunnel} HTTP/1.1",
+                                    10)
             assert f"through the proxy http://hub@127.0.0.1:{proxy_port}" in via.output
 
             # Refusals: one clear line each, however often the agent retries.
@@ -116,7 +117,9 @@ async def test_agent_dials_the_hub_through_a_connect_proxy(pki: Path, tmp_path: 
             # 407, or 401 from tinyproxy: what matters is the line names authentication.
             await asyncio.to_thread(wrong.wait_for_line, "proxy authentication required", 30)
             await asyncio.to_thread(denied.wait_for_line, "refused the CONNECT: 403", 30)
-            assert connects(strict, tunnel) >= 1, strict.output[-2000:]  # asked, refused
+            # asked, refused: tinyproxy may log the request after it has answered it
+            await asyncio.to_thread(strict.wait_for_line, f"CONNECT 127.0.0.1:{tunnel} HTTP/1.1",
+                                    10)
             before = connects(proxy, tunnel)
             await asyncio.sleep(RETRY_WINDOW)
             assert connects(proxy, tunnel) >= before + 2, "the agent should keep retrying"
