@@ -41,10 +41,9 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from gateway.hub.admission.chain import (
-    AdmissionContext,
     Admitted,
     Refusal,
     admit,
@@ -53,9 +52,8 @@ from gateway.hub.admission.chain import (
     prepare,
 )
 from gateway.hub.exchange import Exchange
-from gateway.hub.frontdoor_h2 import H2FrontDoor
+from gateway.hub.frontdoor_h2 import FrontDoorHost, H2FrontDoor
 from gateway.hub.requestclass import SHORT, front_door_class
-from gateway.ops.metrics import GatewayMetrics
 from gateway.wire.http1 import (
     NO_BODY,
     BodyTracker,
@@ -80,26 +78,6 @@ WAITING = "waiting"  # request sent, response pending or streaming; later bytes 
 UPGRADE = "upgrade"  # upgrade request sent, waiting for 101; client bytes buffered
 RAW = "raw"  # after 101: raw bytes both ways
 CLOSED = "closed"
-
-
-class FrontDoorHost(AdmissionContext, Protocol):
-    """What a client connection needs from the gateway process (``gateway.hub.app.Gateway``)."""
-
-    connections: set[Any]  # FrontDoor and gateway.hub.frontdoor_h2.H2FrontDoor
-    draining: bool
-    inflight: int
-
-    @property
-    def metrics(self) -> GatewayMetrics: ...
-
-    def audit_stream_start(self, door: Any, exchange: Exchange) -> None: ...
-
-    def request_done(self, *, request_id: str, user: str | None, cluster: str | None,
-                     method: bytes | None, target: bytes | None, status: int, bytes_in: int,
-                     bytes_out: int, duration: float, stream: bool = False,
-                     protocol: str = "h1") -> None: ...
-
-    def request_released(self) -> None: ...
 
 
 class FrontDoor(asyncio.Protocol):

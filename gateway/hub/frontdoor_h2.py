@@ -84,9 +84,10 @@ ANSWERED_BURST, ANSWERED_RATE = 200, 20.0  # PING and SETTINGS (each costs us an
 CHEAP_BURST, CHEAP_RATE = 5000, 1000.0  # WINDOW_UPDATE, PRIORITY, unknown frames
 
 
-class H2Host(AdmissionContext, Protocol):
-    """What an HTTP/2 connection needs from the gateway process (``gateway.hub.app.Gateway``;
-    the same as ``gateway.hub.frontdoor.FrontDoorHost``, which imports this module)."""
+class FrontDoorHost(AdmissionContext, Protocol):
+    """What a client connection, HTTP/1.1 or HTTP/2, needs from the gateway process
+    (``gateway.hub.app.Gateway``). Defined here, below ``gateway.hub.frontdoor``, which hands
+    HTTP/2 connections to this module and imports it."""
 
     connections: set[Any]
     draining: bool
@@ -130,7 +131,7 @@ class H2FrontDoor(asyncio.Protocol):
 
     protocol = "h2"
 
-    def __init__(self, gw: H2Host, client_ip: str) -> None:
+    def __init__(self, gw: FrontDoorHost, client_ip: str) -> None:
         self.gw = gw
         self.limits = gw.config.limits
         self.client_ip = client_ip
