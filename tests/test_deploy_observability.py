@@ -19,7 +19,7 @@ from gateway.ops.metrics import GatewayMetrics
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 OBSERVABILITY = DEPLOY / "observability"
 KUBECTL = shutil.which("kubectl") or "kubectl"
-SERIES = re.compile(r"\bhubproxy_[a-z_]+\b")
+SERIES = re.compile(r"\bhubproxy_[a-z0-9_]+\b")
 
 
 def exported_series() -> set[str]:
@@ -77,7 +77,8 @@ def test_every_dashboard_query_names_series_we_export() -> None:
                    "hubproxy_tunnel_rtt_seconds", "hubproxy_tunnel_bytes_total",
                    "hubproxy_certificate_expiry_timestamp_seconds",
                    "hubproxy_agent_upstream_response_seconds_bucket",
-                   "hubproxy_agent_upstream_connections"):
+                   "hubproxy_agent_upstream_connections", "hubproxy_requests_by_protocol_total",
+                   "hubproxy_h2_open_streams"):
         assert needed in used, needed
 
 
