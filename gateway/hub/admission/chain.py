@@ -23,7 +23,9 @@ Kubernetes ``Status``. Messages never contain tokens or internal addresses.
 
 Steps 1-5 need nothing but the request (:func:`prepare`, pure). :func:`admit_cached` runs 6-10
 without awaiting when the hub's answers are cached (the common case), :func:`admit` otherwise;
-the decision is the same either way.
+the decision is the same either way. :func:`start_admission` is how both front doors (HTTP/1.1
+and HTTP/2) start a request: the gateway-wide checks (draining 503, ``max_inflight`` 429), then
+1-10, synchronously when the hub's answers are cached.
 
 The hub is not a free oracle (:mod:`gateway.hub.admission.hubload`): a token whose review is
 not cached costs a hub request, so an address whose authentications keep failing gets 429
@@ -50,6 +52,8 @@ identity to ask about.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 from dataclasses import dataclass
 from typing import Protocol
@@ -70,6 +74,8 @@ from gateway.wire.http1 import Headers, RequestHead, serialize_request_head
 from gateway.wire.identity import Identity, IdentityError
 from tunnel.connection import TunnelSession
 from tunnel.targets import KubeAPITarget, ServiceTarget, Target
+
+log = logging.getLogger("hubproxy.gateway")
 
 
 class Refusal(Exception):
@@ -106,6 +112,8 @@ class AdmissionContext(Protocol):
     known_clusters: set[str]
     auth_failures: FailedAuthLimiter
     stream_quota: StreamQuota
+    draining: bool
+    inflight: int  # requests between head and response end (--max-inflight)
 
     @property
     def metrics(self) -> AuthLookups: ...
@@ -289,3 +297,36 @@ def _admitted(gw: AdmissionContext, head: RequestHead, prepared: Prepared,
                               exec_like=path.endswith((b"/exec", b"/attach")))
     return Admitted(cluster, session, target, metadata, head_bytes,
                     "" if user is None else user.username, prepared.upgrade, slot, recheck)
+
+
+def start_admission(gw: AdmissionContext, head: RequestHead, client_ip: str, request_id: str
+                    ) -> Admitted | asyncio.Future[Admitted]:
+    """Start one request's admission, as both front doors do.
+
+    Returns the :class:`Admitted` request when nothing had to wait (the hub's answers cached),
+    else a future of it (cancel it when the client goes away). The future fails with
+    :class:`Refusal` (or, on a bug, anything else: the front door answers 500).
+
+    Raises :class:`Refusal` when refused at once; then the request was not counted in
+    ``gw.inflight``. Once this returns, it is counted, and the caller releases it.
+    """
+    if gw.draining:
+        raise Refusal(503, "the gateway is shutting down, retry", retry_after=1)
+    limits = gw.config.limits
+    if gw.inflight >= limits.max_inflight:
+        raise Refusal(429, "the gateway is overloaded, retry later", retry_after=1)
+    started: Admitted | asyncio.Future[Admitted]
+    try:
+        prepared = prepare(head, client_ip, limits.max_request_body)
+        admitted = admit_cached(gw, head, prepared, request_id)
+        started = admitted if admitted is not None else asyncio.ensure_future(
+            admit(gw, head, client_ip, request_id, prepared))
+    except Refusal:
+        raise
+    except Exception as exc:  # a bug must answer 500, as it does on the task path
+        log.error("request %s: admission failed: %s", request_id, type(exc).__name__,
+                  exc_info=exc)
+        raise Refusal(500, "internal error in the gateway") from None
+    gw.inflight += 1
+    return started
+
