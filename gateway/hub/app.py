@@ -40,6 +40,7 @@ from gateway.hub.admission.auth import Authenticator, TokenAuthenticator
 from gateway.hub.admission.authorize import Authorizer
 from gateway.hub.admission.hubload import FailedAuthLimiter
 from gateway.hub.admission.identity import IdentityCache
+from gateway.hub.admission.seats import Seats
 from gateway.hub.admission.streams import StreamQuota
 from gateway.hub.config import GatewayConfig
 from gateway.hub.exchange import Exchange
@@ -107,6 +108,13 @@ class Gateway:
         self.auth_failures = FailedAuthLimiter(rate=config.auth_failure_rate,
                                                burst=config.auth_failure_burst)
         self.stream_quota = StreamQuota(config.max_streams_per_identity)
+        self.seats: Seats | None = None
+        if config.max_executing_requests > 0:
+            self.seats = Seats(config.max_executing_requests, queues=config.fair_queues,
+                               hand_size=config.fair_hand_size,
+                               queue_length=config.fair_queue_length,
+                               max_wait=config.fair_queue_wait)
+            self.metrics.fairness = self.seats.snapshot
         self.connections: set[FrontDoor | H2FrontDoor] = set()
         self.inflight = 0
         self.draining = False

@@ -379,7 +379,7 @@ class Exchange:
             return
         self._state = _DONE
         self._cancel_end_timer()
-        self.admitted.release_stream_slot()
+        self.admitted.release()
         self._reset_stream()
         self.status = self.status or status
         if self.head_sent:
@@ -393,7 +393,7 @@ class Exchange:
             return
         self._state = _DONE
         self._cancel_end_timer()
-        self.admitted.release_stream_slot()
+        self.admitted.release()
         if not self.eof_sent:  # request body not finished (or an upgrade): nothing more to send
             self._reset_stream()
             keep_alive = False
@@ -411,7 +411,7 @@ class Exchange:
         if self._state != _DONE:
             self._state = _DONE
             self._cancel_end_timer()
-            self.admitted.release_stream_slot()
+            self.admitted.release()
             self._reset_stream()
 
     def timed_out(self) -> None:

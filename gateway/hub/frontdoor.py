@@ -276,7 +276,7 @@ class FrontDoor(asyncio.Protocol):
             return
         if self.phase == CLOSED:
             if task.exception() is None:
-                task.result().release_stream_slot()  # admitted, but the client left
+                task.result().release()  # admitted, but the client left
             return
         exc = task.exception()
         if isinstance(exc, Refusal):

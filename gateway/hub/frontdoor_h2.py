@@ -431,7 +431,7 @@ class H2Request:
         exc = task.exception()
         if self.phase != _ADMITTING or self.door.closed:
             if exc is None:
-                task.result().release_stream_slot()  # admitted, but the client left
+                task.result().release()  # admitted, but the client left
             return
         if isinstance(exc, Refusal):
             self.refuse(exc.status, exc.message, retry_after=exc.retry_after,

@@ -82,6 +82,13 @@ def _rate(value: str) -> float:
     return rate
 
 
+def _non_negative_int(value: str) -> int:
+    number = int(value)
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
+    return number
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     net = parser.add_argument_group("listeners")
@@ -153,6 +160,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      "--token-passthrough: the token). A controller that watches every resource "
                      "type of a CRD-heavy cluster (Argo CD's cluster cache) needs one watch per "
                      "type: size it for that")
+    fair = parser.add_argument_group(
+        "fair queuing of short requests between identities (as kube-apiserver's API Priority "
+        "and Fairness; watches, logs -f, exec, attach and port-forward are not queued: "
+        "--max-streams-per-identity caps them)")
+    fair.add_argument("--max-executing-requests", type=_non_negative_int, default=400,
+                      metavar="N",
+                      help="short requests executing at once (seats; a request holds one from "
+                      "admission until its response ends). Past it, requests wait in queues, "
+                      "one set of queues per identity (the hub user), and a freed seat goes to "
+                      "the identity that has had the least seat-time, so one identity flooding "
+                      "the gateway cannot starve the others. Size it below the concurrency at "
+                      "which the gateway's latency grows; 0 turns fair queuing off (default: "
+                      "%(default)s, kube-apiserver's --max-requests-inflight)")
+    fair.add_argument("--fair-queues", type=positive_int, default=64, metavar="N",
+                      help="queues shared by all identities (default: %(default)s)")
+    fair.add_argument("--fair-hand-size", type=positive_int, default=8, metavar="N",
+                      help="queues each identity is shuffle-sharded onto; its requests join "
+                      "the shortest of them (default: %(default)s; at most --fair-queues)")
+    fair.add_argument("--fair-queue-length", type=positive_int, default=50, metavar="N",
+                      help="requests waiting in one queue at most; one more gets 429 with "
+                      "Retry-After (default: %(default)s)")
+    fair.add_argument("--fair-queue-wait", type=_duration, default=15.0, metavar="DURATION",
+                      help="how long a request may wait for a seat before it gets 429 with "
+                      "Retry-After (default: 15s, a quarter of kube-apiserver's request "
+                      "timeout)")
     lim.add_argument("--revalidate-streams", action=argparse.BooleanOptionalAction,
                      default=True,
                      help="ask the hub again about open long-running requests (watches, logs "
@@ -299,6 +331,9 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         validate_prefix(args.identity_prefix)
     except IdentityError as exc:
         raise ValueError(f"--identity-prefix: {exc}") from None
+    if args.fair_hand_size > args.fair_queues:
+        raise ValueError(f"--fair-hand-size {args.fair_hand_size} is more than --fair-queues "
+                         f"{args.fair_queues}")
     keepalive, tunnel_timeout = tunnel_liveness(args)
     try:
         naming = AgentNaming(args.agent_identity, args.ocm_addon_name)
@@ -338,6 +373,11 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         hub_max_concurrent_reviews=args.hub_max_concurrent_reviews,
         hub_review_wait=args.hub_review_wait,
         max_streams_per_identity=args.max_streams_per_identity,
+        max_executing_requests=args.max_executing_requests,
+        fair_queues=args.fair_queues,
+        fair_hand_size=args.fair_hand_size,
+        fair_queue_length=args.fair_queue_length,
+        fair_queue_wait=args.fair_queue_wait,
         revalidate_streams=args.revalidate_streams,
         limits=limits,
         unknown_cluster_grace=args.unknown_cluster_grace,

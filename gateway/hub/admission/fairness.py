@@ -10,9 +10,13 @@ The model:
   at once: an unloaded gateway never queues.
 * **Flows and queues.** A flow is one identity (the hub user). There are ``queues`` queues; a
   flow is shuffle-sharded onto a *hand* of ``hand_size`` of them (a deterministic hash of the
-  flow deals the hand) and each request of the flow joins the shortest queue of its hand (ties:
-  the first dealt). A heavy flow therefore fills at most its own hand, and another flow shares
-  all of its hand with it only with probability ~ (hand/queues)^hand.
+  flow deals the hand). A flow that has no request in the scheduler joins the shortest queue of
+  its hand (ties: the first dealt), and its later requests join the same queue for as long as
+  it has requests there (waiting or executing). So a flow holds one queue -- one share of the
+  seats, however many requests it sends -- and a newcomer avoids a busy flow's queue unless its
+  whole hand is busy (probability ~ (busy queues/queues)^hand). Here we differ from
+  kube-apiserver, which puts *each request* in the shortest queue of the hand, so one flow may
+  hold up to ``hand_size`` shares: we have few flows (identities) and want one share each.
 * **Queue length.** A queue holds at most ``queue_length`` waiting requests; a request whose
   chosen queue is full is rejected (:class:`QueueFull`; the gateway answers 429 with
   ``Retry-After``, as kube-apiserver does). How long a request may wait is the adapter's
@@ -25,7 +29,7 @@ The model:
   idle). When a seat frees, the waiting queue with the smallest virtual finish
   (``next_start`` + the estimated service time; the oldest head request on ties) is served, and
   its ``next_start`` advances by the estimate. When the request finishes, its queue is charged
-  what it really used instead (the virtual time that passed while it executed), so a flow of
+  what it really used instead (seat-seconds: one seat for as long as it ran), so a flow of
   slow requests gets fewer of them than a flow of fast ones: seats are shared by seat-time, not
   by request count.
 
@@ -72,7 +76,7 @@ def deal_hand(flow: str, queues: int, hand_size: int) -> tuple[int, ...]:
 class Ticket:
     """One short request: waiting in a queue, executing in a seat, or done."""
 
-    __slots__ = ("arrived", "dispatched", "flow", "queue", "seq", "start_r", "state")
+    __slots__ = ("arrived", "dispatched", "flow", "queue", "seq", "state")
 
     WAITING, EXECUTING, DONE = "waiting", "executing", "done"
 
@@ -82,7 +86,6 @@ class Ticket:
         self.seq = seq  # arrival order: the tie-break between equal virtual finish times
         self.arrived = arrived
         self.dispatched = arrived
-        self.start_r = 0.0  # virtual time at dispatch
         self.state = Ticket.WAITING
 
     @property
@@ -105,6 +108,14 @@ class _Queue:
         return bool(self.waiting) or self.executing > 0
 
 
+class _Placement:
+    __slots__ = ("queue", "requests")
+
+    def __init__(self, queue: _Queue) -> None:
+        self.queue = queue
+        self.requests = 1
+
+
 class FairQueues:
     """The scheduler; see the module docstring. Callers (one event loop) own the ordering."""
 
@@ -121,6 +132,8 @@ class FairQueues:
         self.estimate = estimate
         self._queues = [_Queue(i) for i in range(queues)]
         self._hands: dict[str, tuple[int, ...]] = {}
+        # flow -> its queue and its requests in the scheduler; bounded by those requests.
+        self._placed: dict[str, _Placement] = {}
         self.executing = 0  # seats in use
         self.waiting = 0  # requests in queues
         self._active = 0  # queues with waiting or executing requests
@@ -155,19 +168,27 @@ class FairQueues:
         """A short request of ``flow`` arrives: the ticket is EXECUTING (a seat was free and
         nobody waits) or WAITING. Raises :class:`QueueFull`."""
         self._advance(now)
-        queues = self._queues
-        queue = min((queues[i] for i in self.hand(flow)), key=_queue_size)
+        placed = self._placed.get(flow)
+        if placed is not None:
+            queue = placed.queue
+        else:
+            queues = self._queues
+            queue = min((queues[i] for i in self.hand(flow)), key=_queue_size)
+        seated = not self.waiting and self.executing < self.seats
+        if not seated and len(queue.waiting) >= self.queue_length:
+            raise QueueFull(self.queue_length)
         self._seq += 1
         ticket = Ticket(flow, queue, self._seq, now)
-        if not self.waiting and self.executing < self.seats:
-            self._activate(queue)
-            self._start(ticket, queue, now)
-            return ticket
-        if len(queue.waiting) >= self.queue_length:
-            raise QueueFull(self.queue_length)
+        if placed is None:
+            self._placed[flow] = _Placement(queue)
+        else:
+            placed.requests += 1
         self._activate(queue)
-        queue.waiting.append(ticket)
-        self.waiting += 1
+        if seated:
+            self._start(ticket, queue, now)
+        else:
+            queue.waiting.append(ticket)
+            self.waiting += 1
         return ticket
 
     def finish(self, ticket: Ticket, now: float) -> list[Ticket]:
@@ -180,9 +201,11 @@ class FairQueues:
         queue = ticket.queue
         queue.executing -= 1
         self.executing -= 1
-        used = self._r - ticket.start_r
+        # Charged in seat-seconds, as kube-apiserver does: one seat for as long as it ran.
+        used = now - ticket.dispatched
         queue.next_start -= self.estimate - used
         self._deactivate(queue)
+        self._unplace(ticket.flow)
         return self._dispatch(now)
 
     def cancel(self, ticket: Ticket, now: float) -> None:
@@ -195,6 +218,7 @@ class FairQueues:
         queue.waiting.remove(ticket)
         self.waiting -= 1
         self._deactivate(queue)
+        self._unplace(ticket.flow)
 
     def queue_sizes(self) -> list[int]:
         """Waiting requests per queue (for tests and metrics)."""
@@ -207,6 +231,16 @@ class FairQueues:
             self._active += 1
             queue.next_start = self._r  # no credit for the time it was idle
 
+    def _unplace(self, flow: str) -> None:
+        placed = self._placed[flow]
+        placed.requests -= 1
+        if not placed.requests:
+            del self._placed[flow]
+
+    def flows(self) -> int:
+        """Flows with requests in the scheduler (waiting or executing)."""
+        return len(self._placed)
+
     def _deactivate(self, queue: _Queue) -> None:
         if not queue.active:
             self._active -= 1
@@ -214,7 +248,6 @@ class FairQueues:
     def _start(self, ticket: Ticket, queue: _Queue, now: float) -> None:
         ticket.state = Ticket.EXECUTING
         ticket.dispatched = now
-        ticket.start_r = self._r
         queue.executing += 1
         queue.next_start += self.estimate
         self.executing += 1

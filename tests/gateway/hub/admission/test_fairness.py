@@ -114,16 +114,29 @@ def test_a_full_queue_refuses_and_other_flows_still_queue() -> None:
     assert fq.waiting == 3
 
 
-def test_a_flow_spreads_over_its_hand_and_is_refused_only_when_the_hand_is_full() -> None:
-    fq = FairQueues(1, queues=8, hand_size=2, queue_length=3, now=0.0)
-    fq.arrive("user:a", 0.0)
-    for _ in range(6):  # 2 queues x 3
-        assert fq.arrive("user:a", 0.0).state == Ticket.WAITING
-    with pytest.raises(QueueFull):
+def test_a_flow_keeps_one_queue_and_a_newcomer_avoids_it() -> None:
+    fq = FairQueues(1, queues=8, hand_size=3, queue_length=3, now=0.0)
+    first = fq.arrive("user:a", 0.0)
+    for _ in range(3):
+        assert fq.arrive("user:a", 0.0).queue is first.queue
+    with pytest.raises(QueueFull):  # its queue is full; the rest of its hand does not help
         fq.arrive("user:a", 0.0)
-    sizes = fq.queue_sizes()
-    assert sorted(sizes, reverse=True)[:2] == [3, 3] and sum(sizes) == 6
-    assert {i for i, n in enumerate(sizes) if n} == set(deal_hand("user:a", 8, 2))
+    assert fq.flows() == 1
+    # Another flow takes the shortest queue of its own hand: never a's busy one while it has
+    # an idle one.
+    b_hand = deal_hand("user:b", 8, 3)
+    other = fq.arrive("user:b", 0.0)
+    assert other.queue.index in b_hand
+    if set(b_hand) != {first.queue.index}:
+        assert other.queue is not first.queue
+    assert fq.flows() == 2
+
+
+def test_a_flow_whose_requests_all_ended_may_land_elsewhere_next_time() -> None:
+    fq = FairQueues(1, queues=8, hand_size=3, now=0.0)
+    t = fq.arrive("user:a", 0.0)
+    fq.finish(t, 0.1)
+    assert fq.flows() == 0
 
 
 def test_a_cancelled_request_leaves_its_queue_and_is_never_dispatched() -> None:
