@@ -6,7 +6,7 @@ import importlib
 import sys
 
 # The gateway benchmark (issue 5) joins here as "gateway": "bench.gateway" when it lands.
-BENCHMARKS = {"tunnel": "bench.tunnel", "gateway": "bench.gateway"}
+BENCHMARKS = {"tunnel": "bench.tunnel", "gateway": "bench.gateway", "fairness": "bench.fairness"}
 
 
 def main(argv: list[str] | None = None) -> int:
