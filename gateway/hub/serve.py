@@ -176,11 +176,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     fair.add_argument("--fair-queues", type=positive_int, default=64, metavar="N",
                       help="queues shared by all identities (default: %(default)s)")
     fair.add_argument("--fair-hand-size", type=positive_int, default=8, metavar="N",
-                      help="queues each identity is shuffle-sharded onto; its requests join "
-                      "the shortest of them (default: %(default)s; at most --fair-queues)")
+                      help="queues each identity is shuffle-sharded onto: it takes the "
+                      "shortest of them and keeps it while it has requests waiting or "
+                      "executing (default: %(default)s; at most --fair-queues)")
     fair.add_argument("--fair-queue-length", type=positive_int, default=50, metavar="N",
-                      help="requests waiting in one queue at most; one more gets 429 with "
-                      "Retry-After (default: %(default)s)")
+                      help="requests waiting in one queue (so of one identity) at most; one "
+                      "more gets 429 with Retry-After (default: %(default)s)")
     fair.add_argument("--fair-queue-wait", type=_duration, default=15.0, metavar="DURATION",
                       help="how long a request may wait for a seat before it gets 429 with "
                       "Retry-After (default: 15s, a quarter of kube-apiserver's request "
