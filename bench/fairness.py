@@ -9,7 +9,7 @@ managed apiserver, kubesim as the hub (TokenReview for three static tokens: the 
 *flood* identity and a *victim* identity), and two ``hubproxy gateway`` + ``hubproxy agent``
 pairs in front of the same upstream, identical but for fair queuing:
 
-- ``on``: ``--max-executing-requests N`` (``--seats``, default 8): at most N short requests
+- ``on``: ``--max-executing-requests N`` (``--seats``, default 4): at most N short requests
   execute at once, the rest wait in per-identity fair queues (``gateway.hub.admission.seats``);
 - ``off``: ``--max-executing-requests 0``: every request executes at once, in arrival order.
 
@@ -61,8 +61,8 @@ class Plan:
     seats: int  # --max-executing-requests with fair queuing on
 
 
-FULL = Plan(10.0, 3, 64, 8)
-QUICK = Plan(4.0, 2, 64, 8)
+FULL = Plan(10.0, 3, 64, 4)
+QUICK = Plan(4.0, 2, 64, 4)
 SMOKE = Plan(1.0, 1, 16, 4)
 
 
@@ -301,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--smoke", action="store_true",
                       help="tiny run for tests: 1 round, 1 s, flood c=16, 4 seats")
     parser.add_argument("--seats", type=int, help="--max-executing-requests with fair queuing "
-                        "on (default 8; smoke 4)")
+                        "on (default 4)")
     parser.add_argument("--flood", type=int, help="flood connections (default 64; smoke 16)")
     parser.add_argument("--seconds", type=float, help="each victim measurement (default 10)")
     parser.add_argument("--rounds", type=int, help="alternating rounds (default 3)")

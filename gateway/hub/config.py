@@ -73,7 +73,7 @@ class GatewayConfig:
     max_executing_requests: int = 400
     fair_queues: int = 64
     fair_hand_size: int = 8  # queues each identity is shuffle-sharded onto
-    fair_queue_length: int = 50  # waiting requests per queue (429 beyond)
+    fair_queue_length: int = 128  # waiting requests per queue (429 beyond)
     fair_queue_wait: float = 15.0  # seconds a request may wait for a seat (429 beyond)
     # Re-validate open long-running requests (token review + hub authorization) as their
     # cached answers expire; close them once the hub cleanly says no (gateway.hub.revalidation).

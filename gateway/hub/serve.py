@@ -179,7 +179,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="queues each identity is shuffle-sharded onto: it takes the "
                       "shortest of them and keeps it while it has requests waiting or "
                       "executing (default: %(default)s; at most --fair-queues)")
-    fair.add_argument("--fair-queue-length", type=positive_int, default=50, metavar="N",
+    fair.add_argument("--fair-queue-length", type=positive_int, default=128, metavar="N",
                       help="requests waiting in one queue (so of one identity) at most; one "
                       "more gets 429 with Retry-After (default: %(default)s)")
     fair.add_argument("--fair-queue-wait", type=_duration, default=15.0, metavar="DURATION",

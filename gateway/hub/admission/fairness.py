@@ -44,7 +44,9 @@ from collections import deque
 
 DEFAULT_QUEUES = 64  # kube-apiserver's defaults for a priority level
 DEFAULT_HAND_SIZE = 8
-DEFAULT_QUEUE_LENGTH = 50
+# kube-apiserver allows 50 per queue, and spreads one flow over its hand of 8 queues (up to 400
+# waiting); here an identity keeps one queue, so it gets a longer one.
+DEFAULT_QUEUE_LENGTH = 128
 # The service time charged at dispatch, corrected when the request ends (kube-apiserver guesses
 # too: its estimated service duration).
 ESTIMATED_SERVICE = 1.0
