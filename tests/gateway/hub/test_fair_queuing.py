@@ -88,7 +88,7 @@ async def h1_request(h: Harness, token: str, path: str = "/c1/api/v1/pods"
         writer.close()
 
 
-async def test_a_flooding_identity_does_not_starve_another_over_h1(fair_tls: Tls) -> None:
+async def test_rule7_a_flooding_identity_does_not_starve_another_over_h1(fair_tls: Tls) -> None:
     async with gateway(fair_tls, max_executing_requests=2) as (h, agent):
         seats = h.gateway.seats
         assert seats is not None
@@ -109,7 +109,7 @@ async def test_a_flooding_identity_does_not_starve_another_over_h1(fair_tls: Tls
         assert [r[0] for r in results] == [200] * 8
 
 
-async def test_a_flooding_identity_does_not_starve_another_over_h2(fair_tls: Tls) -> None:
+async def test_rule7_a_flooding_identity_does_not_starve_another_over_h2(fair_tls: Tls) -> None:
     async with gateway(fair_tls, max_executing_requests=2) as (h, agent):
         seats = h.gateway.seats
         assert seats is not None
