@@ -153,7 +153,9 @@ class FairQueues:
         elapsed = now - self._then
         self._then = now
         if elapsed > 0 and self._active:
-            wanted = min(self.executing + self.waiting, self.seats)
+            wanted = self.executing + self.waiting
+            if wanted > self.seats:
+                wanted = self.seats
             self._r += elapsed * wanted / self._active
 
     # --- requests ------------------------------------------------------------------------------
@@ -171,11 +173,7 @@ class FairQueues:
         nobody waits) or WAITING. Raises :class:`QueueFull`."""
         self._advance(now)
         placed = self._placed.get(flow)
-        if placed is not None:
-            queue = placed.queue
-        else:
-            queues = self._queues
-            queue = min((queues[i] for i in self.hand(flow)), key=_queue_size)
+        queue = placed.queue if placed is not None else self._shortest(self.hand(flow))
         seated = not self.waiting and self.executing < self.seats
         if not seated and len(queue.waiting) >= self.queue_length:
             raise QueueFull(self.queue_length)
@@ -233,6 +231,23 @@ class FairQueues:
             self._active += 1
             queue.next_start = self._r  # no credit for the time it was idle
 
+    def _shortest(self, hand: tuple[int, ...]) -> _Queue:
+        """The shortest queue of a hand: fewest waiting, then fewest executing (as APF counts
+        seats in use); the first dealt on ties. An empty idle queue ends the search (the common
+        case: this runs for every short request)."""
+        queues = self._queues
+        best: _Queue | None = None
+        best_key = (0, 0)
+        for i in hand:
+            queue = queues[i]
+            if not queue.waiting and not queue.executing:
+                return queue
+            key = (len(queue.waiting), queue.executing)
+            if best is None or key < best_key:
+                best, best_key = queue, key
+        assert best is not None
+        return best
+
     def _unplace(self, flow: str) -> None:
         placed = self._placed[flow]
         placed.requests -= 1
@@ -267,11 +282,6 @@ class FairQueues:
             self._start(ticket, best, now)
             started.append(ticket)
         return started
-
-
-def _queue_size(queue: _Queue) -> tuple[int, int]:
-    # Shortest by waiting requests, then by executing ones (as APF counts seats in use).
-    return (len(queue.waiting), queue.executing)
 
 
 def _finish_key(queue: _Queue) -> tuple[float, int]:
