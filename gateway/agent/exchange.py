@@ -11,7 +11,10 @@ framed it, then EOF. The exchange:
    (identity last) — the stream's bytes never decide who the request runs as;
 3. takes a keep-alive connection from the pool (dial failures become typed refusals:
    UNREACHABLE, TIMEOUT, OVERLOAD), accepts the stream, and relays the request body up to the
-   end its framing declares (bytes past it are a protocol violation: reset, connection dropped);
+   end its framing declares (bytes past it are a protocol violation: reset, connection dropped).
+   For a route that allows HTTP/2 (the apiserver) and a request that is not an upgrade, the
+   "connection" is a stream of a shared HTTP/2 connection (``gateway.agent.h2pool``), which
+   translates both ways, so everything below holds for both protocols;
 4. relays the response byte for byte; at its end writes EOF on the stream and returns the
    connection to the pool only if request and response were both complete and keep-alive.
    A ``101`` turns both directions into raw bytes (never pooled) with half-close carried.
@@ -35,7 +38,7 @@ from typing import Any
 
 from gateway.agent.pool import (
     PoolExhausted,
-    UpstreamConnection,
+    Upstream,
     UpstreamKey,
     UpstreamPool,
     UpstreamTimeout,
@@ -86,6 +89,10 @@ class Route:
     credential: Callable[[], bytes | None] = lambda: None  # Authorization value, or None
     identity_headers: Headers = field(default_factory=list)
     passthrough: bool = False  # keep the caller's own Authorization, add nothing
+    # HTTP/2 upstream: "h1", "auto" (h2 if the server chooses it in ALPN) or "h2" (required),
+    # with a context whose ALPN offers h2. Upgrades always use HTTP/1.1.
+    protocol: str = "h1"
+    h2_ssl_context: Callable[[], ssl.SSLContext] | None = None
 
 
 def rewrite_request_head(head: RequestHead, route: Route) -> bytes:
@@ -152,7 +159,7 @@ class HttpExchange:
         self.stream: Any = None
         self.state = self.SETUP
         self.route: Route | None = None
-        self.conn: UpstreamConnection | None = None
+        self.conn: Upstream | None = None
         self.request: RequestHead | None = None
         self.response: ResponseHead | None = None
         self.status = 0
@@ -280,7 +287,7 @@ class HttpExchange:
             head_bytes = rewrite_request_head(self.request, route)
         except Exception:
             return  # the setup task meets the same problem and refuses the stream, typed
-        conn = self.pool.acquire_idle(route.key, self)
+        conn = self.pool.acquire_idle(route.key, self, self._protocol(route))
         if conn is None:
             return  # a dial is needed: the setup task does it
         self.route = route
@@ -303,9 +310,7 @@ class HttpExchange:
                 await self._head_ready
             assert self.request is not None
             head_bytes = rewrite_request_head(self.request, self.route)
-            conn = await self.pool.acquire(
-                self.route.key, self.route.ssl_context(), self
-            )
+            conn = await self._acquire(self.route)
         except OpenRefused as exc:
             self._refuse(exc.code, exc.message)
             return
@@ -336,6 +341,19 @@ class HttpExchange:
         self._conn_reused = conn.requests > 0
         self.stream.accept()
         self._start_request(head_bytes)
+
+    def _protocol(self, route: Route) -> str:
+        """HTTP/1.1 for upgrades (WebSocket, SPDY) and routes without HTTP/2, else the route's."""
+        if route.h2_ssl_context is None or self.request is None or self.request.upgrade:
+            return "h1"
+        return route.protocol
+
+    async def _acquire(self, route: Route, *, fresh: bool = False) -> Upstream:
+        protocol = self._protocol(route)
+        h2_context = route.h2_ssl_context() if route.h2_ssl_context and protocol != "h1" \
+            else None
+        return await self.pool.acquire(route.key, route.ssl_context(), self, fresh=fresh,
+                                       protocol=protocol, h2_context=h2_context)
 
     def _refuse(self, code: OpenErrorCode, message: str) -> None:
         self.outcome = f"refused {code.name}"
@@ -553,9 +571,7 @@ class HttpExchange:
         async def again() -> None:
             assert self.route is not None
             try:
-                conn = await self.pool.acquire(
-                    self.route.key, self.route.ssl_context(), self, fresh=True
-                )
+                conn = await self._acquire(self.route, fresh=True)
             except Exception as exc:  # any dial failure ends as a 502
                 self.state = self.OPEN
                 self._request_bytes = None
