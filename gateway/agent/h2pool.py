@@ -71,6 +71,21 @@ HEAD_LIMITS = Limits(max_head_bytes=256 * 1024, max_request_line=64 * 1024,
                      max_field_line=64 * 1024, max_headers=512)
 
 
+class _Connection(h2.connection.H2Connection):
+    """``h2`` closes its connection state on any GOAWAY, after which a frame of a stream the
+    server promised to finish (up to ``last_stream_id``, RFC 9113 §6.8: a graceful shutdown of
+    the apiserver) would be a protocol error. After a GOAWAY with NO_ERROR the state stays
+    open for those streams; the agent opens no new ones (``H2Upstream.draining``)."""
+
+    def _receive_goaway_frame(self, frame: Any) -> Any:
+        state = self.state_machine.state
+        result = super()._receive_goaway_frame(frame)
+        if frame.error_code == h2.errors.ErrorCodes.NO_ERROR \
+                and state == h2.connection.ConnectionState.CLIENT_OPEN:
+            self.state_machine.state = state
+        return result
+
+
 class H2Stream:
     """One exchange on an :class:`H2Upstream`: the exchange's view of an upstream connection."""
 
@@ -244,7 +259,7 @@ class H2Upstream(asyncio.Protocol):
         self.max_streams = max_streams
         self.on_change = on_change  # the pool: the connection became idle or was lost
         config = h2.config.H2Configuration(client_side=True, header_encoding=None)
-        self.h2 = h2.connection.H2Connection(config=config)
+        self.h2 = _Connection(config=config)
         self.h2.local_settings = h2.settings.Settings(client=True, initial_values={
             h2.settings.SettingCodes.ENABLE_PUSH: 0,
             h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: MAX_RESPONSE_HEADER_LIST,

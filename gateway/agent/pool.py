@@ -436,10 +436,10 @@ class UpstreamPool:
                 self._all.discard(conn)
                 conn.close()
             remaining += len(queue)
-        for conn in self.h2_connections():
-            if not conn.handles:
-                if conn.idle_since <= cutoff:
-                    conn.close()  # GOAWAY; forgotten when the connection is lost
+        for h2conn in self.h2_connections():
+            if not h2conn.handles:
+                if h2conn.idle_since <= cutoff:
+                    h2conn.close()  # GOAWAY; forgotten when the connection is lost
                 else:
                     remaining += 1
         if remaining:
