@@ -139,6 +139,15 @@ class HttpExchange:
     # states
     SETUP, OPEN, UPGRADED, DONE = "setup", "open", "upgraded", "done"
 
+    # An idle watch keeps its exchange for hours: no per-instance __dict__.
+    __slots__ = ("_closed", "_conn_reusable", "_conn_reused", "_discard_input", "_early",
+                 "_early_size", "_head_buf", "_head_ready", "_known_route", "_linger",
+                 "_req_done", "_req_tracker", "_request_bytes", "_resp_buf", "_resp_done",
+                 "_resp_started", "_resp_tracker", "_route_factory", "_stream_eof",
+                 "_stream_pauses", "_task", "bytes_down", "bytes_up", "conn", "head_timeout",
+                 "on_done", "outcome", "pool", "request", "request_id", "response", "response_at",
+                 "route", "started", "state", "status", "stream")
+
     def __init__(
         self,
         route: RouteFactory,
