@@ -120,8 +120,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     kube.add_argument("--apiserver-h2-streams", type=positive_int, default=100, metavar="N",
                       help="most requests in progress on one HTTP/2 connection to the "
                       "apiserver (default: %(default)s; the apiserver's own "
-                      "SETTINGS_MAX_CONCURRENT_STREAMS lowers it); more open another "
-                      "connection")
+                      "SETTINGS_MAX_CONCURRENT_STREAMS lowers it: kube-apiserver announces "
+                      "100 unless --http2-max-streams-per-connection says otherwise); more "
+                      "open another connection")
 
     targets = parser.add_argument_group("targets (default deny)")
     targets.add_argument("--allow-service", action="append", default=[], type=_service_key,
