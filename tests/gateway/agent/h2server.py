@@ -41,6 +41,7 @@ class H2Server:
     bodies: dict[tuple[int, int], bytearray] = field(default_factory=lambda: defaultdict(bytearray))
     resets: list[tuple[int, int, int]] = field(default_factory=list)  # (conn, stream, code)
     window_updates: dict[tuple[int, int], int] = field(default_factory=lambda: defaultdict(int))
+    ping_acks: list[bytes] = field(default_factory=list)
     server: asyncio.base_events.Server | None = None
 
     @property
@@ -116,6 +117,8 @@ class ServerConnection(asyncio.Protocol):
         elif isinstance(event, h2.events.StreamReset):
             self.server.resets.append((self.index, event.stream_id, int(event.error_code)))
             self.pending.pop(event.stream_id, None)
+        elif isinstance(event, h2.events.PingAckReceived):
+            self.server.ping_acks.append(event.ping_data)
         elif isinstance(event, h2.events.WindowUpdated):
             self.server.window_updates[key] += event.delta
             for sid in list(self.pending):
@@ -147,6 +150,10 @@ class ServerConnection(asyncio.Protocol):
         state = self.conn.state_machine.state
         self.conn.close_connection(last_stream_id=last_stream_id)
         self.conn.state_machine.state = state
+        self.flush()
+
+    def ping(self, data: bytes) -> None:
+        self.conn.ping(data)
         self.flush()
 
     def unsent(self, sid: int) -> int:

@@ -140,6 +140,17 @@ async def test_a_cancelled_stream_is_reset_and_the_others_go_on(
     agent.pool.close()
 
 
+async def test_the_servers_pings_are_answered(server: h2server.H2Server, ca_file: str,
+                                              tmp_path: Path) -> None:
+    agent = await make_agent(server, ca_file, tmp_path)
+    watch = request(agent, "/watch")
+    await watch.wait(lambda: b'{"n":0}' in watch.received)
+    server.h2_connections[0].ping(b"12345678")
+    await eventually(lambda: server.ping_acks == [b"12345678"])
+    watch.client_reset()
+    agent.pool.close()
+
+
 async def test_a_paused_tunnel_stream_holds_only_its_own_window(
         server: h2server.H2Server, ca_file: str, tmp_path: Path) -> None:
     agent = await make_agent(server, ca_file, tmp_path)
