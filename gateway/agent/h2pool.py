@@ -146,8 +146,15 @@ class H2Stream:
         return len(self._out)
 
     def finish(self) -> None:
-        """The exchange is done with a complete response (the pool's ``release``)."""
-        self.close()
+        """The exchange is done with a complete response (the pool's ``release``). The body's
+        own length may end it before the server's END_STREAM is read: that stream is not
+        reset (unless the request side is still open), its last frame is simply dropped."""
+        if self.ended:
+            self.user = None
+            return
+        self.ended = True
+        self.user = None
+        self.conn.stream_closed(self, reset=not self.request_ended)
 
     def close(self) -> None:
         """The exchange is done; a stream still open is reset (the pool's ``discard``)."""
@@ -286,8 +293,12 @@ class H2Upstream(asyncio.Protocol):
 
     @property
     def has_room(self) -> bool:
-        return (self.ready.done() and not self.draining and self.usable
-                and len(self.handles) < self.stream_limit)
+        if not self.ready.done() or self.draining or not self.usable:
+            return False
+        limit = self.stream_limit
+        # h2 also counts streams we are done with whose END_STREAM has not arrived yet.
+        unsent = len(self.handles) - len(self.by_id)
+        return len(self.handles) < limit and self.h2.open_outbound_streams + unsent < limit
 
     def open_stream(self, user: UpstreamUser) -> H2Stream:
         stream = H2Stream(self, user, self.opened)

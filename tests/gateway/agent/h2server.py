@@ -9,6 +9,7 @@ it records what it received and serves a few paths:
 * ``/big?n=N``: N bytes without a length, sent as the client's windows allow;
 * ``/echo``: 200 with the request body (once the request has ended);
 * ``/reset``: RST_STREAM (INTERNAL_ERROR) instead of an answer;
+* ``/split``: 200 with a Content-Length, END_STREAM 0.1 s after the body (Go does that);
 * ``/late``: no answer on the first connection, ``late`` on the others.
 
 Everything it saw is in :class:`H2Server` (connections, heads, bodies, resets and window
@@ -100,6 +101,9 @@ class ServerConnection(asyncio.Protocol):
                 self.respond(sid, [], b"")
                 self.pending[sid] = bytearray(b"b" * size)
                 self.send_pending(sid)
+            elif path == b"/split":  # the body, then END_STREAM in a frame of its own later
+                self.respond(sid, [(b"content-length", b"5")], b"split")
+                asyncio.get_running_loop().call_later(0.1, self.end, sid)
             elif path == b"/late":  # not answered on the first connection (see GOAWAY)
                 if self.index:
                     self.respond(sid, [(b"content-length", b"4")], b"late", end=True)
@@ -150,6 +154,10 @@ class ServerConnection(asyncio.Protocol):
         state = self.conn.state_machine.state
         self.conn.close_connection(last_stream_id=last_stream_id)
         self.conn.state_machine.state = state
+        self.flush()
+
+    def end(self, sid: int) -> None:
+        self.conn.end_stream(sid)
         self.flush()
 
     def ping(self, data: bytes) -> None:

@@ -140,6 +140,20 @@ async def test_a_cancelled_stream_is_reset_and_the_others_go_on(
     agent.pool.close()
 
 
+async def test_a_body_complete_by_its_length_is_not_reset_before_end_stream(
+        server: h2server.H2Server, ca_file: str, tmp_path: Path) -> None:
+    agent = await make_agent(server, ca_file, tmp_path)
+    stream = request(agent, "/split")
+    await stream.wait_done()
+    assert stream.response() == (200, {"content-length": "5"}, b"split")
+    await asyncio.sleep(0.3)  # the END_STREAM came, and no RST_STREAM went
+    assert server.resets == []
+    again = request(agent, "/small")
+    await again.wait_done()
+    assert again.response()[2] == b"small" and len(server.h2_connections) == 1
+    agent.pool.close()
+
+
 async def test_the_servers_pings_are_answered(server: h2server.H2Server, ca_file: str,
                                               tmp_path: Path) -> None:
     agent = await make_agent(server, ca_file, tmp_path)
