@@ -36,6 +36,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.agent.h2pool import StreamRefused
 from gateway.agent.pool import (
     PoolExhausted,
     Upstream,
@@ -537,6 +538,9 @@ class HttpExchange:
                 )
             return
         if self.state == self.OPEN:
+            if isinstance(exc, StreamRefused):
+                self._upstream_failed(f"upstream did not take the request: {exc}", refused=True)
+                return
             self._upstream_failed("upstream closed the connection before the response ended")
 
     def upstream_pause_writing(self) -> None:
@@ -546,23 +550,32 @@ class HttpExchange:
         self._resume_stream("upstream-writing")
 
     # ------------------------------------------------------------------ failures ----------
-    def _upstream_failed(self, reason: str) -> None:
+    def _upstream_failed(self, reason: str, *, refused: bool = False) -> None:
+        """``refused``: the upstream says it never processed the request (HTTP/2)."""
         conn, self.conn = self.conn, None
         if conn is not None:
             self.pool.discard(conn)
         if self._closed or self.state == self.DONE:
             return
         if not self._resp_started:
-            if self._conn_reused and self._request_bytes is not None and not self._resp_buf:
-                # A pooled connection the server had just closed: retry once, fresh.
+            if (self._conn_reused or refused) and self._request_bytes is not None \
+                    and not self._resp_buf:
+                # A pooled connection the server had just closed, or a request it did not
+                # take: retry once, fresh.
                 self._retry()
                 return
             log.warning("stream %s: %s (%s)", self._sid(), reason, self.route.label
                         if self.route else "upstream")
             self.outcome = "upstream failed"
-            self._to_stream(error_response(
-                502, "the agent lost the connection to its upstream", close=True,
-                head_only=self.request is not None and self.request.method == b"HEAD"))
+            head_only = self.request is not None and self.request.method == b"HEAD"
+            if refused:  # nothing happened upstream: the client may simply send it again
+                self._to_stream(error_response(
+                    503, "the apiserver closed its connection before taking the request; "
+                    "retry", close=True, retry_after=1, head_only=head_only))
+            else:
+                self._to_stream(error_response(
+                    502, "the agent lost the connection to its upstream", close=True,
+                    head_only=head_only))
             self.stream.write_eof()
             self.state = self.DONE
             self._discard_input = True

@@ -25,8 +25,9 @@ Contracts:
 * ``close()`` of a stream that has not ended sends RST_STREAM (CANCEL): the client went away,
   and the apiserver ends the watch or ``logs -f``.
 * GOAWAY: no new streams on that connection; streams the server says it never processed
-  (above ``last_stream_id``) fail at once (the exchange retries a body-less request on a fresh
-  stream, else answers 502); the others finish, then the connection is closed.
+  (above ``last_stream_id``, or reset with REFUSED_STREAM) fail at once with
+  :class:`StreamRefused` (the exchange sends a body-less request again on another connection,
+  else answers 503 with Retry-After); the others finish, then the connection is closed.
 * PINGs from the server are answered by ``h2``; a protocol error closes the connection and
   fails every stream on it.
 """
@@ -52,6 +53,11 @@ from gateway.wire.http1 import HTTPError, Limits, parse_request_head
 from gateway.wire.http2 import LAST_CHUNK, chunk
 
 log = logging.getLogger(__name__)
+
+
+class StreamRefused(ConnectionResetError):
+    """The server did not process the request (a stream above a GOAWAY's ``last_stream_id``,
+    or reset with REFUSED_STREAM): sending it again is safe (RFC 9113 §8.7)."""
 
 
 class UpstreamUser(Protocol):
@@ -359,7 +365,8 @@ class H2Upstream(asyncio.Protocol):
                 stream.remote_ended()
         elif isinstance(event, h2.events.StreamReset):
             if (stream := self.by_id.get(event.stream_id)) is not None:
-                stream.fail(ConnectionResetError(
+                refused = event.error_code == h2.errors.ErrorCodes.REFUSED_STREAM
+                stream.fail((StreamRefused if refused else ConnectionResetError)(
                     f"the apiserver reset the stream ({event.error_code!r})"))
         elif isinstance(event, h2.events.WindowUpdated):
             targets = list(self.by_id.values()) if event.stream_id == 0 else \
@@ -380,7 +387,7 @@ class H2Upstream(asyncio.Protocol):
         last = last_stream_id if last_stream_id is not None else 0
         for stream in list(self.handles):
             if stream.stream_id > last or not stream.stream_id:
-                stream.fail(ConnectionResetError("the apiserver refused the stream (GOAWAY)"))
+                stream.fail(StreamRefused("the apiserver refused the stream (GOAWAY)"))
         if error_code != h2.errors.ErrorCodes.NO_ERROR or not self.handles:
             self.abort(None)
         self.on_change(self)

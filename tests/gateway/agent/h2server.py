@@ -9,6 +9,8 @@ it records what it received and serves a few paths:
 * ``/big?n=N``: N bytes without a length, sent as the client's windows allow;
 * ``/echo``: 200 with the request body (once the request has ended);
 * ``/reset``: RST_STREAM (INTERNAL_ERROR) instead of an answer;
+* ``/refuse``: RST_STREAM (REFUSED_STREAM); ``/refuse-first``: that once per connection, then
+  ``again``;
 * ``/split``: 200 with a Content-Length, END_STREAM 0.1 s after the body (Go does that);
 * ``/late``: no answer on the first connection, ``late`` on the others.
 
@@ -61,6 +63,7 @@ class ServerConnection(asyncio.Protocol):
             h2.config.H2Configuration(client_side=False, header_encoding=None))
         self.pending: dict[int, bytearray] = {}  # /big: bytes still to send per stream
         self.buffer = b""
+        self.refused = 0
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
@@ -109,6 +112,11 @@ class ServerConnection(asyncio.Protocol):
                     self.respond(sid, [(b"content-length", b"4")], b"late", end=True)
             elif path == b"/reset":
                 self.conn.reset_stream(sid, h2.errors.ErrorCodes.INTERNAL_ERROR)
+            elif path == b"/refuse" or (path == b"/refuse-first" and not self.refused):
+                self.refused += 1
+                self.conn.reset_stream(sid, h2.errors.ErrorCodes.REFUSED_STREAM)
+            elif path == b"/refuse-first":
+                self.respond(sid, [(b"content-length", b"5")], b"again", end=True)
         elif isinstance(event, h2.events.DataReceived):
             self.server.bodies[key] += event.data
             self.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)

@@ -226,6 +226,26 @@ async def test_a_reset_before_the_response_is_a_502_status(
     agent.pool.close()
 
 
+async def test_a_refused_stream_is_sent_again_if_it_had_no_body(
+        server: h2server.H2Server, ca_file: str, tmp_path: Path) -> None:
+    agent = await make_agent(server, ca_file, tmp_path)
+    stream = request(agent, "/refuse-first")  # the first stream of a fresh connection
+    await stream.wait_done()
+    assert stream.response() == (200, {"content-length": "5"}, b"again")
+    agent.pool.close()
+
+
+async def test_a_refused_stream_with_a_body_is_a_503_to_retry(
+        server: h2server.H2Server, ca_file: str, tmp_path: Path) -> None:
+    agent = await make_agent(server, ca_file, tmp_path)
+    stream = request(agent, "/refuse", "Content-Length: 2", body=b"{}", method="POST")
+    await stream.wait_done()
+    status, headers, body = stream.response()
+    assert status == 503 and headers["retry-after"] == "1"
+    assert b'"kind":"Status"' in body.replace(b" ", b"")
+    agent.pool.close()
+
+
 async def test_goaway_sends_new_requests_to_a_new_connection(
         server: h2server.H2Server, ca_file: str, tmp_path: Path) -> None:
     agent = await make_agent(server, ca_file, tmp_path)
