@@ -179,7 +179,9 @@ class HttpExchange:
         self.response_at = 0.0  # when the upstream's (final) response head arrived
         self.outcome = ""
         self._head_buf = bytearray()
-        self._head_ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # Made only when the setup task must wait for the head (or learn why there is none):
+        # the head normally rides in the OPEN, and an idle watch should not keep a future.
+        self._head_ready: asyncio.Future[None] | None = None
         self._early: list[bytes] = []  # request bytes waiting for the upstream (or a 101)
         self._early_size = 0
         self._request_bytes: bytes | None = None  # kept for one retry of a body-less request
@@ -193,7 +195,8 @@ class HttpExchange:
         self._resp_done = False
         self._conn_reusable = True
         self._conn_reused = False  # the connection came from the pool (may be stale)
-        self._stream_pauses: set[str] = set()
+        # Why the stream's reading is paused; a tuple, so an idle watch holds the shared ().
+        self._stream_pauses: tuple[str, ...] = ()
         self._task: asyncio.Task[None] | None = None
         self._linger: asyncio.TimerHandle | None = None
         self._closed = False
@@ -226,8 +229,8 @@ class HttpExchange:
     def eof_received(self) -> None:
         self._stream_eof = True
         if self.state == self.SETUP:
-            if self.request is None and not self._head_ready.done():
-                self._head_ready.set_exception(HTTPError("stream ended before the request head"))
+            if self.request is None:
+                self._head_failed(HTTPError("stream ended before the request head"))
             return
         if self.state == self.UPGRADED:
             if self.conn is not None:
@@ -240,7 +243,7 @@ class HttpExchange:
         self._closed = True
         if self._task is not None and not self._task.done():
             self._task.cancel()
-        if not self._head_ready.done():
+        if self._head_ready is not None and not self._head_ready.done():
             self._head_ready.cancel()
         if self._linger is not None:
             self._linger.cancel()
@@ -275,17 +278,23 @@ class HttpExchange:
         except HTTPError as exc:
             self.request = None
             self._discard_input = True  # the setup task refuses the stream
-            if not self._head_ready.done():
-                self._head_ready.set_exception(exc)
+            self._head_failed(exc)
             return
         # Until the upstream is ready, hold whatever follows and stop the stream's flow.
         self._pause_stream("setup")
         if rest:
             self._buffer_early(rest)
-        if not self._head_ready.done():
+        if self._head_ready is not None and not self._head_ready.done():
             self._head_ready.set_result(None)
         if self._task is None:
             self._setup_now()
+
+    def _head_failed(self, exc: Exception) -> None:
+        """No usable head: the setup task (started soon, or waiting) raises ``exc``."""
+        if self._head_ready is None:
+            self._head_ready = asyncio.get_running_loop().create_future()
+        if not self._head_ready.done():
+            self._head_ready.set_exception(exc)
 
     def _setup_now(self) -> None:
         """The setup of :meth:`_setup` without a task, when the route is known and the pool has
@@ -317,7 +326,11 @@ class HttpExchange:
         try:
             self.route = await self._route_factory()
             async with asyncio.timeout(self.head_timeout):
-                await self._head_ready
+                if self.request is None:
+                    if self._head_ready is None:
+                        self._head_ready = asyncio.get_running_loop().create_future()
+                    await self._head_ready
+            self._head_ready = None
             assert self.request is not None
             head_bytes = rewrite_request_head(self.request, self.route)
             conn = await self._acquire(self.route)
@@ -634,11 +647,12 @@ class HttpExchange:
     def _pause_stream(self, reason: str) -> None:
         if not self._stream_pauses and self.stream is not None and not self._closed:
             self.stream.pause_reading()
-        self._stream_pauses.add(reason)
+        if reason not in self._stream_pauses:
+            self._stream_pauses = (*self._stream_pauses, reason)
 
     def _resume_stream(self, reason: str) -> None:
         if reason in self._stream_pauses:
-            self._stream_pauses.discard(reason)
+            self._stream_pauses = tuple(r for r in self._stream_pauses if r != reason)
             if not self._stream_pauses and self.stream is not None and not self._closed:
                 self.stream.resume_reading()
 
