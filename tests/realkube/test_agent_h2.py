@@ -176,17 +176,74 @@ def test_many_watches_share_few_connections_and_cancel_on_the_apiserver(
         time.sleep(0.2)
 
 
-def test_a_list_larger_than_the_flow_control_windows_arrives_whole(fleet: Fleet,
-                                                                   agent: Agent) -> None:
-    # 24 ConfigMaps of 40 KB: about 1 MB, many times the 64 KiB stream window.
-    value = "x" * 40_000
+BIG_VALUE = "x" * 40_000
+
+
+@pytest.fixture(scope="module")
+def big_configmaps(fleet: Fleet) -> list[str]:
+    """24 ConfigMaps of 40 KB: a list of about 1 MB, many times the 64 KiB stream window."""
     names = [f"agent-h2-big-{i}" for i in range(24)]
-    fleet.managed.apply([json.loads(configmap(name, blob=value)) for name in names])
-    code, body = agent.gateway.curl(
-        f"/{CLUSTER}/api/v1/namespaces/team/configmaps?labelSelector=", fleet.alice)
-    assert code == 200
+    fleet.managed.apply([{**json.loads(configmap(name, blob=BIG_VALUE)),
+                          "metadata": {"name": name, "namespace": "team",
+                                       "labels": {"agent-h2-big": "1"}}} for name in names])
+    return names
+
+
+BIG_LIST = f"/{CLUSTER}/api/v1/namespaces/team/configmaps?labelSelector=agent-h2-big%3D1"
+
+
+def check_big_list(body: bytes | str, names: list[str]) -> None:
     items = {item["metadata"]["name"]: item.get("data") for item in json.loads(body)["items"]}
-    assert all(items[name] == {"blob": value} for name in names)
+    assert sorted(items) == sorted(names)
+    assert all(data == {"blob": BIG_VALUE} for data in items.values())
+
+
+def test_a_list_larger_than_the_flow_control_windows_arrives_whole(
+        fleet: Fleet, agent: Agent, big_configmaps: list[str]) -> None:
+    code, body = agent.gateway.curl(BIG_LIST, fleet.alice)
+    assert code == 200
+    check_big_list(body, big_configmaps)
+
+
+def test_a_reader_that_stops_holds_up_no_other_request(
+        fleet: Fleet, agent: Agent, big_configmaps: list[str]) -> None:
+    context = ssl.create_default_context(cafile=str(agent.gateway.ca_file))
+    slow = context.wrap_socket(socket.create_connection((LOOPBACK, agent.gateway.front_port),
+                                                        10), server_hostname=LOOPBACK)
+    slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+    dials = agent.metrics()[H2_DIALS]
+    try:
+        slow.sendall(f"GET {BIG_LIST} HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n"
+                     f"Authorization: Bearer {fleet.alice}\r\n\r\n".encode())
+        time.sleep(1)  # the list is on its way and stuck behind a reader that does not read
+        # Meanwhile, on the same HTTP/2 connection to the apiserver, other requests flow.
+        for _ in range(5):
+            started = time.monotonic()
+            code, _ = agent.gateway.curl(f"/{CLUSTER}/api/v1/namespaces/team/configmaps/"
+                                         "agent-h2-big-0", fleet.alice)
+            assert code == 200 and time.monotonic() - started < 5
+        assert agent.metrics()[H2_DIALS] == dials  # the same connection carried them
+        slow.settimeout(30)
+        received = b""
+        while data := slow.recv(1 << 20):
+            received += data
+    finally:
+        slow.close()
+    head, _, body = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200")
+    if b"chunked" in head.lower():
+        body = dechunk(body)
+    check_big_list(body, big_configmaps)
+
+
+def dechunk(body: bytes) -> bytes:
+    out, rest = b"", body
+    while True:
+        size_line, _, rest = rest.partition(b"\r\n")
+        size = int(size_line.split(b";")[0], 16)
+        if not size:
+            return out
+        out, rest = out + rest[:size], rest[size + 2:]
 
 
 def test_upgrades_use_http1_connections(fleet: Fleet, agent: Agent) -> None:
