@@ -40,7 +40,9 @@ def exported_series() -> set[str]:
     agent = AgentMetrics()
     agent.stream_done("kube-apiserver", "complete", 1.0, 1.01)
     agent.stats = SimpleNamespace(streams=1, refused=0, active=0)
-    agent.pool = SimpleNamespace(in_use=0, idle=1, max_connections=10, dials=1)
+    agent.pool = SimpleNamespace(in_use=0, idle=1, max_connections=10, dials=1,
+                                 protocol_dials={"h1": 0, "h2": 1}, h2_max_streams=100,
+                                 h2_connections=lambda: [])
     agent.sessions = lambda: [SimpleNamespace(closed=False, rtt=0.001, bytes_received=1,
                                               bytes_sent=1)]
     agent.certificates = lambda: {"agent": 2e9}
