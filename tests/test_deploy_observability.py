@@ -80,7 +80,7 @@ def test_every_dashboard_query_names_series_we_export() -> None:
                    "hubproxy_certificate_expiry_timestamp_seconds",
                    "hubproxy_agent_upstream_response_seconds_bucket",
                    "hubproxy_agent_upstream_connections", "hubproxy_requests_by_protocol_total",
-                   "hubproxy_h2_open_streams"):
+                   "hubproxy_h2_open_streams", "hubproxy_agent_upstream_h2_streams"):
         assert needed in used, needed
 
 
