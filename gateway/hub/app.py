@@ -149,6 +149,12 @@ class Gateway:
         self._audit = audit.logger.isEnabledFor(logging.INFO)
 
     @property
+    def leaving(self) -> bool:
+        """Shutdown has begun (``/readyz`` says 503), though requests may still be served
+        for ``--shutdown-delay``: every HTTP/1.1 response now closes its connection."""
+        return self.readiness.draining or self.draining
+
+    @property
     def tunnel_listener(self) -> Any:
         """The started ``tunnel.listener.TunnelListener`` (None before start or without one)."""
         return self._tunnel

@@ -55,7 +55,9 @@ class ClientConnection(Protocol):
 
     def resume_reading(self, reason: str) -> None: ...
 
-    def response_started(self, exchange: Exchange) -> None: ...
+    def response_started(self, exchange: Exchange) -> bool | None:
+        """The response head arrived; True: the connection closes after this response, so the
+        head must say ``Connection: close`` (HTTP/1.1 during a shutdown)."""
 
     def upgraded(self, exchange: Exchange) -> None: ...
 
@@ -96,6 +98,11 @@ ENDING_GRACE = 5.0
 LAST_CHUNK = b"0\r\n\r\n"
 SHUTTING_DOWN = Revoked(503, "ServiceUnavailable",
                         "this gateway instance is shutting down; connect again to reach another")
+
+
+def with_connection_close(head: bytes) -> bytes:
+    """A response head (ending in an empty line) that also says ``Connection: close``."""
+    return head[:-2] + b"Connection: close\r\n\r\n"
 
 
 class Exchange:
@@ -332,7 +339,7 @@ class Exchange:
             rest = bytes(buf[end:])
             buf.clear()
             self.head_sent = True
-            self.door.response_started(self)
+            closing = self.door.response_started(self)
             if self.streaming:
                 head.headers, head.names = [], []  # only its parsed flags are used from here
             self.bytes_out += len(raw)
@@ -348,6 +355,8 @@ class Exchange:
                 self.transport.write(raw)
                 self._fail(502, "the cluster sent a malformed response body")
                 return
+            if closing:
+                raw = with_connection_close(raw)
             # Head and the body bytes that came with it leave in one write (one TLS record
             # for a small response instead of two).
             self.bytes_out += taken
