@@ -221,6 +221,9 @@ class TunnelSession(asyncio.BufferedProtocol):
         self._closed_fut: asyncio.Future[None] | None = None
         self._idle_fut: asyncio.Future[None] | None = None
         self.on_closed: list[Callable[[TunnelSession], None]] = []
+        # Called once when the peer announces it is leaving (DRAIN or GOAWAY): streams that
+        # never end on their own (watches) can then be ended cleanly by their owner.
+        self.on_peer_draining: list[Callable[[TunnelSession], None]] = []
         self.closed = False
         self.draining = False
         self.close_reason: str = ""
@@ -449,9 +452,12 @@ class TunnelSession(asyncio.BufferedProtocol):
                 if stream is not None:
                     self._lose(stream, OpenRefused(_open_code(ev.code), ev.message))
             elif type(ev) is ss.GoAwayReceived or type(ev) is ss.DrainReceived:
+                announced = not self.draining
                 self.draining = True
                 if type(ev) is ss.GoAwayReceived and ev.code != GoAwayCode.NO_ERROR:
                     self.goaway_message = ev.message
+                if announced:
+                    self._peer_draining()
             elif (type(ev) is ss.SettingsReceived and self._settings_fut is not None
                   and not self._settings_fut.done()):
                 self._settings_fut.set_result(None)
@@ -598,6 +604,13 @@ class TunnelSession(asyncio.BufferedProtocol):
                 cb(self)
             except Exception:
                 log.exception("tunnel session %s: on_closed callback failed", self.name)
+
+    def _peer_draining(self) -> None:
+        for cb in list(self.on_peer_draining):
+            try:
+                cb(self)
+            except Exception:
+                log.exception("tunnel session %s: on_peer_draining callback failed", self.name)
 
 
 def _reset_code(code: int) -> ResetCode:

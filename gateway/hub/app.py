@@ -42,7 +42,7 @@ from gateway.hub.admission.hubload import FailedAuthLimiter
 from gateway.hub.admission.identity import IdentityCache
 from gateway.hub.admission.streams import StreamQuota
 from gateway.hub.config import GatewayConfig
-from gateway.hub.exchange import Exchange
+from gateway.hub.exchange import AGENT_LEAVING, Exchange
 from gateway.hub.fleet import FleetView
 from gateway.hub.frontdoor import FrontDoor
 from gateway.hub.frontdoor_h2 import H2FrontDoor, H2Request
@@ -132,6 +132,7 @@ class Gateway:
 
         self.readiness = Readiness(hub_probe or _no_probe, config.readiness_interval)
         registry.subscribe(self._cluster_changed)
+        registry.subscribe_sessions(self._session_changed)
         self.metrics.cluster_names = registry.clusters
         self.metrics.connected_agents = lambda: sum(
             len(list(registry.sessions(c))) for c in registry.clusters()
@@ -171,6 +172,20 @@ class Gateway:
         if connected:
             self.known_clusters.add(cluster)
         log.info("cluster %s %s", cluster, "connected" if connected else "disconnected")
+
+    def _session_changed(self, _cluster: str, session: Any, added: bool) -> None:
+        hooks = getattr(session, "on_peer_draining", None)
+        if added and hooks is not None:
+            hooks.append(self._agent_session_draining)
+
+    def _agent_session_draining(self, session: Any) -> None:
+        """An agent session announced that it is leaving (the agent's SIGTERM, a duplicate or
+        rotated session): end the watches and follows on it cleanly now, so clients re-watch
+        through another session instead of being cut at the agent's drain deadline. Exec,
+        attach and port-forward keep that time to finish."""
+        for exchange in list(self.open_streams()):
+            if exchange.admitted.session is session:
+                exchange.end_follow(AGENT_LEAVING)
 
     def request_done(self, *, request_id: str, user: str | None, cluster: str | None,
                      method: bytes | None, target: bytes | None, status: int, bytes_in: int,

@@ -99,6 +99,11 @@ LAST_CHUNK = b"0\r\n\r\n"
 SHUTTING_DOWN = Revoked(503, "ServiceUnavailable",
                         "this gateway instance is shutting down; connect again to reach another")
 
+# The agent session carrying a watch announced it is leaving (agent SIGTERM, a duplicate or a
+# rotated session): the watch ends cleanly and the client re-watches through another session.
+AGENT_LEAVING = Revoked(503, "ServiceUnavailable",
+                        "the cluster's agent session is closing; connect again")
+
 
 def with_connection_close(head: bytes) -> bytes:
     """A response head (ending in an empty line) that also says ``Connection: close``."""
@@ -373,6 +378,12 @@ class Exchange:
         through another instance), an exec/attach with a Status saying so; as a revocation
         does (:meth:`revoke`, the same boundaries and grace), and cancel the upstream request."""
         self.revoke(SHUTTING_DOWN)
+
+    def end_follow(self, revoked: Revoked) -> None:
+        """End a watch or ``logs -f`` (a streamed body, not an upgrade) as :meth:`end_stream`
+        does; anything else is left to finish."""
+        if self.streaming and self._state == _BODY:
+            self.revoke(revoked)
 
     # --- helpers ---------------------------------------------------------------------------
 
