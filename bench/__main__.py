@@ -7,6 +7,8 @@ import sys
 
 # The gateway benchmark (issue 5) joins here as "gateway": "bench.gateway" when it lands.
 BENCHMARKS = {"tunnel": "bench.tunnel", "gateway": "bench.gateway"}
+# Issue 13: rollouts, scaling, crashes and a hub outage behind HAProxy.
+BENCHMARKS["ha"] = "bench.ha"
 
 
 def main(argv: list[str] | None = None) -> int:
