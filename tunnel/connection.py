@@ -340,7 +340,10 @@ class TunnelSession(asyncio.BufferedProtocol):
             self._core.drain()
             self._schedule_flush()
         if self._streams and not self.closed:
-            self._idle_fut = asyncio.get_running_loop().create_future()
+            # Another drain may be waiting already (the agent's SIGTERM while its dialer
+            # retires the same session): share its future, or that one would never be set.
+            if self._idle_fut is None or self._idle_fut.done():
+                self._idle_fut = asyncio.get_running_loop().create_future()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(asyncio.shield(self._idle_fut), deadline)
         for stream in list(self._streams.values()):
