@@ -263,7 +263,9 @@ class System:
         want = len(self.instances)
         return all(agent_sessions(a.health) == want for a in self.agents)
 
-    def wait_steady(self, timeout: float = 60) -> float:
+    def wait_steady(self, timeout: float = 120) -> float:
+        # Long: an agent that keeps reaching instances it already holds through the balancer
+        # redials with a doubling delay (tunnel.dialer REDIAL_*), up to 30 s between dials.
         deadline = time.monotonic() + timeout
         while not self.steady():
             if time.monotonic() > deadline:
