@@ -13,8 +13,9 @@ registry, authentication, authorization, metrics, the audit line) and the listen
 
 Graceful shutdown (:meth:`Gateway.shutdown`), in this order and bounded by one deadline:
 ``/readyz`` turns 503 (and requests are still served for ``--shutdown-delay``, while load
-balancers notice), then the front door stops accepting; idle keep-alive connections close at
-once and busy ones after their current response; watches and ``logs -f`` end at once with a
+balancers notice, each HTTP/1.1 response closing its connection), then the front door stops
+accepting; idle keep-alive connections close at once and busy ones after their current
+response; watches and ``logs -f`` end at once with a
 clean last chunk (clients re-watch through another instance), upgrades are closed; new
 requests on open connections get 503; the tunnel listener drains agent sessions (GOAWAY,
 in-flight streams finish) in parallel; at the deadline whatever is left is closed.

@@ -248,8 +248,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     lim.add_argument("--shutdown-delay", type=_duration, default=0.0, metavar="DURATION",
                      help="on SIGTERM, first answer /readyz with 503 and keep serving this "
                      "long, so the Service and load balancers stop sending here before the "
-                     "front door closes (default: 0s; deploy/hub uses 5s). Then "
-                     "--shutdown-timeout applies")
+                     "front door closes; each HTTP/1.1 response meanwhile closes its "
+                     "connection, so keep-alive clients reconnect elsewhere (default: 0s; "
+                     "deploy/hub uses 5s). Then --shutdown-timeout applies")
     add_tunnel_liveness_arguments(parser, "agent")
     parser.add_argument("--log-level", default="info",
                         choices=("debug", "info", "warning", "error"),
