@@ -431,9 +431,11 @@ class Runner:
         event.notes["stopped_after_s"] = time.monotonic() - event.action_at
         fresh = iter(system.fresh)
         used: list[Observation] = []
-        restart_at = event.action_at + self.plan.outage
+        # The outage counts from the process's exit (a loaded apiserver may take seconds to
+        # stop), and at least one uncached request is sent during it.
+        restart_at = time.monotonic() + self.plan.outage
         path = f"/{CLUSTERS[0]}{PROBE_PATH}"
-        while time.monotonic() < restart_at:
+        while time.monotonic() < restart_at or not used:
             token = next(fresh, None)
             if token is None:
                 break
