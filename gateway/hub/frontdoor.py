@@ -388,10 +388,10 @@ class FrontDoor(asyncio.Protocol):
 
     # --- called by the Exchange --------------------------------------------------------------
 
-    def response_started(self, exchange: Exchange) -> None:
+    def response_started(self, exchange: Exchange) -> bool:
         self._disarm()
         if exchange.admitted.upgrade and exchange.status == 101:
-            return
+            return False
         target = self.head.target if self.head is not None else b""
         if b"watch=" in target or b"follow=" in target:
             exchange.streaming = True
@@ -399,6 +399,14 @@ class FrontDoor(asyncio.Protocol):
             self._slim(exchange)
             if self.gw.draining:  # started while the gateway shuts down: end it at once
                 exchange.end_stream()
+        if self.gw.leaving:
+            # Shutting down (--shutdown-delay): this connection's next request would race the
+            # close of its idle connection when the delay ends (an HTTP/1.1 client cannot tell
+            # that from a failure), so it closes after this response, and the client reconnects
+            # through the load balancer to an instance that stays.
+            self.keep_alive = False
+            return True
+        return False
 
     def upgraded(self, exchange: Exchange) -> None:
         """A real 101: splice. Client bytes that waited for it go first."""
@@ -468,7 +476,7 @@ class FrontDoor(asyncio.Protocol):
         head = self.head
         tracker = self.req_tracker
         if not close:
-            if (self.phase in (BODY, RAW, UPGRADE) or self.gw.draining or not self.keep_alive
+            if (self.phase in (BODY, RAW, UPGRADE) or self.gw.leaving or not self.keep_alive
                     or (head is not None and head.upgrade is not None)):
                 close = True
             elif self.phase == ADMITTING and not tracker.complete:

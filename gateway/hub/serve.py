@@ -33,7 +33,9 @@ from gateway.hub.clusterprofile import component as clusterprofile
 from gateway.hub.config import FrontDoorLimits, GatewayConfig
 from gateway.hub.join.service import JoinService
 from gateway.hub.ocm import component as ocm
+from gateway.hub.workers import NOT_READY as WORKER_NOT_READY
 from gateway.hub.workers import instance_id as workers_instance_id
+from gateway.hub.workers import readiness_gate as workers_readiness_gate
 from gateway.ops import audit, diagnostics, gctune, startup
 from gateway.ops.flags import (
     add_tunnel_liveness_arguments,
@@ -272,14 +274,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="gateway processes sharing the front door and tunnel ports "
                      "(default: %(default)s). Agents keep one session to each. Each worker "
                      "uses one core and its own memory; worker 0 serves health and metrics "
-                     "(the sum of all workers, at most ~1s behind) and writes ClusterProfiles")
+                     "(the sum of all workers, at most ~1s behind; /readyz is 200 only when "
+                     "every worker is ready, --ready-wait included) and writes ClusterProfiles")
     lim.add_argument("--shutdown-timeout", type=_duration, default=25.0, metavar="DURATION",
                      help="on SIGTERM, wait this long for in-flight requests (default: 25s)")
     lim.add_argument("--shutdown-delay", type=_duration, default=0.0, metavar="DURATION",
                      help="on SIGTERM, first answer /readyz with 503 and keep serving this "
                      "long, so the Service and load balancers stop sending here before the "
-                     "front door closes (default: 0s; deploy/hub uses 5s). Then "
-                     "--shutdown-timeout applies")
+                     "front door closes; each HTTP/1.1 response meanwhile closes its "
+                     "connection, so keep-alive clients reconnect elsewhere (default: 0s; "
+                     "deploy/hub uses 5s). Then --shutdown-timeout applies")
     add_tunnel_liveness_arguments(parser, "agent")
     parser.add_argument("--log-level", default="info",
                         choices=("debug", "info", "warning", "error"),
@@ -471,9 +475,13 @@ async def serve(config: GatewayConfig, args: argparse.Namespace | None = None,
             peers = link.receiver()
             peers.start()
             gateway.metrics.peers = peers.snapshots
+            # /readyz is worker 0's: Ready only when every worker is.
+            gateway.readiness.gates.append(workers_readiness_gate(peers.by_worker,
+                                                                 config.workers))
         elif link is not None:
             peers = link.sender(config.worker_index)
-            peers.start(gateway.metrics.snapshot)
+            peers.start(lambda: {**gateway.metrics.snapshot(),
+                                 WORKER_NOT_READY: gateway.readiness.reason()})
         announcer = start_instance_discovery(config, gateway, api_client)
         if joining is not None:  # every process: each has its own listener to police
             joining.listener = gateway.tunnel_listener
