@@ -38,7 +38,7 @@ from typing import Any, Protocol
 
 from gateway.hub import fleet, revalidation
 from gateway.hub.admission.auth import Authenticator, TokenAuthenticator
-from gateway.hub.admission.authorize import Authorizer
+from gateway.hub.admission.authorize import Authorizer, SarAuthorizer
 from gateway.hub.admission.hubload import FailedAuthLimiter
 from gateway.hub.admission.identity import IdentityCache
 from gateway.hub.admission.seats import Seats
@@ -48,6 +48,7 @@ from gateway.hub.exchange import AGENT_LEAVING, Exchange
 from gateway.hub.fleet import FleetView
 from gateway.hub.frontdoor import FrontDoor
 from gateway.hub.frontdoor_h2 import H2FrontDoor, H2Request
+from gateway.hub.hubcalls import CountingAuthorizer
 from gateway.hub.requestclass import SHORT, STREAM, front_door_class
 from gateway.hub.revalidation import StreamRevalidator, period_for
 from gateway.ops import audit, startup
@@ -66,6 +67,16 @@ class ClusterList(Protocol):
     """The hub's cluster inventory (``gateway.hub.inventory.ClusterInventory``)."""
 
     def listed(self, cluster: str) -> bool | None: ...
+
+
+def outage_answers(authenticator: Authenticator, authorizer: Authorizer) -> int:
+    """Hub reviews that failed and were answered from what the hub confirmed earlier."""
+    total = authenticator.cache.stale_served if isinstance(authenticator,
+                                                           TokenAuthenticator) else 0
+    inner = authorizer.inner if isinstance(authorizer, CountingAuthorizer) else authorizer
+    if isinstance(inner, SarAuthorizer):
+        total += inner.cache.stale_served
+    return total
 
 
 class Gateway:
@@ -154,6 +165,7 @@ class Gateway:
         self.metrics.tunnel_refused = lambda: self._tunnel.refused if self._tunnel else 0
         self.metrics.auth_reviews = lambda: (
             authenticator.reviews if isinstance(authenticator, TokenAuthenticator) else 0)
+        self.metrics.hub_outage_answers = lambda: outage_answers(authenticator, authorizer)
         self.metrics.handshake_failures = lambda: (
             self._tunnel.handshake_failures if self._tunnel is not None else {})
         self._audit = audit.logger.isEnabledFor(logging.INFO)
@@ -455,7 +467,7 @@ async def build_gateway(config: GatewayConfig) -> tuple[Gateway, Any]:
 
     front_ssl, tunnel_ssl = front_tls(config), tunnel_tls(config)
     api_client = await hub_api_client(config.hub_kubeconfig, build_hub_api_client)
-    from gateway.hub.hubcalls import CountingAuthorizer, TimedTokenReviewer, timed_review
+    from gateway.hub.hubcalls import TimedTokenReviewer, timed_review
 
     metrics = GatewayMetrics()
     reviewer = KubeTokenReviewer(api_client)
@@ -463,10 +475,11 @@ async def build_gateway(config: GatewayConfig) -> tuple[Gateway, Any]:
     hub_calls = HubCallLimit(config.hub_max_concurrent_reviews, config.hub_review_wait)
     authenticator = TokenAuthenticator(TimedTokenReviewer(reviewer, metrics),
                                        ttl=config.token_cache_ttl, audiences=config.audiences,
-                                       hub_calls=hub_calls)
+                                       hub_calls=hub_calls, stale_grace=config.hub_outage_grace)
     authorizer: Authorizer = NoAuthorizer()
     if config.authorize == "sar":
-        sar = SarAuthorizer(api_client, config.token_cache_ttl, hub_calls=hub_calls)
+        sar = SarAuthorizer(api_client, config.token_cache_ttl, hub_calls=hub_calls,
+                            stale_grace=config.hub_outage_grace)
         # Its review function is the seam for measuring each SAR actually sent (inside the
         # hub-call slot, so the time is the hub's, not the wait for a slot).
         sar._review = timed_review(sar._review, metrics)

@@ -56,6 +56,8 @@ class GatewayConfig:
     hub_kubeconfig: str | None = None  # None: in-cluster service account
     audiences: tuple[str, ...] = ()
     token_cache_ttl: float = 10.0
+    # While the hub cannot be asked, accept what it confirmed up to this long past the TTL.
+    hub_outage_grace: float = 300.0
     identity_prefix: str = "cluster:hub:"
     authorize: str = "sar"  # "sar" | "none"
     token_passthrough: bool = False

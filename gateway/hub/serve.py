@@ -128,6 +128,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     hub.add_argument("--token-cache-ttl", type=_duration, default=10.0, metavar="DURATION",
                      help="cache TokenReview/SubjectAccessReview outcomes this long "
                      "(default: 10s; 0 disables)")
+    hub.add_argument("--hub-outage-grace", type=_duration, default=300.0, metavar="DURATION",
+                     help="while the hub cannot be asked (down, timing out, or past "
+                     "--hub-max-concurrent-reviews), keep accepting a token, and the "
+                     "managedclusters/proxy permission, that the hub itself confirmed less than "
+                     "--token-cache-ttl + DURATION ago; asked again once per --token-cache-ttl. "
+                     "Tokens never seen, and any the hub said no to, get 503 with Retry-After. "
+                     "A revocation made during the outage takes effect when the hub answers "
+                     "again (default: 5m; 0: refuse every request the hub cannot confirm)")
     hub.add_argument("--identity-prefix", default="cluster:hub:", metavar="PREFIX",
                      help="prefix for every hub user and group on managed clusters "
                      "(default: %(default)s)")
@@ -370,6 +378,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         hub_kubeconfig=args.hub_kubeconfig,
         audiences=tuple(args.audience or ()),
         token_cache_ttl=args.token_cache_ttl,
+        hub_outage_grace=args.hub_outage_grace,
         identity_prefix=args.identity_prefix,
         authorize=args.authorize,
         token_passthrough=bool(args.token_passthrough),

@@ -102,6 +102,9 @@ class GatewayMetrics:
     h2_open_streams: Callable[[], int] = lambda: 0
     auth_reviews: Callable[[], int] = lambda: 0  # TokenReviews sent = cache misses
     auth_lookups: int = 0  # authentications asked for
+    # Hub reviews that failed and were answered with what the hub confirmed before
+    # (--hub-outage-grace), authentication and authorization together.
+    hub_outage_answers: Callable[[], int] = lambda: 0
     # Agent connections refused before a session (tunnel.listener), by reason.
     handshake_failures: Callable[[], Mapping[str, int]] = lambda: {}
     # Agent connections that completed TLS but were refused (not TLS 1.3, wrong ALPN, no
@@ -179,6 +182,7 @@ class GatewayMetrics:
             "h2_open_streams": self.h2_open_streams(),
             "auth_reviews": self.auth_reviews(),
             "auth_lookups": self.auth_lookups,
+            "hub_outage_answers": self.hub_outage_answers(),
             "handshake_failures": dict(self.handshake_failures()),
             "authz_lookups": self.authz_lookups,
             "tunnel_refused": self.tunnel_refused(),
@@ -205,7 +209,7 @@ SUMMED = ("bytes_in", "bytes_out", "active_streams", "streams_total", "connectio
           "connected_agents", "client_connections", "auth_reviews", "auth_lookups",
           "authz_lookups", "tunnel_refused", "requests_h1", "requests_h2", "h2_connections_total",
           "h2_streams_sum", "h2_streams_count", "h2_protocol_errors", "h2_calmed",
-          "h2_client_connections", "h2_open_streams")
+          "h2_client_connections", "h2_open_streams", "hub_outage_answers")
 
 
 def merge(snapshots: Iterable[dict[str, Any]]) -> dict[str, Any]:
@@ -401,6 +405,11 @@ def render(m: dict[str, Any]) -> bytes:
         "cache (or coalesced).",
         "# TYPE hubproxy_auth_cache_hits_total counter",
         f"hubproxy_auth_cache_hits_total {max(0, m['auth_lookups'] - reviews)}",
+        "# HELP hubproxy_hub_outage_answers_total Hub reviews that failed (hub down, slow or "
+        "saturated) and were answered with what the hub confirmed earlier "
+        "(--hub-outage-grace).",
+        "# TYPE hubproxy_hub_outage_answers_total counter",
+        f"hubproxy_hub_outage_answers_total {m.get('hub_outage_answers', 0)}",
         "# HELP hubproxy_auth_cache_misses_total TokenReviews sent to the hub.",
         "# TYPE hubproxy_auth_cache_misses_total counter",
         f"hubproxy_auth_cache_misses_total {reviews}",

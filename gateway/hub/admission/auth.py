@@ -5,7 +5,10 @@
 * :class:`Unauthenticated` (401) -- the hub cleanly said no. Cached for ``ttl`` like a success.
 * :class:`AuthUnavailable` (503) -- the hub could not be asked or answered with an error
   (including a 401/403 for the *gateway's own* hub credential: that is our fault, not the
-  user's). Never cached: the next request asks again. DESIGN §6 rule 6: fail closed.
+  user's). Never cached: the next request asks again. DESIGN §6 rule 6: fail closed -- except
+  that, with ``stale_grace`` (``--hub-outage-grace``), a token the hub itself accepted less
+  than ``ttl + stale_grace`` ago is still accepted while the hub cannot be asked (issue 13:
+  cached tokens keep working through a hub outage). A clean "no" is never overridden.
 
 A review is accepted only with ``authenticated: true``, an empty ``status.error``, a non-empty
 username that is not ``system:anonymous``, no ``system:unauthenticated`` among the groups (an
@@ -131,6 +134,13 @@ class CoalescingCache(Generic[K, V]):
     runs once however many callers wait for the same key. Its value, or an exception of one of
     ``cacheable`` types, is cached for ``ttl``; any other exception reaches every waiter of that
     flight and is not cached. A waiter that is cancelled does not cancel the flight.
+
+    ``stale_grace`` (stale-if-error): a *success* stays known for that long past its ``ttl``.
+    When the fresh ask fails with an exception that is not ``cacheable`` (the hub could not be
+    asked), the last success is answered instead, and is trusted for another ``ttl`` before the
+    next ask, so a hub outage costs each key one failed ask per ``ttl``, not one per request.
+    A cached refusal is never extended, and nothing is served past ``ttl + stale_grace`` from
+    the last success the hub gave.
     """
 
     def __init__(
@@ -140,6 +150,7 @@ class CoalescingCache(Generic[K, V]):
         max_entries: int,
         cacheable: tuple[type[BaseException], ...] = (),
         clock: Callable[[], float] = time.monotonic,
+        stale_grace: float = 0.0,
     ) -> None:
         if max_entries < 1:
             raise ValueError("max_entries must be positive")
@@ -147,7 +158,11 @@ class CoalescingCache(Generic[K, V]):
         self.max_entries = max_entries
         self.cacheable = cacheable
         self.clock = clock
-        self._entries: OrderedDict[K, tuple[float, V | None, BaseException | None]] = OrderedDict()
+        self.stale_grace = max(0.0, stale_grace)
+        self.stale_served = 0  # flights answered with a success the hub gave earlier
+        # key -> (fresh until, value, cached refusal, usable as stale until)
+        self._entries: OrderedDict[K, tuple[float, V | None, BaseException | None, float]] = (
+            OrderedDict())
         self._flights: dict[K, asyncio.Task[V]] = {}
 
     def __len__(self) -> int:
@@ -163,17 +178,30 @@ class CoalescingCache(Generic[K, V]):
         entry = self._entries.get(key)
         if entry is None:
             return None
-        expires, value, error = entry
-        if self.clock() >= expires:
-            del self._entries[key]
+        expires, value, error, stale_until = entry
+        now = self.clock()
+        if now >= expires:
+            if error is not None or now >= stale_until:
+                del self._entries[key]
             return None
         self._entries.move_to_end(key)
         return value, error
 
-    def _store(self, key: K, value: V | None, error: BaseException | None) -> None:
+    def _stale(self, key: K) -> tuple[V, float] | None:
+        """The success kept past its TTL for ``key`` (and until when), if still within grace."""
+        entry = self._entries.get(key)
+        if entry is None or entry[2] is not None or self.clock() >= entry[3]:
+            return None
+        return entry[1], entry[3]  # type: ignore[return-value]
+
+    def _store(self, key: K, value: V | None, error: BaseException | None,
+               stale_until: float | None = None) -> None:
         if self.ttl <= 0:
             return
-        self._entries[key] = (self.clock() + self.ttl, value, error)
+        now = self.clock()
+        if stale_until is None:
+            stale_until = now + self.ttl + (self.stale_grace if error is None else 0.0)
+        self._entries[key] = (min(now + self.ttl, stale_until), value, error, stale_until)
         self._entries.move_to_end(key)
         while len(self._entries) > self.max_entries:
             self._entries.popitem(last=False)
@@ -207,6 +235,14 @@ class CoalescingCache(Generic[K, V]):
         except self.cacheable as exc:
             self._store(key, None, exc)
             raise
+        except Exception:
+            stale = self._stale(key)
+            if stale is None:
+                raise
+            value, stale_until = stale
+            self.stale_served += 1
+            self._store(key, value, None, stale_until)
+            return value
         self._store(key, value, None)
         return value
 
@@ -256,6 +292,7 @@ class TokenAuthenticator:
         max_entries: int = 10000,
         clock: Callable[[], float] = time.monotonic,
         hub_calls: HubCalls | None = None,
+        stale_grace: float = 0.0,
     ) -> None:
         self.reviewer = reviewer
         self.hub_calls = hub_calls
@@ -265,7 +302,8 @@ class TokenAuthenticator:
         # shared cache could never answer for the wrong audience.
         self._key_prefix = json.dumps(self.audiences).encode() + b"\x00"
         self.cache: CoalescingCache[bytes, UserInfo] = CoalescingCache(
-            ttl=ttl, max_entries=max_entries, cacheable=(Unauthenticated,), clock=clock
+            ttl=ttl, max_entries=max_entries, cacheable=(Unauthenticated,), clock=clock,
+            stale_grace=stale_grace,
         )
         self.reviews = 0  # TokenReviews actually sent (for metrics and tests)
 

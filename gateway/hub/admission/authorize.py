@@ -87,6 +87,7 @@ class SarAuthorizer:
         timeout: float = DEFAULT_REVIEW_TIMEOUT,
         review: Review | None = None,
         hub_calls: HubCalls | None = None,
+        stale_grace: float = 0.0,
     ) -> None:
         self.timeout = timeout
         self.hub_calls = hub_calls
@@ -97,7 +98,8 @@ class SarAuthorizer:
             self._api = client.AuthorizationV1Api(api_client)
         self._review: Review = review or self._kube_review
         self.cache: CoalescingCache[bytes, bool] = CoalescingCache(
-            ttl=ttl, max_entries=max_entries, cacheable=(NotAuthorized,), clock=clock
+            ttl=ttl, max_entries=max_entries, cacheable=(NotAuthorized,), clock=clock,
+            stale_grace=stale_grace,
         )
         self.reviews = 0
 

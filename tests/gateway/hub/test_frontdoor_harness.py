@@ -375,7 +375,8 @@ async def running(tls: Tls, *, authorizer: Any = None, **overrides: Any
     config = make_config(**overrides)
     registry = FakeRegistry()
     reviewer = StubReviewer()
-    authenticator = TokenAuthenticator(reviewer, ttl=config.token_cache_ttl)
+    authenticator = TokenAuthenticator(reviewer, ttl=config.token_cache_ttl,
+                                       stale_grace=config.hub_outage_grace)
 
     async def probe() -> None:
         await reviewer.review("probe", ())

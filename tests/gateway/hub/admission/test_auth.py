@@ -141,6 +141,60 @@ async def test_ttl_expiry(
     assert len(reviewer.calls) == 4
 
 
+async def test_through_a_hub_outage_a_confirmed_token_is_served_within_the_grace(
+    reviewer: FakeReviewer, clock: FakeClock
+) -> None:
+    authn = TokenAuthenticator(reviewer, ttl=10.0, clock=clock, stale_grace=60.0)
+    user = await authn.authenticate(GOOD)
+    with pytest.raises(Unauthenticated):
+        await authn.authenticate(BAD)
+    reviewer.fail = AuthUnavailable("hub down")
+    clock.now += 11  # both entries expired: each is asked again
+    assert await authn.authenticate(GOOD) == user  # the hub failed: its last yes answers
+    with pytest.raises(AuthUnavailable):  # a refusal is never extended into a 503-free pass
+        await authn.authenticate(BAD)
+    assert authn.cache.stale_served == 1
+    asked = len(reviewer.calls)
+    clock.now += 9  # the stale answer is trusted for one more TTL: no ask per request
+    assert await authn.authenticate(GOOD) == user
+    assert authn.cached(GOOD) == user  # the synchronous fast path sees it too
+    assert len(reviewer.calls) == asked
+    clock.now += 2  # asked again once per TTL, still failing, still within 10 + 60 s
+    assert await authn.authenticate(GOOD) == user
+    assert len(reviewer.calls) == asked + 1
+    clock.now += 50  # 72 s after the hub's yes: past TTL + grace, fail closed
+    with pytest.raises(AuthUnavailable):
+        await authn.authenticate(GOOD)
+    reviewer.fail = None
+    assert await authn.authenticate(GOOD) == user  # the hub is back: asked, and fresh again
+
+
+async def test_a_clean_no_after_a_yes_wins_over_the_grace(
+    reviewer: FakeReviewer, clock: FakeClock
+) -> None:
+    authn = TokenAuthenticator(reviewer, ttl=10.0, clock=clock, stale_grace=60.0)
+    await authn.authenticate(GOOD)
+    reviewer.answers[GOOD] = {"user": {}, "error": "token revoked"}
+    clock.now += 11
+    with pytest.raises(Unauthenticated):
+        await authn.authenticate(GOOD)
+    reviewer.fail = AuthUnavailable("hub down")  # the revoked token's yes is gone for good
+    clock.now += 11
+    with pytest.raises(AuthUnavailable):
+        await authn.authenticate(GOOD)
+
+
+async def test_without_a_grace_an_outage_refuses_even_a_confirmed_token(
+    authn: TokenAuthenticator, reviewer: FakeReviewer, clock: FakeClock
+) -> None:
+    await authn.authenticate(GOOD)
+    reviewer.fail = AuthUnavailable("hub down")
+    clock.now += 11
+    with pytest.raises(AuthUnavailable):
+        await authn.authenticate(GOOD)
+    assert authn.cache.stale_served == 0
+
+
 async def test_concurrent_reviews_coalesced(
     authn: TokenAuthenticator, reviewer: FakeReviewer
 ) -> None:

@@ -77,6 +77,24 @@ async def test_rule6_errors_not_cached() -> None:
     assert len(review.calls) == 3
 
 
+async def test_through_a_hub_outage_a_confirmed_allow_is_served_within_the_grace() -> None:
+    review = FakeReview({("alice", "c1")})
+    clock = Clock()
+    authz = SarAuthorizer(None, ttl=10.0, review=review, clock=clock, stale_grace=60.0)
+    await authz.authorize(ALICE, "c1")
+    with pytest.raises(NotAuthorized):
+        await authz.authorize(ALICE, "c2")
+    review.fail = AuthUnavailable("down")
+    clock.now += 11
+    await authz.authorize(ALICE, "c1")  # the last allow answers while the hub cannot
+    assert authz.allowed_cached(ALICE, "c1")
+    with pytest.raises(AuthUnavailable):  # a deny is never turned into anything else
+        await authz.authorize(ALICE, "c2")
+    clock.now += 60
+    with pytest.raises(AuthUnavailable):  # past TTL + grace: fail closed
+        await authz.authorize(ALICE, "c1")
+
+
 async def test_coalesced() -> None:
     review = FakeReview({("alice", "c1")})
     review.gate = asyncio.Event()
