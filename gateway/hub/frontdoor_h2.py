@@ -374,13 +374,48 @@ class H2FrontDoor(asyncio.Protocol):
 
 # Request phases
 _ADMITTING, _OPEN, _ANSWERED = range(3)
+# Why a request's tunnel stream is not read (bits): the client connection's write buffer is
+# full, or the client's flow-control windows are.
+_PAUSE_BITS = {"client": 1, "window": 2}
+_NO_EARLY: list[bytes] = []  # shared, never appended to: a request's early body list is made
+# when its first body bytes arrive during admission
 
 
 class H2Request:
     """One HTTP/2 stream: admission, then the client side of an :class:`Exchange`.
 
     It is also the Exchange's transport: ``write`` receives the HTTP/1.1 response bytes and
-    sends them as HEADERS and DATA."""
+    sends them as HEADERS and DATA.
+
+    Slotted and lean: an idle watch keeps one of these for hours, thousands per process (the
+    10,000-watch goal), so nothing is kept that the rest of the stream does not need (the
+    request's header fields go once its tunnel stream is open)."""
+
+    __slots__ = (
+        "_counted",
+        "_finished",
+        "_long_running",
+        "_started",
+        "_stream_write_paused",
+        "_task",
+        "_timer",
+        "_tunnel_paused",
+        "body_bytes",
+        "client_ended",
+        "door",
+        "early",
+        "exchange",
+        "gw",
+        "head",
+        "pending",
+        "phase",
+        "request_id",
+        "response_ended",
+        "stream_id",
+        "streaming",
+        "translator",
+        "unacked",
+    )
 
     def __init__(self, door: H2FrontDoor, stream_id: int) -> None:
         self.door = door
@@ -391,15 +426,14 @@ class H2Request:
         self.exchange: Exchange | None = None
         self.translator: ResponseTranslator | None = None
         self.phase = _ADMITTING
-        self.early: list[bytes] = []  # body bytes that arrived during admission (unacked)
+        self.early = _NO_EARLY  # body bytes that arrived during admission (unacked)
         self.unacked = 0  # flow-controlled bytes received and not yet acknowledged
         self.body_bytes = 0
         self.client_ended = False
         self.response_ended = False
         self.pending: list[bytes] = []  # response payload waiting for the client's windows
         self._finished = False  # the exchange is over; end the stream once pending is sent
-        self._complete = False
-        self._tunnel_paused: set[str] = set()  # why the tunnel stream is not read
+        self._tunnel_paused = 0  # _PAUSE_BITS: why the tunnel stream is not read
         self._stream_write_paused = False  # the tunnel's send window is full
         self._task: asyncio.Task[Admitted] | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -468,7 +502,7 @@ class H2Request:
         self.exchange = exchange
         self.translator = ResponseTranslator(head.method)
         early = b"".join(self.early)
-        self.early = []
+        self.early = _NO_EARLY
         if head.chunked:
             early = chunk(early)
         exchange.bytes_in = len(early)
@@ -489,6 +523,10 @@ class H2Request:
             self.refuse(503, f'cluster "{admitted.cluster}" cannot take requests now, retry',
                         retry_after=1, user=admitted.user, cluster=admitted.cluster)
             return
+        # The fields now live in the OPEN's bytes (admitted.head); from here only the method,
+        # target and framing flags are read. An idle watch need not keep the rest (nor the
+        # bearer token) for its lifetime.
+        head.headers, head.names = [], []
         if exchange.done:
             return
         self._long_running = front_door_class(head.target, admitted.upgrade) != SHORT
@@ -516,6 +554,8 @@ class H2Request:
                                  f"{limit} bytes")
             return
         if self.phase == _ADMITTING:
+            if self.early is _NO_EARLY:
+                self.early = []
             self.early.append(data)  # bounded by the stream window: not acknowledged yet
             return
         exchange = self.exchange
@@ -649,11 +689,12 @@ class H2Request:
         if not self._tunnel_paused and self.exchange is not None \
                 and self.exchange.stream is not None:
             self.exchange.stream.pause_reading()
-        self._tunnel_paused.add(reason)
+        self._tunnel_paused |= _PAUSE_BITS[reason]
 
     def resume_tunnel(self, reason: str) -> None:
-        if reason in self._tunnel_paused:
-            self._tunnel_paused.discard(reason)
+        bit = _PAUSE_BITS[reason]
+        if self._tunnel_paused & bit:
+            self._tunnel_paused &= ~bit
             if not self._tunnel_paused and self.exchange is not None \
                     and self.exchange.stream is not None:
                 self.exchange.stream.resume_reading()
@@ -719,7 +760,7 @@ class H2Request:
         self.send_pending()
 
     def _acknowledge_all(self) -> None:
-        self.early = []
+        self.early = _NO_EARLY
         if self.unacked and not self.door.closed:
             n, self.unacked = self.unacked, 0
             with contextlib.suppress(h2.exceptions.ProtocolError):

@@ -186,12 +186,12 @@ class ResponseTranslator:
 
     __slots__ = (
         "_buf",
+        "_chunked",
         "_dstate",
         "_line",
         "_remaining",
         "_state",
         "complete",
-        "head",
         "method",
         "tracker",
     )
@@ -200,7 +200,7 @@ class ResponseTranslator:
         self.method = method
         self._state = _HEAD
         self._buf = bytearray()
-        self.head: ResponseHead | None = None
+        self._chunked = False
         self.tracker: BodyTracker = NO_BODY
         self.complete = False
         self._dstate = _SIZE
@@ -223,8 +223,10 @@ class ResponseTranslator:
                 if head.is_interim or head.is_switching:
                     self._buf += rest
                     continue  # 1xx: HTTP/2 clients do without them here; 101 never comes
-                self.head = head
                 self.tracker = framing_for_response(head, self.method)
+                self._chunked = head.chunked
+                # The head goes out with the ResponseStart and is not kept: a watch keeps its
+                # translator for hours.
                 out.append(ResponseStart(head.status, response_fields(head)))
                 self._state = _BODY
                 if self.tracker is NO_BODY:
@@ -235,7 +237,7 @@ class ResponseTranslator:
         tracker = self.tracker
         n = tracker.feed(data)
         body = memoryview(data)[:n]
-        if self.head is not None and self.head.chunked:
+        if self._chunked:
             self._dechunk(body, out)
         elif n:
             out.append(bytes(body))
