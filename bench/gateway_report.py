@@ -57,6 +57,9 @@ def summarize(raw: dict[str, Any], body_bytes: int) -> dict[str, Any]:
                    for q in ("mean_ms", "p50_ms", "p99_ms")},
                 "errors": sum(r["errors"] for r in h2runs),
                 "client_cpu_util_max": max(r["client_cpu_util"] for r in h2runs),
+                # CPU per request of each process: unlike req/s, barely moved by what else
+                # runs on the machine (the c=16 figure is under "cpu").
+                "cpu_s_per_10k_requests": _cpu_per_10k(h2runs, raw["roles"]),
             }
     if raw.get("h2_body_runs"):
         out["large_body_h2"] = {"mb_s": _median([r["speed"] / 1e6 for r in raw["h2_body_runs"]]),
@@ -93,6 +96,15 @@ def summarize(raw: dict[str, Any], body_bytes: int) -> dict[str, Any]:
              for k in ("s_per_10k_requests", "s_per_gb")}
     out["cpu"] = {**cpu, "total": total}
     out["peak_rss_mib"] = raw.get("peak_rss_mib", {})
+    return out
+
+
+def _cpu_per_10k(runs: list[dict[str, Any]], roles: dict[str, Any]) -> dict[str, float | None]:
+    requests = sum(r["requests"] for r in runs)
+    out: dict[str, float | None] = {
+        role: 1e4 * sum(r.get("cpu_s", {}).get(role, 0.0) for r in runs) / requests
+        if requests else None for role in roles}
+    out["total"] = sum(v or 0.0 for v in out.values()) if requests else None
     return out
 
 
@@ -229,6 +241,7 @@ def table(result: dict[str, Any]) -> str:
         row("TTFB ms (new conn, median)", ("ttfb", "ms"), 2),
         row("TTFB ms after handshake", ("ttfb", "after_handshake_ms"), 2),
         row("proxy CPU s / 10k req", ("cpu", "total", "s_per_10k_requests"), 2),
+        row("  over h2 1x16", ("small_get", "h2_c1_m16", "cpu_s_per_10k_requests", "total"), 2),
         row("proxy CPU s / GB", ("cpu", "total", "s_per_gb"), 2),
     ]
     headers = ["", *names, "hub/direct", "hub/nginx", "hub/kubectl"]
@@ -246,7 +259,9 @@ def table(result: dict[str, Any]) -> str:
         lines.append("hubproxy processes:")
         for role in ("gateway", "agent"):
             c = hub["cpu"].get(role, {})
-            lines.append(f"  {role:<8} CPU {_fmt(c.get('s_per_10k_requests'), 2)} s/10k req, "
+            h2cpu = (hub["small_get"].get("h2_c1_m16") or {}).get("cpu_s_per_10k_requests") or {}
+            lines.append(f"  {role:<8} CPU {_fmt(c.get('s_per_10k_requests'), 2)} s/10k req "
+                         f"(h2 1x16: {_fmt(h2cpu.get(role), 2)}), "
                          f"{_fmt(c.get('s_per_gb'), 2)} s/GB, peak RSS "
                          f"{_fmt(hub['peak_rss_mib'].get(role), 1)} MiB")
         for key, clients in (("idle_watches", "HTTP/1.1"), ("idle_watches_h2", "HTTP/2")):

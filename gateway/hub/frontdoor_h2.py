@@ -79,6 +79,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("hubproxy.gateway")
 
 STREAM_WINDOW = 65535  # per-stream receive window (the HTTP/2 default)
+FLUSH_AT = 64 * 1024  # DATA bytes queued in h2 that are written at once, not at the turn's end
 RESET_BURST, RESET_RATE = 200, 50.0  # client RST_STREAMs: burst, then per second
 ANSWERED_BURST, ANSWERED_RATE = 200, 20.0  # PING and SETTINGS (each costs us an ACK)
 CHEAP_BURST, CHEAP_RATE = 5000, 1000.0  # WINDOW_UPDATE, PRIORITY, unknown frames
@@ -158,6 +159,8 @@ class H2FrontDoor(asyncio.Protocol):
         self.closed = False
         self._goaway_sent = False
         self._write_paused = False
+        self._flush_pending = False  # a flush_soon() is scheduled for this loop turn
+        self.queued = 0  # DATA payload bytes handed to h2 since the last write
         self._timer: asyncio.TimerHandle | None = None
         self._resets = FrameBudget(RESET_BURST, RESET_RATE)
         self._answered = FrameBudget(ANSWERED_BURST, ANSWERED_RATE)
@@ -196,7 +199,7 @@ class H2FrontDoor(asyncio.Protocol):
             if self.closed:
                 return
             self._event(event)
-        self._flush()
+        self.flush_soon()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -293,7 +296,24 @@ class H2FrontDoor(asyncio.Protocol):
 
     # --- output ------------------------------------------------------------------------------
 
+    def flush_soon(self) -> None:
+        """Write what h2 has queued at the end of this event-loop turn: the responses of all
+        the streams answered in one turn (one tunnel read often carries several) and the
+        frames of one client read go out as one TLS write, not one each. Past
+        ``FLUSH_AT`` bytes of DATA at once: bodies must reach the transport as they come, so that
+        its pause_writing holds the tunnel back before the buffer grows."""
+        if self.queued >= FLUSH_AT:
+            self._flush()
+        elif not self._flush_pending:
+            self._flush_pending = True
+            asyncio.get_running_loop().call_soon(self._flush_turn)
+
+    def _flush_turn(self) -> None:
+        self._flush_pending = False
+        self._flush()
+
     def _flush(self) -> None:
+        self.queued = 0
         data = self.conn.data_to_send()
         if data and not self.closed:
             self.transport.write(data)
@@ -493,7 +513,7 @@ class H2Request:
             self.refuse(500, "internal error in the gateway")
         else:
             self._open(task.result())
-        self.door._flush()
+        self.door.flush_soon()
 
     def _open(self, admitted: Admitted) -> None:
         head = self.head
@@ -590,7 +610,7 @@ class H2Request:
             if self.exchange is not None and self.exchange.head_sent:
                 return  # answered while the body still flows: the client's to finish
             self._fail_body(408, "timed out reading the request body")
-            self.door._flush()
+            self.door.flush_soon()
 
     def _fail_body(self, status: int, message: str) -> None:
         exchange = self.exchange
@@ -623,7 +643,7 @@ class H2Request:
     def resume_reading(self, reason: str) -> None:
         self._stream_write_paused = False
         self._acknowledge()
-        self.door._flush()
+        self.door.flush_soon()
 
     def response_started(self, exchange: Exchange) -> None:
         self._disarm()
@@ -631,6 +651,9 @@ class H2Request:
         if b"watch=" in target or b"follow=" in target:
             exchange.streaming = self.streaming = True
             self.gw.audit_stream_start(self, exchange)  # type: ignore[arg-type]
+            # As the HTTP/1.1 door's _slim: a watch may stay open for hours; the forwarded
+            # head and the identity metadata were only for the OPEN (answered: no replay).
+            exchange.admitted.head = exchange.admitted.metadata = b""
             if self.gw.draining:  # started while the gateway shuts down: end it at once
                 exchange.end_stream()
 
@@ -654,7 +677,7 @@ class H2Request:
             else:
                 self.pending.append(item)
         self.send_pending()
-        self.door._flush()
+        self.door.flush_soon()
 
     def send_pending(self) -> None:
         """Send what the client's windows allow; pause the tunnel stream for the rest."""
@@ -672,9 +695,11 @@ class H2Request:
                 if len(piece) <= room:
                     pending.pop(0)
                     conn.send_data(sid, piece)
+                    self.door.queued += len(piece)
                 else:
                     pending[0] = piece[room:]
                     conn.send_data(sid, piece[:room])
+                    self.door.queued += room
         except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
             self.abandon()
             return
@@ -718,7 +743,7 @@ class H2Request:
             return
         self._finished = True
         self.send_pending()
-        self.door._flush()
+        self.door.flush_soon()
 
     def another_session(self, cluster: str) -> TunnelSession | None:
         return self.gw.registry.pick(cluster)
@@ -731,7 +756,7 @@ class H2Request:
         self.gw.metrics.stream_closed()
         self.refuse(status, message, retry_after=retry_after, user=exchange.admitted.user,
                     cluster=exchange.admitted.cluster)
-        self.door._flush()
+        self.door.flush_soon()
 
     # --- answering and ending ------------------------------------------------------------------
 
@@ -788,7 +813,7 @@ class H2Request:
                 self.door.conn.reset_stream(self.stream_id, code)
         self.abandon()
         self.door.finished(self)
-        self.door._flush()
+        self.door.flush_soon()
 
     def abandon(self) -> None:
         """The client reset the stream or the connection went: cancel upstream, account."""
