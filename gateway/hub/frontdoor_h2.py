@@ -647,6 +647,8 @@ class H2Request:
 
     def response_started(self, exchange: Exchange) -> None:
         self._disarm()
+        if exchange.response is not None and self.translator is not None:
+            self.translator.expect(exchange.response)  # parsed once, not again
         target = self.head.target if self.head is not None else b""
         if b"watch=" in target or b"follow=" in target:
             exchange.streaming = self.streaming = True
