@@ -413,6 +413,7 @@ class H2Request:
 
     __slots__ = (
         "_counted",
+        "_data_ended",
         "_finished",
         "_long_running",
         "_started",
@@ -453,6 +454,7 @@ class H2Request:
         self.response_ended = False
         self.pending: list[bytes] = []  # response payload waiting for the client's windows
         self._finished = False  # the exchange is over; end the stream once pending is sent
+        self._data_ended = False  # the last DATA frame carried END_STREAM
         self._tunnel_paused = 0  # _PAUSE_BITS: why the tunnel stream is not read
         self._stream_write_paused = False  # the tunnel's send window is full
         self._task: asyncio.Task[Admitted] | None = None
@@ -696,7 +698,11 @@ class H2Request:
                 piece = pending[0]
                 if len(piece) <= room:
                     pending.pop(0)
-                    conn.send_data(sid, piece)
+                    # The body's last bytes carry END_STREAM (one frame less per response).
+                    last = not pending and self.translator is not None \
+                        and self.translator.complete
+                    conn.send_data(sid, piece, end_stream=last)
+                    self._data_ended = last
                     self.door.queued += len(piece)
                 else:
                     pending[0] = piece[room:]
@@ -799,7 +805,8 @@ class H2Request:
         self.response_ended = True
         conn = self.door.conn
         try:
-            conn.end_stream(self.stream_id)
+            if not self._data_ended:
+                conn.end_stream(self.stream_id)
             if not self.client_ended:
                 # Answered before the body ended (a refusal, an early response): no more of
                 # it is wanted (RFC 9113 §8.1).

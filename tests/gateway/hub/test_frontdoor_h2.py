@@ -10,6 +10,7 @@ import ssl
 from collections.abc import AsyncIterator
 from typing import Any
 
+import h2.events
 import h2.settings
 import pytest
 
@@ -58,6 +59,17 @@ async def test_get_through_h2(gw: Harness, client: H2Client) -> None:
     names = [n.lower() for n, _ in echoed["headers"]]
     assert "authorization" not in names
     assert ["host", "localhost"] in [[n.lower(), v] for n, v in echoed["headers"]]
+
+
+async def test_last_data_frame_ends_the_stream(gw: Harness, client: H2Client) -> None:
+    """A complete body's last DATA frame carries END_STREAM: no empty frame after it."""
+    sid = client.start("/c1/api/v1/namespaces/default/pods?limit=1", token=HUB_TOKEN)
+    r = await client.wait(sid)
+    assert r.status == 200 and r.ended and r.body
+    data = [e for e in client.events
+            if isinstance(e, h2.events.DataReceived) and e.stream_id == sid]
+    assert data and all(e.data for e in data)
+    assert data[-1].stream_ended is not None
 
 
 async def test_refusal_is_a_status_on_its_stream_and_the_connection_carries_on(
