@@ -15,11 +15,15 @@ One run starts, on 127.0.0.1, one fast TLS upstream (``bench.upstream``) and in 
   ``--authorize none``) -> tunnel -> ``hubproxy agent`` -> upstream: the production path;
 - ``relay``: the same tunnel and agent with raw TCP relays at both ends (``bench.relayhub`` +
   ``agent --allow-tcp``), the client speaking TLS end to end with the upstream.
+- over HTTP/2 (``h2load``, one connection): ``direct-h2`` (the upstream offers ALPN h2, as
+  kube-apiserver), ``nginx-h2`` (``listen ... ssl http2``, HTTP/1.1 keep-alive upstream) and
+  hubproxy, 16 streams beside wrk's c=16 and one beside its c=1.
 
 Measurements alternate between configurations (A B C D E A B C ...) so drift hits all alike:
 small GETs with ``wrk`` at concurrency 1/16/64, large ``pods/log`` bodies and watches with
 ``curl``, time to first byte, CPU seconds (``/proc``) per GB and per 10k requests, peak RSS; then,
-for hubproxy only, RSS with many idle watches through one agent and a mixed-traffic soak; with
+for hubproxy only, RSS with many idle watches (HTTP/2 streams, then HTTP/1.1 connections) through
+one agent, the agent's share and what the upstream saw of it, and a mixed-traffic soak; with
 ``--profile`` py-spy flamegraphs of gateway and agent. A table with ratios goes to stdout; progress
 to stderr; ``--json`` writes everything, with machine info.
 """
