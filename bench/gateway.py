@@ -198,9 +198,14 @@ def upstream_seen(before: dict[str, int], during: dict[str, int]) -> dict[str, A
     h1 = during["h1_open"] - before["h1_open"]
     h2 = during["h2_open"] - before["h2_open"]
     streams = during["h2_streams_open"] - before["h2_streams_open"]
-    protocol = ("h2" if streams > 0 and streams >= h1 else "h1" if h1 > 0 else "?")
+    # The agent may reuse connections its pool kept from earlier watches (no new ones): then
+    # what the upstream held during the watches says it.
+    held_h1, held_streams = during["h1_open"], during["h2_streams_open"]
+    protocol = ("h2" if streams > 0 and streams >= h1 else "h1" if h1 > 0
+                else "h2" if held_streams > held_h1 else "h1" if held_h1 > 0 else "?")
     return {"protocol": protocol, "h1_connections": h1, "h2_connections": h2,
-            "h2_streams": streams}
+            "h2_streams": streams, "held_h1_connections": held_h1,
+            "held_h2_connections": during["h2_open"], "held_h2_streams": held_streams}
 
 
 def idle_watches(lab: Lab, cfg: Config, count: int, hold_timeout: float,

@@ -204,9 +204,12 @@ def _upstream_seen(seen: dict[str, Any] | None) -> str:
     """What the upstream counted while the watches were open: the agent's protocol."""
     if not seen:
         return "an upstream protocol not recorded"
+    held = (f"; it held {seen['held_h1_connections']} HTTP/1.1 connections and "
+            f"{seen['held_h2_streams']} h2 streams in all" if "held_h1_connections" in seen
+            else "")
     return (f"{seen['protocol']} to the upstream (it saw +{seen['h1_connections']} HTTP/1.1 "
             f"connections, +{seen['h2_connections']} HTTP/2 connections carrying "
-            f"+{seen['h2_streams']} streams)")
+            f"+{seen['h2_streams']} streams{held})")
 
 
 def table(result: dict[str, Any]) -> str:
