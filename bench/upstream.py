@@ -119,7 +119,7 @@ def watch_chunks(events: int, hold: bool) -> Iterator[bytes]:
 # Connections per protocol in this worker (written to --stats-dir on SIGUSR1).
 STATS: dict[str, int] = {"h1_open": 0, "h1_total": 0, "h2_open": 0, "h2_total": 0,
                          "h2_streams_open": 0, "h2_streams_total": 0}
-H2_MAX_STREAMS = 1000  # what kube-apiserver announces (--http2-max-streams-per-connection)
+H2_MAX_STREAMS = 100  # what kube-apiserver announces (--http2-max-streams-per-connection)
 
 
 class Upstream(asyncio.Protocol):
