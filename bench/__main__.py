@@ -5,8 +5,12 @@ from __future__ import annotations
 import importlib
 import sys
 
-# The gateway benchmark (issue 5) joins here as "gateway": "bench.gateway" when it lands.
-BENCHMARKS = {"tunnel": "bench.tunnel", "gateway": "bench.gateway"}
+BENCHMARKS = {
+    "tunnel": "bench.tunnel",
+    "gateway": "bench.gateway",
+    "fairness": "bench.fairness",  # issue 14: one identity flooding, another's p99
+    "ha": "bench.ha",  # issue 13: rollouts, scaling, crashes and a hub outage behind HAProxy
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,7 +19,7 @@ from gateway.ops.metrics import GatewayMetrics
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 OBSERVABILITY = DEPLOY / "observability"
 KUBECTL = shutil.which("kubectl") or "kubectl"
-SERIES = re.compile(r"\bhubproxy_[a-z_]+\b")
+SERIES = re.compile(r"\bhubproxy_[a-z0-9_]+\b")
 
 
 def exported_series() -> set[str]:
@@ -40,7 +40,9 @@ def exported_series() -> set[str]:
     agent = AgentMetrics()
     agent.stream_done("kube-apiserver", "complete", 1.0, 1.01)
     agent.stats = SimpleNamespace(streams=1, refused=0, active=0)
-    agent.pool = SimpleNamespace(in_use=0, idle=1, max_connections=10, dials=1)
+    agent.pool = SimpleNamespace(in_use=0, idle=1, max_connections=10, dials=1,
+                                 protocol_dials={"h1": 0, "h2": 1}, h2_max_streams=100,
+                                 h2_connections=lambda: [])
     agent.sessions = lambda: [SimpleNamespace(closed=False, rtt=0.001, bytes_received=1,
                                               bytes_sent=1)]
     agent.certificates = lambda: {"agent": 2e9}
@@ -77,7 +79,8 @@ def test_every_dashboard_query_names_series_we_export() -> None:
                    "hubproxy_tunnel_rtt_seconds", "hubproxy_tunnel_bytes_total",
                    "hubproxy_certificate_expiry_timestamp_seconds",
                    "hubproxy_agent_upstream_response_seconds_bucket",
-                   "hubproxy_agent_upstream_connections"):
+                   "hubproxy_agent_upstream_connections", "hubproxy_requests_by_protocol_total",
+                   "hubproxy_h2_open_streams", "hubproxy_agent_upstream_h2_streams"):
         assert needed in used, needed
 
 

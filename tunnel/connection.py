@@ -221,6 +221,9 @@ class TunnelSession(asyncio.BufferedProtocol):
         self._closed_fut: asyncio.Future[None] | None = None
         self._idle_fut: asyncio.Future[None] | None = None
         self.on_closed: list[Callable[[TunnelSession], None]] = []
+        # Called once when the peer announces it is leaving (DRAIN or GOAWAY): streams that
+        # never end on their own (watches) can then be ended cleanly by their owner.
+        self.on_peer_draining: list[Callable[[TunnelSession], None]] = []
         self.closed = False
         self.draining = False
         self.close_reason: str = ""
@@ -337,7 +340,10 @@ class TunnelSession(asyncio.BufferedProtocol):
             self._core.drain()
             self._schedule_flush()
         if self._streams and not self.closed:
-            self._idle_fut = asyncio.get_running_loop().create_future()
+            # Another drain may be waiting already (the agent's SIGTERM while its dialer
+            # retires the same session): share its future, or that one would never be set.
+            if self._idle_fut is None or self._idle_fut.done():
+                self._idle_fut = asyncio.get_running_loop().create_future()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(asyncio.shield(self._idle_fut), deadline)
         for stream in list(self._streams.values()):
@@ -449,9 +455,12 @@ class TunnelSession(asyncio.BufferedProtocol):
                 if stream is not None:
                     self._lose(stream, OpenRefused(_open_code(ev.code), ev.message))
             elif type(ev) is ss.GoAwayReceived or type(ev) is ss.DrainReceived:
+                announced = not self.draining
                 self.draining = True
                 if type(ev) is ss.GoAwayReceived and ev.code != GoAwayCode.NO_ERROR:
                     self.goaway_message = ev.message
+                if announced:
+                    self._peer_draining()
             elif (type(ev) is ss.SettingsReceived and self._settings_fut is not None
                   and not self._settings_fut.done()):
                 self._settings_fut.set_result(None)
@@ -598,6 +607,13 @@ class TunnelSession(asyncio.BufferedProtocol):
                 cb(self)
             except Exception:
                 log.exception("tunnel session %s: on_closed callback failed", self.name)
+
+    def _peer_draining(self) -> None:
+        for cb in list(self.on_peer_draining):
+            try:
+                cb(self)
+            except Exception:
+                log.exception("tunnel session %s: on_peer_draining callback failed", self.name)
 
 
 def _reset_code(code: int) -> ResetCode:

@@ -75,8 +75,10 @@ class Agent:
         pool: UpstreamPool | None = None,
         service_ca: str | None = None,
         insecure_services: frozenset[tuple[str, str, int]] = frozenset(),
+        apiserver_protocol: str = "auto",
     ) -> None:
         self.cluster = cluster
+        self.apiserver_protocol = apiserver_protocol  # "auto", "h1" or "h2" (pool.PROTOCOLS)
         self.policy = policy
         self.kube = kube
         self.pool = pool or UpstreamPool()
@@ -159,6 +161,8 @@ class Agent:
                 credential=kube.authorization,
                 identity_headers=identity_headers,
                 passthrough=passthrough,
+                protocol=self.apiserver_protocol,
+                h2_ssl_context=None if self.apiserver_protocol == "h1" else kube.h2_ssl_context,
             )
 
         async def route() -> Route:

@@ -109,6 +109,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     kube.add_argument("--apiserver-ca", metavar="FILE", help="override the apiserver CA")
     kube.add_argument("--token-file", metavar="FILE",
                       help="override the agent's token (file re-read when it changes)")
+    kube.add_argument("--apiserver-protocol", choices=["auto", "h1", "h2"], default="auto",
+                      help="HTTP version to the apiserver (default: %(default)s). auto offers "
+                      "h2 and http/1.1 in TLS ALPN and uses what the apiserver picks: over "
+                      "HTTP/2 requests, watches and logs -f share a few connections as streams "
+                      "(kube-apiserver speaks it); a server that picks http/1.1 gets one "
+                      "connection per request in progress. h1: HTTP/1.1 only. h2: HTTP/2 "
+                      "required (a server without it is unreachable). exec, attach and "
+                      "port-forward always use HTTP/1.1 connections")
+    kube.add_argument("--apiserver-h2-streams", type=positive_int, default=100, metavar="N",
+                      help="most requests in progress on one HTTP/2 connection to the "
+                      "apiserver (default: %(default)s; the apiserver's own "
+                      "SETTINGS_MAX_CONCURRENT_STREAMS lowers it: kube-apiserver announces "
+                      "100 unless --http2-max-streams-per-connection says otherwise); more "
+                      "open another connection")
 
     targets = parser.add_argument_group("targets (default deny)")
     targets.add_argument("--allow-service", action="append", default=[], type=_service_key,
@@ -129,9 +143,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-upstream-connections", type=positive_int, default=2048,
                         metavar="N",
                         help="connections to the apiserver and Services at once (default: "
-                        "%(default)s). Each request in progress holds one, and a watch or "
-                        "logs -f holds it while it is open, about 50 KiB each: raise this "
-                        "together with the memory limit. Beyond it requests are answered 429")
+                        "%(default)s). Over HTTP/1.1 each request in progress holds one, and a "
+                        "watch or logs -f holds it while it is open, about 50 KiB each: raise "
+                        "this together with the memory limit; over HTTP/2 one holds up to "
+                        "--apiserver-h2-streams of them. Beyond it requests are answered 429")
     add_tunnel_liveness_arguments(parser, "hub")
     parser.add_argument("--health-listen", default="0.0.0.0:8000", metavar="ADDR",
                         help="plain HTTP /healthz, /readyz and /metrics ('off' to disable)")
@@ -284,8 +299,10 @@ async def serve(args: argparse.Namespace) -> int:
 
     policy = build_policy(args, kube)
     raise_open_file_limit(args.max_upstream_connections + 256)
-    pool = UpstreamPool(max_connections=args.max_upstream_connections)
+    pool = UpstreamPool(max_connections=args.max_upstream_connections,
+                        h2_max_streams=args.apiserver_h2_streams)
     agent = Agent(cluster=cluster, policy=policy, kube=kube, pool=pool,
+                  apiserver_protocol=args.apiserver_protocol,
                   service_ca=args.service_ca, insecure_services=frozenset(insecure))
 
     hub_tls = ReloadingContext(

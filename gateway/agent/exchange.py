@@ -11,7 +11,10 @@ framed it, then EOF. The exchange:
    (identity last) — the stream's bytes never decide who the request runs as;
 3. takes a keep-alive connection from the pool (dial failures become typed refusals:
    UNREACHABLE, TIMEOUT, OVERLOAD), accepts the stream, and relays the request body up to the
-   end its framing declares (bytes past it are a protocol violation: reset, connection dropped);
+   end its framing declares (bytes past it are a protocol violation: reset, connection dropped).
+   For a route that allows HTTP/2 (the apiserver) and a request that is not an upgrade, the
+   "connection" is a stream of a shared HTTP/2 connection (``gateway.agent.h2pool``), which
+   translates both ways, so everything below holds for both protocols;
 4. relays the response byte for byte; at its end writes EOF on the stream and returns the
    connection to the pool only if request and response were both complete and keep-alive.
    A ``101`` turns both directions into raw bytes (never pooled) with half-close carried.
@@ -33,9 +36,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.agent.h2pool import StreamRefused
 from gateway.agent.pool import (
     PoolExhausted,
-    UpstreamConnection,
+    Upstream,
     UpstreamKey,
     UpstreamPool,
     UpstreamTimeout,
@@ -86,6 +90,10 @@ class Route:
     credential: Callable[[], bytes | None] = lambda: None  # Authorization value, or None
     identity_headers: Headers = field(default_factory=list)
     passthrough: bool = False  # keep the caller's own Authorization, add nothing
+    # HTTP/2 upstream: "h1", "auto" (h2 if the server chooses it in ALPN) or "h2" (required),
+    # with a context whose ALPN offers h2. Upgrades always use HTTP/1.1.
+    protocol: str = "h1"
+    h2_ssl_context: Callable[[], ssl.SSLContext] | None = None
 
 
 def rewrite_request_head(head: RequestHead, route: Route) -> bytes:
@@ -132,6 +140,15 @@ class HttpExchange:
     # states
     SETUP, OPEN, UPGRADED, DONE = "setup", "open", "upgraded", "done"
 
+    # An idle watch keeps its exchange for hours: no per-instance __dict__.
+    __slots__ = ("_closed", "_conn_reusable", "_conn_reused", "_discard_input", "_early",
+                 "_early_size", "_head_buf", "_head_ready", "_known_route", "_linger",
+                 "_req_done", "_req_tracker", "_request_bytes", "_resp_buf", "_resp_done",
+                 "_resp_started", "_resp_tracker", "_route_factory", "_stream_eof",
+                 "_stream_pauses", "_task", "bytes_down", "bytes_up", "conn", "head_timeout",
+                 "on_done", "outcome", "pool", "request", "request_id", "response", "response_at",
+                 "route", "started", "state", "status", "stream")
+
     def __init__(
         self,
         route: RouteFactory,
@@ -152,7 +169,7 @@ class HttpExchange:
         self.stream: Any = None
         self.state = self.SETUP
         self.route: Route | None = None
-        self.conn: UpstreamConnection | None = None
+        self.conn: Upstream | None = None
         self.request: RequestHead | None = None
         self.response: ResponseHead | None = None
         self.status = 0
@@ -162,7 +179,9 @@ class HttpExchange:
         self.response_at = 0.0  # when the upstream's (final) response head arrived
         self.outcome = ""
         self._head_buf = bytearray()
-        self._head_ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # Made only when the setup task must wait for the head (or learn why there is none):
+        # the head normally rides in the OPEN, and an idle watch should not keep a future.
+        self._head_ready: asyncio.Future[None] | None = None
         self._early: list[bytes] = []  # request bytes waiting for the upstream (or a 101)
         self._early_size = 0
         self._request_bytes: bytes | None = None  # kept for one retry of a body-less request
@@ -176,7 +195,8 @@ class HttpExchange:
         self._resp_done = False
         self._conn_reusable = True
         self._conn_reused = False  # the connection came from the pool (may be stale)
-        self._stream_pauses: set[str] = set()
+        # Why the stream's reading is paused; a tuple, so an idle watch holds the shared ().
+        self._stream_pauses: tuple[str, ...] = ()
         self._task: asyncio.Task[None] | None = None
         self._linger: asyncio.TimerHandle | None = None
         self._closed = False
@@ -209,8 +229,8 @@ class HttpExchange:
     def eof_received(self) -> None:
         self._stream_eof = True
         if self.state == self.SETUP:
-            if self.request is None and not self._head_ready.done():
-                self._head_ready.set_exception(HTTPError("stream ended before the request head"))
+            if self.request is None:
+                self._head_failed(HTTPError("stream ended before the request head"))
             return
         if self.state == self.UPGRADED:
             if self.conn is not None:
@@ -223,7 +243,7 @@ class HttpExchange:
         self._closed = True
         if self._task is not None and not self._task.done():
             self._task.cancel()
-        if not self._head_ready.done():
+        if self._head_ready is not None and not self._head_ready.done():
             self._head_ready.cancel()
         if self._linger is not None:
             self._linger.cancel()
@@ -258,17 +278,23 @@ class HttpExchange:
         except HTTPError as exc:
             self.request = None
             self._discard_input = True  # the setup task refuses the stream
-            if not self._head_ready.done():
-                self._head_ready.set_exception(exc)
+            self._head_failed(exc)
             return
         # Until the upstream is ready, hold whatever follows and stop the stream's flow.
         self._pause_stream("setup")
         if rest:
             self._buffer_early(rest)
-        if not self._head_ready.done():
+        if self._head_ready is not None and not self._head_ready.done():
             self._head_ready.set_result(None)
         if self._task is None:
             self._setup_now()
+
+    def _head_failed(self, exc: Exception) -> None:
+        """No usable head: the setup task (started soon, or waiting) raises ``exc``."""
+        if self._head_ready is None:
+            self._head_ready = asyncio.get_running_loop().create_future()
+        if not self._head_ready.done():
+            self._head_ready.set_exception(exc)
 
     def _setup_now(self) -> None:
         """The setup of :meth:`_setup` without a task, when the route is known and the pool has
@@ -280,7 +306,7 @@ class HttpExchange:
             head_bytes = rewrite_request_head(self.request, route)
         except Exception:
             return  # the setup task meets the same problem and refuses the stream, typed
-        conn = self.pool.acquire_idle(route.key, self)
+        conn = self.pool.acquire_idle(route.key, self, self._protocol(route))
         if conn is None:
             return  # a dial is needed: the setup task does it
         self.route = route
@@ -300,12 +326,14 @@ class HttpExchange:
         try:
             self.route = await self._route_factory()
             async with asyncio.timeout(self.head_timeout):
-                await self._head_ready
+                if self.request is None:
+                    if self._head_ready is None:
+                        self._head_ready = asyncio.get_running_loop().create_future()
+                    await self._head_ready
+            self._head_ready = None
             assert self.request is not None
             head_bytes = rewrite_request_head(self.request, self.route)
-            conn = await self.pool.acquire(
-                self.route.key, self.route.ssl_context(), self
-            )
+            conn = await self._acquire(self.route)
         except OpenRefused as exc:
             self._refuse(exc.code, exc.message)
             return
@@ -336,6 +364,19 @@ class HttpExchange:
         self._conn_reused = conn.requests > 0
         self.stream.accept()
         self._start_request(head_bytes)
+
+    def _protocol(self, route: Route) -> str:
+        """HTTP/1.1 for upgrades (WebSocket, SPDY) and routes without HTTP/2, else the route's."""
+        if route.h2_ssl_context is None or self.request is None or self.request.upgrade:
+            return "h1"
+        return route.protocol
+
+    async def _acquire(self, route: Route, *, fresh: bool = False) -> Upstream:
+        protocol = self._protocol(route)
+        h2_context = route.h2_ssl_context() if route.h2_ssl_context and protocol != "h1" \
+            else None
+        return await self.pool.acquire(route.key, route.ssl_context(), self, fresh=fresh,
+                                       protocol=protocol, h2_context=h2_context)
 
     def _refuse(self, code: OpenErrorCode, message: str) -> None:
         self.outcome = f"refused {code.name}"
@@ -510,6 +551,9 @@ class HttpExchange:
                 )
             return
         if self.state == self.OPEN:
+            if isinstance(exc, StreamRefused):
+                self._upstream_failed(f"upstream did not take the request: {exc}", refused=True)
+                return
             self._upstream_failed("upstream closed the connection before the response ended")
 
     def upstream_pause_writing(self) -> None:
@@ -519,23 +563,32 @@ class HttpExchange:
         self._resume_stream("upstream-writing")
 
     # ------------------------------------------------------------------ failures ----------
-    def _upstream_failed(self, reason: str) -> None:
+    def _upstream_failed(self, reason: str, *, refused: bool = False) -> None:
+        """``refused``: the upstream says it never processed the request (HTTP/2)."""
         conn, self.conn = self.conn, None
         if conn is not None:
             self.pool.discard(conn)
         if self._closed or self.state == self.DONE:
             return
         if not self._resp_started:
-            if self._conn_reused and self._request_bytes is not None and not self._resp_buf:
-                # A pooled connection the server had just closed: retry once, fresh.
+            if (self._conn_reused or refused) and self._request_bytes is not None \
+                    and not self._resp_buf:
+                # A pooled connection the server had just closed, or a request it did not
+                # take: retry once, fresh.
                 self._retry()
                 return
             log.warning("stream %s: %s (%s)", self._sid(), reason, self.route.label
                         if self.route else "upstream")
             self.outcome = "upstream failed"
-            self._to_stream(error_response(
-                502, "the agent lost the connection to its upstream", close=True,
-                head_only=self.request is not None and self.request.method == b"HEAD"))
+            head_only = self.request is not None and self.request.method == b"HEAD"
+            if refused:  # nothing happened upstream: the client may simply send it again
+                self._to_stream(error_response(
+                    503, "the apiserver closed its connection before taking the request; "
+                    "retry", close=True, retry_after=1, head_only=head_only))
+            else:
+                self._to_stream(error_response(
+                    502, "the agent lost the connection to its upstream", close=True,
+                    head_only=head_only))
             self.stream.write_eof()
             self.state = self.DONE
             self._discard_input = True
@@ -553,9 +606,7 @@ class HttpExchange:
         async def again() -> None:
             assert self.route is not None
             try:
-                conn = await self.pool.acquire(
-                    self.route.key, self.route.ssl_context(), self, fresh=True
-                )
+                conn = await self._acquire(self.route, fresh=True)
             except Exception as exc:  # any dial failure ends as a 502
                 self.state = self.OPEN
                 self._request_bytes = None
@@ -596,11 +647,12 @@ class HttpExchange:
     def _pause_stream(self, reason: str) -> None:
         if not self._stream_pauses and self.stream is not None and not self._closed:
             self.stream.pause_reading()
-        self._stream_pauses.add(reason)
+        if reason not in self._stream_pauses:
+            self._stream_pauses = (*self._stream_pauses, reason)
 
     def _resume_stream(self, reason: str) -> None:
         if reason in self._stream_pauses:
-            self._stream_pauses.discard(reason)
+            self._stream_pauses = tuple(r for r in self._stream_pauses if r != reason)
             if not self._stream_pauses and self.stream is not None and not self._closed:
                 self.stream.resume_reading()
 

@@ -128,20 +128,27 @@ class KubeAPIAccess:
     key_file: str | None = None
     _tempdir: tempfile.TemporaryDirectory[str] | None = field(default=None, repr=False)
     tls: ReloadingContext = field(init=False, repr=False)
+    tls_h2: ReloadingContext = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.token is None and not (self.cert_file and self.key_file):
             raise KubeAPIConfigError("no credential for the apiserver (token or client cert)")
         use_cert = self.token is None
-        self.tls = _client_tls(self.ca_file, self.cert_file if use_cert else None,
-                               self.key_file if use_cert else None)
+        cert, key = (self.cert_file, self.key_file) if use_cert else (None, None)
+        self.tls = _client_tls(self.ca_file, cert, key)
+        self.tls_h2 = _client_tls(self.ca_file, cert, key, alpn=["h2", "http/1.1"])
 
     @property
     def server_hostname(self) -> str:
         return self.host
 
     def ssl_context(self) -> ssl.SSLContext:
+        """ALPN ``http/1.1`` only: upgrades, and everything with ``--apiserver-protocol h1``."""
         return self.tls.current()
+
+    def h2_ssl_context(self) -> ssl.SSLContext:
+        """ALPN ``h2, http/1.1``: the server picks (gateway.agent.h2pool)."""
+        return self.tls_h2.current()
 
     def authorization(self) -> bytes | None:
         """The ``Authorization`` value for the agent's own credential (None: client cert)."""
@@ -174,7 +181,8 @@ def parse_server(url: str) -> tuple[str, int]:
 
 
 def _client_tls(
-    ca_file: str, cert_file: str | None = None, key_file: str | None = None
+    ca_file: str, cert_file: str | None = None, key_file: str | None = None,
+    alpn: list[str] | None = None,
 ) -> ReloadingContext:
     def build() -> ssl.SSLContext:
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # verify + check_hostname, no roots
@@ -182,8 +190,9 @@ def _client_tls(
         ctx.load_verify_locations(cafile=ca_file)
         if cert_file and key_file:
             ctx.load_cert_chain(cert_file, key_file)
-        # HTTP/1.1 only: the agent relays HTTP/1.1 bytes and splices upgrades.
-        ctx.set_alpn_protocols(["http/1.1"])
+        # HTTP/1.1 unless asked: upgrades are spliced as HTTP/1.1 bytes; the h2 context is for
+        # the rest (gateway.agent.h2pool translates).
+        ctx.set_alpn_protocols(alpn or ["http/1.1"])
         return ctx
 
     files = [f for f in (ca_file, cert_file, key_file) if f]

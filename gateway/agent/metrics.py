@@ -102,6 +102,30 @@ class AgentMetrics:
                 "# HELP hubproxy_agent_upstream_dials_total New upstream connections made.",
                 "# TYPE hubproxy_agent_upstream_dials_total counter",
                 f"hubproxy_agent_upstream_dials_total {pool.dials}",
+                "# HELP hubproxy_agent_upstream_protocol_dials_total New upstream connections "
+                "by the protocol they speak (h1, h2: as TLS ALPN settled it).",
+                "# TYPE hubproxy_agent_upstream_protocol_dials_total counter",
+                *(f'hubproxy_agent_upstream_protocol_dials_total{{protocol="{proto}"}} '
+                  f"{pool.protocol_dials[proto]}" for proto in ("h1", "h2")),
+            ]
+            h2conns = pool.h2_connections()
+            lines += [
+                "# HELP hubproxy_agent_upstream_h2_connections HTTP/2 connections to the "
+                "apiserver.",
+                "# TYPE hubproxy_agent_upstream_h2_connections gauge",
+                f"hubproxy_agent_upstream_h2_connections {len(h2conns)}",
+                "# HELP hubproxy_agent_upstream_h2_streams Requests in progress (watches "
+                "included) on HTTP/2 connections to the apiserver.",
+                "# TYPE hubproxy_agent_upstream_h2_streams gauge",
+                f"hubproxy_agent_upstream_h2_streams {sum(len(c.handles) for c in h2conns)}",
+                "# HELP hubproxy_agent_upstream_h2_streams_max Most requests in progress on "
+                "one HTTP/2 connection now, and the limit per connection (the lower of "
+                "--apiserver-h2-streams and the server's SETTINGS_MAX_CONCURRENT_STREAMS).",
+                "# TYPE hubproxy_agent_upstream_h2_streams_max gauge",
+                f'hubproxy_agent_upstream_h2_streams_max{{of="busiest"}} '
+                f"{max((len(c.handles) for c in h2conns), default=0)}",
+                f'hubproxy_agent_upstream_h2_streams_max{{of="limit"}} '
+                f"{min((c.stream_limit for c in h2conns), default=pool.h2_max_streams)}",
             ]
         sessions = [s for s in self.sessions() if not getattr(s, "closed", False)]
         rtts = [s.rtt for s in sessions if getattr(s, "rtt", None) is not None]

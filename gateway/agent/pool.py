@@ -14,6 +14,13 @@ Contracts:
   apiserver's own idle timeout, so we seldom pick one the server is closing).
 * Events of a connection (bytes, EOF, loss, write back-pressure) go to its current
   :class:`UpstreamUser`; an idle connection that receives bytes is broken and closed.
+* HTTP/2 (``protocol="auto"`` or ``"h2"``, with a TLS context offering ``h2``): the exchange
+  gets a stream of a shared :class:`gateway.agent.h2pool.H2Upstream` instead of a connection
+  of its own. Streams are packed onto the first connection with room (at most
+  ``h2_max_streams`` and the server's ``SETTINGS_MAX_CONCURRENT_STREAMS``); another connection
+  is dialled when all are full, one dial at a time per key (concurrent requests wait for it).
+  A key whose server chose ``http/1.1`` is remembered and served over HTTP/1.1 from then on
+  (``auto``), or refused as unreachable (``h2``).
 """
 
 from __future__ import annotations
@@ -23,9 +30,11 @@ import contextlib
 import logging
 import ssl
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Protocol
+
+from gateway.agent.h2pool import H2Stream, H2Upstream
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +175,11 @@ class UpstreamConnection(asyncio.BufferedProtocol):
             self.transport.abort()
 
 
+Upstream = UpstreamConnection | H2Stream  # what an exchange holds: a connection or a stream
+PROTOCOLS = ("auto", "h1", "h2")
+H2_MAX_STREAMS = 100
+
+
 class UpstreamPool:
     def __init__(
         self,
@@ -174,8 +188,14 @@ class UpstreamPool:
         max_idle_per_key: int = 32,
         idle_timeout: float = 30.0,
         connect_timeout: float = 10.0,
+        h2_max_streams: int = H2_MAX_STREAMS,
     ) -> None:
         self.max_connections = max_connections
+        self.h2_max_streams = h2_max_streams
+        self._h2: dict[UpstreamKey, list[H2Upstream]] = {}
+        self._h2_dials: dict[UpstreamKey, asyncio.Future[None]] = {}
+        self._h1_only: set[UpstreamKey] = set()  # servers that chose http/1.1
+        self.protocol_dials: Counter[str] = Counter()  # new connections by protocol
         self.max_idle_per_key = max_idle_per_key
         self.idle_timeout = idle_timeout
         self.connect_timeout = connect_timeout
@@ -194,14 +214,26 @@ class UpstreamPool:
 
     @property
     def in_use(self) -> int:
-        return len(self._all) - sum(len(q) for q in self._idle.values())
+        h2_busy = sum(1 for c in self.h2_connections() if c.handles)
+        return len(self._all) - sum(len(q) for q in self._idle.values()) + h2_busy
 
     @property
     def idle(self) -> int:
-        return sum(len(q) for q in self._idle.values())
+        h2_idle = sum(1 for c in self.h2_connections() if not c.handles)
+        return sum(len(q) for q in self._idle.values()) + h2_idle
 
-    def acquire_idle(self, key: UpstreamKey, user: UpstreamUser) -> UpstreamConnection | None:
-        """An idle keep-alive connection for ``key`` now, or None (then :meth:`acquire`)."""
+    def h2_connections(self) -> list[H2Upstream]:
+        return [c for conns in self._h2.values() for c in conns]
+
+    def _connections(self) -> int:
+        return len(self._all) + sum(len(conns) for conns in self._h2.values())
+
+    def acquire_idle(self, key: UpstreamKey, user: UpstreamUser,
+                     protocol: str = "h1") -> Upstream | None:
+        """An idle keep-alive connection (or a free HTTP/2 stream) for ``key`` now, or None
+        (then :meth:`acquire`)."""
+        if protocol != "h1" and key not in self._h1_only:
+            return self._h2_stream(key, user)
         queue = self._idle.get(key)
         while queue:
             conn = queue.pop()  # most recently used first: least likely to be timed out
@@ -219,12 +251,23 @@ class UpstreamPool:
         user: UpstreamUser,
         *,
         fresh: bool = False,
-    ) -> UpstreamConnection:
+        protocol: str = "h1",
+        h2_context: ssl.SSLContext | None = None,
+    ) -> Upstream:
+        """A connection (or, over HTTP/2, a stream) for ``user``.
+
+        ``protocol`` ``auto``/``h2`` with ``h2_context`` (a TLS context offering ``h2``) asks
+        for HTTP/2; ``fresh`` skips idle HTTP/1.1 connections (a retry after a stale one).
+        """
+        if protocol != "h1" and h2_context is not None and key not in self._h1_only:
+            stream = await self._acquire_h2(key, h2_context, user, required=protocol == "h2")
+            if stream is not None:
+                return stream
         if not fresh:
             idle = self.acquire_idle(key, user)
             if idle is not None:
                 return idle
-        if len(self._all) + self._dialling >= self.max_connections:
+        if self._connections() + self._dialling >= self.max_connections:
             raise PoolExhausted(f"{self.max_connections} upstream connections in use")
         self._dialling += 1
         try:
@@ -234,11 +277,96 @@ class UpstreamPool:
         conn.user = user
         return conn
 
+    def _h2_stream(self, key: UpstreamKey, user: UpstreamUser) -> H2Stream | None:
+        for conn in self._h2.get(key, ()):
+            if conn.has_room:
+                return conn.open_stream(user)
+        return None
+
+    async def _acquire_h2(self, key: UpstreamKey, context: ssl.SSLContext, user: UpstreamUser,
+                          *, required: bool) -> H2Stream | None:
+        """A stream on an HTTP/2 connection, or None when the server speaks only HTTP/1.1."""
+        while True:
+            stream = self._h2_stream(key, user)
+            if stream is not None:
+                return stream
+            if key in self._h1_only:
+                break
+            pending = self._h2_dials.get(key)
+            if pending is not None:  # one dial per key at a time: wait for it, then look again
+                await asyncio.shield(pending)
+                continue
+            if self._connections() + self._dialling >= self.max_connections:
+                raise PoolExhausted(f"{self.max_connections} upstream connections in use")
+            done = asyncio.get_running_loop().create_future()
+            self._h2_dials[key] = done
+            self._dialling += 1
+            try:
+                conn = await self._dial_h2(key, context)
+            finally:
+                self._dialling -= 1
+                del self._h2_dials[key]
+                done.set_result(None)
+            if conn is None:
+                self._h1_only.add(key)
+                log.info("%s:%d chose HTTP/1.1: its requests use HTTP/1.1 connections",
+                         key.host, key.port)
+                break
+            self._h2.setdefault(key, []).append(conn)
+        if required:
+            raise UpstreamUnreachable(f"{key.host}:{key.port} does not speak HTTP/2 "
+                                      "(--apiserver-protocol h2)")
+        return None
+
+    async def _dial_h2(self, key: UpstreamKey, context: ssl.SSLContext) -> H2Upstream | None:
+        """A ready HTTP/2 connection (the server's SETTINGS arrived), or None if the server
+        chose another protocol in ALPN (that connection is closed)."""
+        conn = H2Upstream(self.h2_max_streams, self._h2_changed)
+        await self._connect(key, context, conn)
+        if conn.alpn != "h2":
+            conn.abort(None)
+            return None
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                await conn.ready
+        except TimeoutError:
+            conn.abort(None)
+            raise UpstreamTimeout(f"no HTTP/2 SETTINGS from {key.host}:{key.port} within "
+                                  f"{self.connect_timeout:g}s") from None
+        except ConnectionError as exc:
+            raise UpstreamUnreachable(f"{key.host}:{key.port}: {exc}") from None
+        self.dials += 1
+        if not self.protocol_dials["h2"]:
+            log.info("%s:%d speaks HTTP/2: requests and watches share its connections "
+                     "(up to %d streams each)", key.host, key.port, conn.stream_limit)
+        self.protocol_dials["h2"] += 1
+        return conn
+
+    def _h2_changed(self, conn: H2Upstream) -> None:
+        """An HTTP/2 connection became idle (reap it later) or was lost/drained (forget it)."""
+        if conn.lost or conn.draining:
+            for key, conns in list(self._h2.items()):
+                if conn in conns:
+                    conns.remove(conn)
+                    if not conns:
+                        del self._h2[key]
+            return
+        if not conn.handles:
+            self._schedule_reaper()
+
     async def _dial(
         self, key: UpstreamKey, ssl_context: ssl.SSLContext | None
     ) -> UpstreamConnection:
-        loop = asyncio.get_running_loop()
         conn = UpstreamConnection(self, key)
+        await self._connect(key, ssl_context, conn)
+        self.dials += 1
+        self.protocol_dials["h1"] += 1
+        self._all.add(conn)
+        return conn
+
+    async def _connect(self, key: UpstreamKey, ssl_context: ssl.SSLContext | None,
+                       conn: asyncio.BaseProtocol) -> None:
+        loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.connect_timeout):
                 await loop.create_connection(
@@ -261,12 +389,12 @@ class UpstreamPool:
             raise UpstreamUnreachable(
                 f"cannot connect to {key.host}:{key.port}: {exc.strerror or exc}"
             ) from None
-        self.dials += 1
-        self._all.add(conn)
-        return conn
 
-    def release(self, conn: UpstreamConnection) -> None:
+    def release(self, conn: Upstream) -> None:
         """Hand back a connection whose last exchange ended cleanly with keep-alive."""
+        if isinstance(conn, H2Stream):
+            conn.finish()
+            return
         conn.user = None
         conn.requests += 1
         if not conn.usable:
@@ -281,9 +409,10 @@ class UpstreamPool:
         queue.append(conn)
         self._schedule_reaper()
 
-    def discard(self, conn: UpstreamConnection) -> None:
+    def discard(self, conn: Upstream) -> None:
         conn.close()
-        self._forget(conn)
+        if isinstance(conn, UpstreamConnection):
+            self._forget(conn)
 
     def _forget(self, conn: UpstreamConnection) -> None:
         self._all.discard(conn)
@@ -307,6 +436,12 @@ class UpstreamPool:
                 self._all.discard(conn)
                 conn.close()
             remaining += len(queue)
+        for h2conn in self.h2_connections():
+            if not h2conn.handles:
+                if h2conn.idle_since <= cutoff:
+                    h2conn.close()  # GOAWAY; forgotten when the connection is lost
+                else:
+                    remaining += 1
         if remaining:
             self._schedule_reaper()
 
@@ -316,5 +451,8 @@ class UpstreamPool:
             self._reaper = None
         for conn in list(self._all):
             conn.close()
+        for h2conn in self.h2_connections():
+            h2conn.close()
         self._all.clear()
         self._idle.clear()
+        self._h2.clear()

@@ -13,8 +13,9 @@ registry, authentication, authorization, metrics, the audit line) and the listen
 
 Graceful shutdown (:meth:`Gateway.shutdown`), in this order and bounded by one deadline:
 ``/readyz`` turns 503 (and requests are still served for ``--shutdown-delay``, while load
-balancers notice), then the front door stops accepting; idle keep-alive connections close at
-once and busy ones after their current response; watches and ``logs -f`` end at once with a
+balancers notice, each HTTP/1.1 response closing its connection), then the front door stops
+accepting; idle keep-alive connections close at once and busy ones after their current
+response; watches and ``logs -f`` end at once with a
 clean last chunk (clients re-watch through another instance), upgrades are closed; new
 requests on open connections get 503; the tunnel listener drains agent sessions (GOAWAY,
 in-flight streams finish) in parallel; at the deadline whatever is left is closed.
@@ -40,9 +41,10 @@ from gateway.hub.admission.auth import Authenticator, TokenAuthenticator
 from gateway.hub.admission.authorize import Authorizer
 from gateway.hub.admission.hubload import FailedAuthLimiter
 from gateway.hub.admission.identity import IdentityCache
+from gateway.hub.admission.seats import Seats
 from gateway.hub.admission.streams import StreamQuota
 from gateway.hub.config import GatewayConfig
-from gateway.hub.exchange import Exchange
+from gateway.hub.exchange import AGENT_LEAVING, Exchange
 from gateway.hub.fleet import FleetView
 from gateway.hub.frontdoor import FrontDoor
 from gateway.hub.frontdoor_h2 import H2FrontDoor, H2Request
@@ -107,6 +109,13 @@ class Gateway:
         self.auth_failures = FailedAuthLimiter(rate=config.auth_failure_rate,
                                                burst=config.auth_failure_burst)
         self.stream_quota = StreamQuota(config.max_streams_per_identity)
+        self.seats: Seats | None = None
+        if config.max_executing_requests > 0:
+            self.seats = Seats(config.max_executing_requests, queues=config.fair_queues,
+                               hand_size=config.fair_hand_size,
+                               queue_length=config.fair_queue_length,
+                               max_wait=config.fair_queue_wait)
+            self.metrics.fairness = self.seats.snapshot
         self.connections: set[FrontDoor | H2FrontDoor] = set()
         self.inflight = 0
         self.draining = False
@@ -132,6 +141,7 @@ class Gateway:
 
         self.readiness = Readiness(hub_probe or _no_probe, config.readiness_interval)
         registry.subscribe(self._cluster_changed)
+        registry.subscribe_sessions(self._session_changed)
         self.metrics.cluster_names = registry.clusters
         self.metrics.connected_agents = lambda: sum(
             len(list(registry.sessions(c))) for c in registry.clusters()
@@ -147,6 +157,12 @@ class Gateway:
         self.metrics.handshake_failures = lambda: (
             self._tunnel.handshake_failures if self._tunnel is not None else {})
         self._audit = audit.logger.isEnabledFor(logging.INFO)
+
+    @property
+    def leaving(self) -> bool:
+        """Shutdown has begun (``/readyz`` says 503), though requests may still be served
+        for ``--shutdown-delay``: every HTTP/1.1 response now closes its connection."""
+        return self.readiness.draining or self.draining
 
     @property
     def tunnel_listener(self) -> Any:
@@ -165,6 +181,20 @@ class Gateway:
         if connected:
             self.known_clusters.add(cluster)
         log.info("cluster %s %s", cluster, "connected" if connected else "disconnected")
+
+    def _session_changed(self, _cluster: str, session: Any, added: bool) -> None:
+        hooks = getattr(session, "on_peer_draining", None)
+        if added and hooks is not None:
+            hooks.append(self._agent_session_draining)
+
+    def _agent_session_draining(self, session: Any) -> None:
+        """An agent session announced that it is leaving (the agent's SIGTERM, a duplicate or
+        rotated session): end the watches and follows on it cleanly now, so clients re-watch
+        through another session instead of being cut at the agent's drain deadline. Exec,
+        attach and port-forward keep that time to finish."""
+        for exchange in list(self.open_streams()):
+            if exchange.admitted.session is session:
+                exchange.end_follow(AGENT_LEAVING)
 
     def request_done(self, *, request_id: str, user: str | None, cluster: str | None,
                      method: bytes | None, target: bytes | None, status: int, bytes_in: int,

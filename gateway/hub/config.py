@@ -68,6 +68,13 @@ class GatewayConfig:
     # Long-running requests (watches, logs -f, exec/attach/port-forward) open at once per
     # (identity, cluster); 429 beyond (gateway.hub.admission.streams).
     max_streams_per_identity: int = 500
+    # Short requests executing at once (seats); more wait in per-identity fair queues
+    # (gateway.hub.admission.seats, as kube-apiserver's API Priority and Fairness). 0: off.
+    max_executing_requests: int = 400
+    fair_queues: int = 64
+    fair_hand_size: int = 8  # queues each identity is shuffle-sharded onto
+    fair_queue_length: int = 128  # waiting requests per queue (429 beyond)
+    fair_queue_wait: float = 15.0  # seconds a request may wait for a seat (429 beyond)
     # Re-validate open long-running requests (token review + hub authorization) as their
     # cached answers expire; close them once the hub cleanly says no (gateway.hub.revalidation).
     revalidate_streams: bool = True

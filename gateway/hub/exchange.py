@@ -55,7 +55,9 @@ class ClientConnection(Protocol):
 
     def resume_reading(self, reason: str) -> None: ...
 
-    def response_started(self, exchange: Exchange) -> None: ...
+    def response_started(self, exchange: Exchange) -> bool | None:
+        """The response head arrived; True: the connection closes after this response, so the
+        head must say ``Connection: close`` (HTTP/1.1 during a shutdown)."""
 
     def upgraded(self, exchange: Exchange) -> None: ...
 
@@ -96,6 +98,16 @@ ENDING_GRACE = 5.0
 LAST_CHUNK = b"0\r\n\r\n"
 SHUTTING_DOWN = Revoked(503, "ServiceUnavailable",
                         "this gateway instance is shutting down; connect again to reach another")
+
+# The agent session carrying a watch announced it is leaving (agent SIGTERM, a duplicate or a
+# rotated session): the watch ends cleanly and the client re-watches through another session.
+AGENT_LEAVING = Revoked(503, "ServiceUnavailable",
+                        "the cluster's agent session is closing; connect again")
+
+
+def with_connection_close(head: bytes) -> bytes:
+    """A response head (ending in an empty line) that also says ``Connection: close``."""
+    return head[:-2] + b"Connection: close\r\n\r\n"
 
 
 class Exchange:
@@ -332,7 +344,7 @@ class Exchange:
             rest = bytes(buf[end:])
             buf.clear()
             self.head_sent = True
-            self.door.response_started(self)
+            closing = self.door.response_started(self)
             if self.streaming:
                 head.headers, head.names = [], []  # only its parsed flags are used from here
             self.bytes_out += len(raw)
@@ -348,6 +360,8 @@ class Exchange:
                 self.transport.write(raw)
                 self._fail(502, "the cluster sent a malformed response body")
                 return
+            if closing:
+                raw = with_connection_close(raw)
             # Head and the body bytes that came with it leave in one write (one TLS record
             # for a small response instead of two).
             self.bytes_out += taken
@@ -365,6 +379,12 @@ class Exchange:
         does (:meth:`revoke`, the same boundaries and grace), and cancel the upstream request."""
         self.revoke(SHUTTING_DOWN)
 
+    def end_follow(self, revoked: Revoked) -> None:
+        """End a watch or ``logs -f`` (a streamed body, not an upgrade) as :meth:`end_stream`
+        does; anything else is left to finish."""
+        if self.streaming and self._state == _BODY:
+            self.revoke(revoked)
+
     # --- helpers ---------------------------------------------------------------------------
 
     def _to_client(self, data: bytes | memoryview) -> None:
@@ -379,7 +399,7 @@ class Exchange:
             return
         self._state = _DONE
         self._cancel_end_timer()
-        self.admitted.release_stream_slot()
+        self.admitted.release()
         self._reset_stream()
         self.status = self.status or status
         if self.head_sent:
@@ -393,7 +413,7 @@ class Exchange:
             return
         self._state = _DONE
         self._cancel_end_timer()
-        self.admitted.release_stream_slot()
+        self.admitted.release()
         if not self.eof_sent:  # request body not finished (or an upgrade): nothing more to send
             self._reset_stream()
             keep_alive = False
@@ -411,7 +431,7 @@ class Exchange:
         if self._state != _DONE:
             self._state = _DONE
             self._cancel_end_timer()
-            self.admitted.release_stream_slot()
+            self.admitted.release()
             self._reset_stream()
 
     def timed_out(self) -> None:

@@ -43,14 +43,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gateway.hub.admission.chain import (
-    Admitted,
-    Refusal,
-    admit,
-    admit_cached,
-    new_request_id,
-    prepare,
-)
+from gateway.hub.admission.chain import Admitted, Refusal, new_request_id, start_admission
 from gateway.hub.exchange import Exchange
 from gateway.hub.frontdoor_h2 import FrontDoorHost, H2FrontDoor
 from gateway.hub.requestclass import SHORT, front_door_class
@@ -97,7 +90,7 @@ class FrontDoor(asyncio.Protocol):
         self.keep_alive = True
         self._paused: set[str] = set()
         self._timer: asyncio.TimerHandle | None = None
-        self._task: asyncio.Task[Admitted] | None = None
+        self._task: asyncio.Future[Admitted] | None = None
         self._started = 0.0
         self._searched = 0
         self._body_seen = -1
@@ -262,43 +255,28 @@ class FrontDoor(asyncio.Protocol):
         self.keep_alive = head.keep_alive
         self.request_id = new_request_id()
         self._started = time.monotonic()
-        gw = self.gw
-        if gw.draining:
-            self._refuse(503, "the gateway is shutting down, retry", close=True, retry_after=1)
-            return
-        if gw.inflight >= self.limits.max_inflight:
-            self._refuse(429, "the gateway is overloaded, retry later", retry_after=1)
-            return
-        gw.inflight += 1
-        self._counted = True
         self.phase = ADMITTING
         self._check_buffer()
         try:
-            prepared = prepare(head, self.client_ip, self.limits.max_request_body)
-            admitted = admit_cached(gw, head, prepared, self.request_id)
+            started = start_admission(self.gw, head, self.client_ip, self.request_id)
         except Refusal as exc:
             self._refuse(exc.status, exc.message, retry_after=exc.retry_after,
                          extra_headers=exc.extra_headers)
             return
-        except Exception as exc:  # a bug must answer 500, as it does on the task path
-            log.error("request %s: admission failed: %s", self.request_id, type(exc).__name__,
-                      exc_info=exc)
-            self._refuse(500, "internal error in the gateway")
+        self._counted = True
+        if isinstance(started, Admitted):
+            self._open(started)
             return
-        if admitted is not None:
-            self._open(admitted)
-            return
-        self._task = asyncio.ensure_future(
-            admit(gw, head, self.client_ip, self.request_id, prepared))
-        self._task.add_done_callback(self._admitted)
+        self._task = started
+        started.add_done_callback(self._admitted)
 
-    def _admitted(self, task: asyncio.Task[Admitted]) -> None:
+    def _admitted(self, task: asyncio.Future[Admitted]) -> None:
         self._task = None
         if task.cancelled():
             return
         if self.phase == CLOSED:
             if task.exception() is None:
-                task.result().release_stream_slot()  # admitted, but the client left
+                task.result().release()  # admitted, but the client left
             return
         exc = task.exception()
         if isinstance(exc, Refusal):
@@ -410,10 +388,10 @@ class FrontDoor(asyncio.Protocol):
 
     # --- called by the Exchange --------------------------------------------------------------
 
-    def response_started(self, exchange: Exchange) -> None:
+    def response_started(self, exchange: Exchange) -> bool:
         self._disarm()
         if exchange.admitted.upgrade and exchange.status == 101:
-            return
+            return False
         target = self.head.target if self.head is not None else b""
         if b"watch=" in target or b"follow=" in target:
             exchange.streaming = True
@@ -421,6 +399,14 @@ class FrontDoor(asyncio.Protocol):
             self._slim(exchange)
             if self.gw.draining:  # started while the gateway shuts down: end it at once
                 exchange.end_stream()
+        if self.gw.leaving:
+            # Shutting down (--shutdown-delay): this connection's next request would race the
+            # close of its idle connection when the delay ends (an HTTP/1.1 client cannot tell
+            # that from a failure), so it closes after this response, and the client reconnects
+            # through the load balancer to an instance that stays.
+            self.keep_alive = False
+            return True
+        return False
 
     def upgraded(self, exchange: Exchange) -> None:
         """A real 101: splice. Client bytes that waited for it go first."""
@@ -490,7 +476,7 @@ class FrontDoor(asyncio.Protocol):
         head = self.head
         tracker = self.req_tracker
         if not close:
-            if (self.phase in (BODY, RAW, UPGRADE) or self.gw.draining or not self.keep_alive
+            if (self.phase in (BODY, RAW, UPGRADE) or self.gw.leaving or not self.keep_alive
                     or (head is not None and head.upgrade is not None)):
                 close = True
             elif self.phase == ADMITTING and not tracker.complete:

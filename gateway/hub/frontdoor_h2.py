@@ -53,10 +53,8 @@ from gateway.hub.admission.chain import (
     AdmissionContext,
     Admitted,
     Refusal,
-    admit,
-    admit_cached,
     new_request_id,
-    prepare,
+    start_admission,
 )
 from gateway.hub.exchange import Exchange
 from gateway.hub.requestclass import SHORT, front_door_class
@@ -457,7 +455,7 @@ class H2Request:
         self._data_ended = False  # the last DATA frame carried END_STREAM
         self._tunnel_paused = 0  # _PAUSE_BITS: why the tunnel stream is not read
         self._stream_write_paused = False  # the tunnel's send window is full
-        self._task: asyncio.Task[Admitted] | None = None
+        self._task: asyncio.Future[Admitted] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._counted = False
         self._started = time.monotonic()
@@ -469,42 +467,27 @@ class H2Request:
     def start(self, head: RequestHead, ended: bool) -> None:
         self.head = head
         self.client_ended = ended
-        gw = self.gw
-        if gw.draining:
-            self.refuse(503, "the gateway is shutting down, retry", retry_after=1)
-            return
-        if gw.inflight >= self.door.limits.max_inflight:
-            self.refuse(429, "the gateway is overloaded, retry later", retry_after=1)
-            return
-        gw.inflight += 1
-        self._counted = True
         try:
-            prepared = prepare(head, self.door.client_ip, self.door.limits.max_request_body)
-            admitted = admit_cached(gw, head, prepared, self.request_id)
+            started = start_admission(self.gw, head, self.door.client_ip, self.request_id)
         except Refusal as exc:
             self.refuse(exc.status, exc.message, retry_after=exc.retry_after,
                         extra_headers=exc.extra_headers)
             return
-        except Exception as exc:  # a bug must answer 500, as it does on the task path
-            log.error("request %s: admission failed: %s", self.request_id, type(exc).__name__,
-                      exc_info=exc)
-            self.refuse(500, "internal error in the gateway")
+        self._counted = True
+        if isinstance(started, Admitted):
+            self._open(started)
             return
-        if admitted is not None:
-            self._open(admitted)
-            return
-        self._task = asyncio.ensure_future(
-            admit(gw, head, self.door.client_ip, self.request_id, prepared))
-        self._task.add_done_callback(self._admitted)
+        self._task = started
+        started.add_done_callback(self._admitted)
 
-    def _admitted(self, task: asyncio.Task[Admitted]) -> None:
+    def _admitted(self, task: asyncio.Future[Admitted]) -> None:
         self._task = None
         if task.cancelled():
             return
         exc = task.exception()
         if self.phase != _ADMITTING or self.door.closed:
             if exc is None:
-                task.result().release_stream_slot()  # admitted, but the client left
+                task.result().release()  # admitted, but the client left
             return
         if isinstance(exc, Refusal):
             self.refuse(exc.status, exc.message, retry_after=exc.retry_after,

@@ -33,7 +33,9 @@ from gateway.hub.clusterprofile import component as clusterprofile
 from gateway.hub.config import FrontDoorLimits, GatewayConfig
 from gateway.hub.join.service import JoinService
 from gateway.hub.ocm import component as ocm
+from gateway.hub.workers import NOT_READY as WORKER_NOT_READY
 from gateway.hub.workers import instance_id as workers_instance_id
+from gateway.hub.workers import readiness_gate as workers_readiness_gate
 from gateway.ops import audit, diagnostics, gctune, startup
 from gateway.ops.flags import (
     add_tunnel_liveness_arguments,
@@ -80,6 +82,13 @@ def _rate(value: str) -> float:
     if not rate > 0 or rate == float("inf"):
         raise argparse.ArgumentTypeError(f"{value!r}: expected a positive number")
     return rate
+
+
+def _non_negative_int(value: str) -> int:
+    number = int(value)
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
+    return number
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -153,6 +162,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      "--token-passthrough: the token). A controller that watches every resource "
                      "type of a CRD-heavy cluster (Argo CD's cluster cache) needs one watch per "
                      "type: size it for that")
+    fair = parser.add_argument_group(
+        "fair queuing of short requests between identities (as kube-apiserver's API Priority "
+        "and Fairness; watches, logs -f, exec, attach and port-forward are not queued: "
+        "--max-streams-per-identity caps them)")
+    fair.add_argument("--max-executing-requests", type=_non_negative_int, default=400,
+                      metavar="N",
+                      help="short requests executing at once (seats; a request holds one from "
+                      "admission until its response ends). Past it, requests wait in queues, "
+                      "one set of queues per identity (the hub user), and a freed seat goes to "
+                      "the identity that has had the least seat-time, so one identity flooding "
+                      "the gateway cannot starve the others. Size it below the concurrency at "
+                      "which the gateway's latency grows; 0 turns fair queuing off (default: "
+                      "%(default)s, kube-apiserver's --max-requests-inflight)")
+    fair.add_argument("--fair-queues", type=positive_int, default=64, metavar="N",
+                      help="queues shared by all identities (default: %(default)s)")
+    fair.add_argument("--fair-hand-size", type=positive_int, default=8, metavar="N",
+                      help="queues each identity is shuffle-sharded onto: it takes the "
+                      "shortest of them and keeps it while it has requests waiting or "
+                      "executing (default: %(default)s; at most --fair-queues)")
+    fair.add_argument("--fair-queue-length", type=positive_int, default=128, metavar="N",
+                      help="requests waiting in one queue (so of one identity) at most; one "
+                      "more gets 429 with Retry-After (default: %(default)s)")
+    fair.add_argument("--fair-queue-wait", type=_duration, default=15.0, metavar="DURATION",
+                      help="how long a request may wait for a seat before it gets 429 with "
+                      "Retry-After (default: 15s, a quarter of kube-apiserver's request "
+                      "timeout)")
     lim.add_argument("--revalidate-streams", action=argparse.BooleanOptionalAction,
                      default=True,
                      help="ask the hub again about open long-running requests (watches, logs "
@@ -239,14 +274,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="gateway processes sharing the front door and tunnel ports "
                      "(default: %(default)s). Agents keep one session to each. Each worker "
                      "uses one core and its own memory; worker 0 serves health and metrics "
-                     "(the sum of all workers, at most ~1s behind) and writes ClusterProfiles")
+                     "(the sum of all workers, at most ~1s behind; /readyz is 200 only when "
+                     "every worker is ready, --ready-wait included) and writes ClusterProfiles")
     lim.add_argument("--shutdown-timeout", type=_duration, default=25.0, metavar="DURATION",
                      help="on SIGTERM, wait this long for in-flight requests (default: 25s)")
     lim.add_argument("--shutdown-delay", type=_duration, default=0.0, metavar="DURATION",
                      help="on SIGTERM, first answer /readyz with 503 and keep serving this "
                      "long, so the Service and load balancers stop sending here before the "
-                     "front door closes (default: 0s; deploy/hub uses 5s). Then "
-                     "--shutdown-timeout applies")
+                     "front door closes; each HTTP/1.1 response meanwhile closes its "
+                     "connection, so keep-alive clients reconnect elsewhere (default: 0s; "
+                     "deploy/hub uses 5s). Then --shutdown-timeout applies")
     add_tunnel_liveness_arguments(parser, "agent")
     parser.add_argument("--log-level", default="info",
                         choices=("debug", "info", "warning", "error"),
@@ -299,6 +336,9 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         validate_prefix(args.identity_prefix)
     except IdentityError as exc:
         raise ValueError(f"--identity-prefix: {exc}") from None
+    if args.fair_hand_size > args.fair_queues:
+        raise ValueError(f"--fair-hand-size {args.fair_hand_size} is more than --fair-queues "
+                         f"{args.fair_queues}")
     keepalive, tunnel_timeout = tunnel_liveness(args)
     try:
         naming = AgentNaming(args.agent_identity, args.ocm_addon_name)
@@ -338,6 +378,11 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         hub_max_concurrent_reviews=args.hub_max_concurrent_reviews,
         hub_review_wait=args.hub_review_wait,
         max_streams_per_identity=args.max_streams_per_identity,
+        max_executing_requests=args.max_executing_requests,
+        fair_queues=args.fair_queues,
+        fair_hand_size=args.fair_hand_size,
+        fair_queue_length=args.fair_queue_length,
+        fair_queue_wait=args.fair_queue_wait,
         revalidate_streams=args.revalidate_streams,
         limits=limits,
         unknown_cluster_grace=args.unknown_cluster_grace,
@@ -430,9 +475,13 @@ async def serve(config: GatewayConfig, args: argparse.Namespace | None = None,
             peers = link.receiver()
             peers.start()
             gateway.metrics.peers = peers.snapshots
+            # /readyz is worker 0's: Ready only when every worker is.
+            gateway.readiness.gates.append(workers_readiness_gate(peers.by_worker,
+                                                                 config.workers))
         elif link is not None:
             peers = link.sender(config.worker_index)
-            peers.start(gateway.metrics.snapshot)
+            peers.start(lambda: {**gateway.metrics.snapshot(),
+                                 WORKER_NOT_READY: gateway.readiness.reason()})
         announcer = start_instance_discovery(config, gateway, api_client)
         if joining is not None:  # every process: each has its own listener to police
             joining.listener = gateway.tunnel_listener

@@ -24,6 +24,7 @@ import secrets
 import signal
 from collections.abc import Callable
 from types import FrameType
+from typing import Any
 
 from gateway.hub.config import GatewayConfig
 from gateway.ops.metricslink import MetricsLink
@@ -33,6 +34,32 @@ log = logging.getLogger("hubproxy.gateway")
 
 def instance_id() -> int:
     return secrets.randbits(32) or 1  # 0 means "a single process" on the wire
+
+
+# What a worker adds to the snapshot it sends worker 0: why it is not ready, or None.
+NOT_READY = "not_ready"
+
+
+def readiness_gate(latest: Callable[[], dict[int, dict[str, Any]]], workers: int
+                   ) -> Callable[[], str | None]:
+    """Worker 0's readiness gate over the other workers: ``/readyz`` (served by worker 0 only)
+    stays 503 until every worker has reported and none says it is not ready. The kernel spreads
+    the pod's connections over all workers, so one whose agents have not reached it yet (the
+    instance readiness gate, per worker) would answer 503 "cluster not connected" to requests
+    the Service sends to a pod that looks Ready."""
+
+    def reason() -> str | None:
+        reported = latest()
+        for index in range(1, workers):
+            snapshot = reported.get(index)
+            if snapshot is None:
+                return f"worker {index} has not reported yet"
+            why = snapshot.get(NOT_READY)
+            if why:
+                return f"worker {index}: {why}"
+        return None
+
+    return reason
 
 
 def run(config: GatewayConfig,

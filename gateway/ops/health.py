@@ -49,20 +49,20 @@ class Readiness:
         self.gates: list[Callable[[], str | None]] = []
         self._task: asyncio.Task[None] | None = None
 
-    @property
-    def hub_ok(self) -> bool:
-        # A probe success older than three periods is stale (the probe loop may be stuck).
-        return self.hub_ok_at is not None and time.monotonic() - self.hub_ok_at < max(
-            3 * self.interval, 1.0
-        )
-
     def reason(self) -> str | None:
-        """Why not ready, or None."""
+        """Why not ready, or None.
+
+        The hub must have answered once (a gateway whose hub credential or address is wrong
+        never turns Ready), but a later hub outage does not make it unready: every instance
+        shares the hub, so the Service would lose all of them and clients would get refused
+        connections, where a Ready instance still serves cached tokens and answers the others
+        503 with Retry-After (``hubproxy_hub_requests_total{outcome="error"}`` shows the outage).
+        """
         if self.draining:
             return "shutting down"
         if not self.listeners_up:
             return "listeners not up"
-        if not self.hub_ok:
+        if self.hub_ok_at is None:
             return self.hub_error
         for gate in self.gates:
             why = gate()

@@ -2,7 +2,9 @@
 
 Labels are bounded and carry no secrets (DESIGN §6 rule 5): ``cluster`` is a cluster that
 connected since start (anything else counts as ``cluster="_other"``, so random paths cannot
-grow the label set), ``code`` an HTTP status. No user names, no tokens, no paths.
+grow the label set), ``code`` an HTTP status. No tokens, no paths, and no user names but in
+``hubproxy_fair_flow_rejected_total`` (who is being refused by the fair queuing: at most 20
+hub users, the rest ``_other``).
 
 Counters are plain integers updated on the event loop (one increment per request, never per
 chunk); :func:`render` reads them, plus live gauges from callables, when ``/metrics`` is asked.
@@ -119,6 +121,8 @@ class GatewayMetrics:
     fleet: Callable[[], dict[str, Any]] = dict
     fleet_lines: Callable[[list[dict[str, Any]]], list[str]] = lambda parts: []
     agent_certificates: Callable[[list[dict[str, Any]]], dict[str, float]] = lambda parts: {}
+    # Fair queuing of short requests (gateway.hub.admission.seats.Seats.snapshot); {}: off.
+    fairness: Callable[[], dict[str, Any]] = dict
 
     def stream_opened(self) -> None:
         self.active_streams += 1
@@ -184,6 +188,7 @@ class GatewayMetrics:
             "hub_calls": [[call, outcome, count]
                           for (call, outcome), count in self.hub_calls.items()],
             "fleet": self.fleet(),
+            "fairness": self.fairness(),
         }
 
     def render(self) -> bytes:
@@ -223,10 +228,10 @@ def merge(snapshots: Iterable[dict[str, Any]]) -> dict[str, Any]:
             requests[(str(cluster), int(code))] += int(count)
         clusters.update(str(c) for c in snap.get("clusters", ()))
         for cluster, kind, values in snap.get("latency", ()):
-            key = (str(cluster), str(kind))
-            if key not in latency:
-                latency[key] = Histogram(REQUEST_BUCKETS)
-            latency[key].add_json(values)
+            latency_key = (str(cluster), str(kind))
+            if latency_key not in latency:
+                latency[latency_key] = Histogram(REQUEST_BUCKETS)
+            latency[latency_key].add_json(values)
         for call, values in snap.get("hub_latency", ()):
             if call not in hub_latency:
                 hub_latency[call] = Histogram(HUB_CALL_BUCKETS)
@@ -241,7 +246,78 @@ def merge(snapshots: Iterable[dict[str, Any]]) -> dict[str, Any]:
     total["hub_latency"] = hub_latency
     total["hub_calls"] = hub_calls
     total["fleet_parts"] = fleet_parts
+    total["fairness"] = _merge_fairness(snap.get("fairness") or {} for snap in snapshots_seen)
     return total
+
+
+def _merge_fairness(parts: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """Workers' fair-queuing figures, added up (each worker has its own seats)."""
+    total: dict[str, Any] = {"limit": 0, "executing": 0, "waiting": 0, "queued_total": 0,
+                             "refused": Counter(), "refused_flows": Counter(), "waits": None}
+    seen = False
+    for part in parts:
+        if not part:
+            continue
+        seen = True
+        for key in ("limit", "executing", "waiting", "queued_total"):
+            total[key] += int(part.get(key, 0))
+        total["refused"].update({str(k): int(v) for k, v in part.get("refused", {}).items()})
+        total["refused_flows"].update(
+            {str(k): int(v) for k, v in part.get("refused_flows", {}).items()})
+        waits = part.get("waits")
+        if waits is not None:
+            if total["waits"] is None:
+                total["waits"] = [0.0] * len(waits)
+            if len(waits) == len(total["waits"]):
+                total["waits"] = [a + b for a, b in zip(total["waits"], waits, strict=True)]
+    return total if seen else {}
+
+
+FAIR_WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 15.0, 60.0)
+
+
+def _fairness_lines(m: dict[str, Any]) -> list[str]:
+    fair = m.get("fairness") or {}
+    if not fair:
+        return []
+    lines = [
+        "# HELP hubproxy_fair_seats Seats for short requests (--max-executing-requests).",
+        "# TYPE hubproxy_fair_seats gauge",
+        f"hubproxy_fair_seats {fair['limit']}",
+        "# HELP hubproxy_fair_seats_in_use Short requests executing now.",
+        "# TYPE hubproxy_fair_seats_in_use gauge",
+        f"hubproxy_fair_seats_in_use {fair['executing']}",
+        "# HELP hubproxy_fair_requests_waiting Short requests waiting in the fair queues now.",
+        "# TYPE hubproxy_fair_requests_waiting gauge",
+        f"hubproxy_fair_requests_waiting {fair['waiting']}",
+        "# HELP hubproxy_fair_requests_queued_total Short requests that had to wait for a seat.",
+        "# TYPE hubproxy_fair_requests_queued_total counter",
+        f"hubproxy_fair_requests_queued_total {fair['queued_total']}",
+        "# HELP hubproxy_fair_rejected_total Short requests refused with 429 by the fair "
+        "queuing, by reason (queue_full, timeout).",
+        "# TYPE hubproxy_fair_rejected_total counter",
+    ]
+    for reason in ("queue_full", "timeout"):
+        lines.append(f'hubproxy_fair_rejected_total{{reason="{reason}"}} '
+                     f'{fair["refused"].get(reason, 0)}')
+    lines += [
+        "# HELP hubproxy_fair_flow_rejected_total Short requests refused with 429 by the fair "
+        "queuing, by flow (user:<hub user>; the first 20 flows refused, the rest _other).",
+        "# TYPE hubproxy_fair_flow_rejected_total counter",
+    ]
+    for flow, count in sorted(fair["refused_flows"].items()):
+        lines.append(f'hubproxy_fair_flow_rejected_total{{flow="{_escape(flow)}"}} {count}')
+    waits = fair.get("waits")
+    if waits is not None and len(waits) == len(FAIR_WAIT_BUCKETS) + 2:
+        histogram = Histogram(FAIR_WAIT_BUCKETS)
+        histogram.add_json(waits)
+        lines += [
+            "# HELP hubproxy_fair_queue_wait_seconds How long short requests that queued "
+            "waited for their seat.",
+            "# TYPE hubproxy_fair_queue_wait_seconds histogram",
+            *histogram.lines("hubproxy_fair_queue_wait_seconds", ""),
+        ]
+    return lines
 
 
 def _merge_certificates(snapshots: Iterable[dict[str, Any]]) -> dict[str, Any]:
@@ -340,6 +416,7 @@ def render(m: dict[str, Any]) -> bytes:
         f"hubproxy_tunnel_refused_total {m['tunnel_refused']}",
     ]
     lines += _latency_lines(m)
+    lines += _fairness_lines(m)
     return ("\n".join(lines) + "\n").encode("ascii")
 
 

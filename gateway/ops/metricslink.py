@@ -82,6 +82,10 @@ class PeerSnapshots:
     def snapshots(self) -> list[dict[str, Any]]:
         return list(self._latest.values())
 
+    def by_worker(self) -> dict[int, dict[str, Any]]:
+        """The latest snapshot of each other worker that has sent one, by worker index."""
+        return dict(self._latest)
+
     def stop(self) -> None:
         if self._loop is not None:
             with contextlib.suppress(Exception):

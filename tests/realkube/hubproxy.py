@@ -86,8 +86,10 @@ class Gateway:
 
 
 def start_gateway(group: ProcessGroup, pki: Path, hub_kubeconfig: Path,
-                  agent_kubeconfig: Path, *extra: str, front_port: int = 0) -> Gateway:
-    """A gateway on free loopback ports, then an agent for CLUSTER dialling it."""
+                  agent_kubeconfig: Path, *extra: str, front_port: int = 0,
+                  agent_args: tuple[str, ...] = ("--health-listen", "off")) -> Gateway:
+    """A gateway on free loopback ports, then an agent for CLUSTER dialling it (with
+    ``agent_args`` added to its command line)."""
     front, tunnel = front_port or free_port(), free_port()
     process = group.hubproxy(
         "gateway", "--listen", f"{LOOPBACK}:{front}", "--tunnel-listen", f"{LOOPBACK}:{tunnel}",
@@ -104,7 +106,7 @@ def start_gateway(group: ProcessGroup, pki: Path, hub_kubeconfig: Path,
     gateway.agent = group.hubproxy(
         "agent", "--hub", f"{LOOPBACK}:{tunnel}", "--cluster", CLUSTER,
         "--tls-dir", str(pki / "agents" / CLUSTER), "--kubeconfig", str(agent_kubeconfig),
-        "--health-listen", "off", "--drain-timeout", "2")
+        "--drain-timeout", "2", *agent_args)
     return gateway
 
 

@@ -236,3 +236,28 @@ async def test_a_reset_with_an_unknown_code_ends_only_its_stream(tls_contexts):
     assert bytes(echo.data) == b"still alive"
     hub.close()
     server.close()
+
+
+async def test_two_drains_of_one_session_both_end_when_its_streams_do(tls_contexts):
+    """The agent's SIGTERM drains its session while its dialer retires the same session (a
+    second drain): both must return once the last stream ends, not one at its deadline."""
+
+    class Accept(Collector):
+        def connection_made(self, stream) -> None:
+            super().connection_made(stream)
+            stream.accept()
+
+    hub, agent, server = await session_pair(tls_contexts, on_open=lambda req: Accept())
+    watch = Collector(keep=True)
+    stream = hub.open_stream(KubeAPITarget(), b"", watch)
+    await asyncio.sleep(0.05)
+    first = asyncio.create_task(agent.drain(10.0))
+    second = asyncio.create_task(agent.drain(10.0))
+    await asyncio.sleep(0.05)
+    assert hub.draining
+    started = asyncio.get_running_loop().time()
+    stream.reset()  # the hub ends its watch (the gateway's end of a watch on a draining agent)
+    await asyncio.wait_for(asyncio.gather(first, second), 3)
+    assert asyncio.get_running_loop().time() - started < 2, "a drain waited for its deadline"
+    assert agent.closed
+    server.close()

@@ -19,11 +19,17 @@ Kubernetes ``Status``. Messages never contain tokens or internal addresses.
     :class:`Admitted` and the exchange releases it when it ends. With ``revalidate_streams``
     a long-running request also carries what it was admitted on
     (:class:`gateway.hub.admission.recheck.Recheck`), for ``gateway.hub.revalidation`` to ask
-    the hub again while it stays open.
+    the hub again while it stays open;
+11. a short request's seat (:class:`gateway.hub.admission.seats.Seats`: fair queuing between
+    identities, in the spirit of kube-apiserver's API Priority and Fairness; 429 with
+    ``Retry-After`` when its queue is full or it waited too long). The seat travels in
+    :class:`Admitted` like a stream slot.
 
 Steps 1-5 need nothing but the request (:func:`prepare`, pure). :func:`admit_cached` runs 6-10
 without awaiting when the hub's answers are cached (the common case), :func:`admit` otherwise;
-the decision is the same either way.
+the decision is the same either way. :func:`start_admission` is how both front doors (HTTP/1.1
+and HTTP/2) start a request: the gateway-wide checks (draining 503, ``max_inflight`` 429), then
+1-11, synchronously when nothing needs to wait.
 
 The hub is not a free oracle (:mod:`gateway.hub.admission.hubload`): a token whose review is
 not cached costs a hub request, so an address whose authentications keep failing gets 429
@@ -50,6 +56,8 @@ identity to ask about.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 from dataclasses import dataclass
 from typing import Protocol
@@ -63,6 +71,7 @@ from gateway.hub.admission.hubload import FailedAuthLimiter, TooManyFailures
 from gateway.hub.admission.identity import IdentityCache
 from gateway.hub.admission.recheck import Recheck
 from gateway.hub.admission.routing import ClusterRoute, RouteError, route
+from gateway.hub.admission.seats import Seat, SeatRefused, Seats
 from gateway.hub.admission.streams import StreamQuota, StreamSlot, TooManyStreams, is_long_running
 from gateway.hub.admission.upgrade import UpgradeRefused, check_upgrade
 from gateway.hub.config import GatewayConfig
@@ -70,6 +79,8 @@ from gateway.wire.http1 import Headers, RequestHead, serialize_request_head
 from gateway.wire.identity import Identity, IdentityError
 from tunnel.connection import TunnelSession
 from tunnel.targets import KubeAPITarget, ServiceTarget, Target
+
+log = logging.getLogger("hubproxy.gateway")
 
 
 class Refusal(Exception):
@@ -106,6 +117,9 @@ class AdmissionContext(Protocol):
     known_clusters: set[str]
     auth_failures: FailedAuthLimiter
     stream_quota: StreamQuota
+    seats: Seats | None  # None: fair queuing off (--max-executing-requests 0)
+    draining: bool
+    inflight: int  # requests between head and response end (--max-inflight)
 
     @property
     def metrics(self) -> AuthLookups: ...
@@ -133,10 +147,17 @@ class Admitted:
     # A long-running request with a hub identity, when --revalidate-streams: what to ask the
     # hub again while it stays open (gateway.hub.revalidation).
     recheck: Recheck | None = None
+    # A short request's fairness flow (its identity) when fair queuing is on, else "".
+    flow: str = ""
+    # Its seat once the fair queuing gave it one; released when the exchange ends.
+    seat: Seat | None = None
 
-    def release_stream_slot(self) -> None:
+    def release(self) -> None:
+        """Give back what the request holds (its stream slot or its seat); idempotent."""
         if self.stream_slot is not None:
             self.stream_slot.release()
+        if self.seat is not None:
+            self.seat.release()
 
 
 @dataclass(slots=True)
@@ -276,7 +297,11 @@ def _admitted(gw: AdmissionContext, head: RequestHead, prepared: Prepared,
         raise Refusal(400, "request cannot be forwarded") from None
     slot = None
     recheck = None
-    if is_long_running(cluster_route.upstream_target, prepared.upgrade):
+    flow = ""
+    if not is_long_running(cluster_route.upstream_target, prepared.upgrade):
+        if gw.seats is not None:
+            flow = gw.stream_quota.identity(user.username if user else None, prepared.token)
+    else:
         quota = gw.stream_quota
         try:
             slot = quota.acquire(quota.identity(user.username if user else None, prepared.token),
@@ -288,4 +313,86 @@ def _admitted(gw: AdmissionContext, head: RequestHead, prepared: Prepared,
             recheck = Recheck(prepared.token, user, cluster,
                               exec_like=path.endswith((b"/exec", b"/attach")))
     return Admitted(cluster, session, target, metadata, head_bytes,
-                    "" if user is None else user.username, prepared.upgrade, slot, recheck)
+                    "" if user is None else user.username, prepared.upgrade, slot, recheck, flow)
+
+
+def start_admission(gw: AdmissionContext, head: RequestHead, client_ip: str, request_id: str
+                    ) -> Admitted | asyncio.Future[Admitted]:
+    """Start one request's admission, as both front doors do.
+
+    Returns the :class:`Admitted` request when nothing had to wait (the hub's answers cached, a
+    seat free), else a future of it (hub calls, or a wait for a seat; cancel it when the client
+    goes away: a waiting request then leaves its queue). The future fails with
+    :class:`Refusal` (or, on a bug, anything else: the front door answers 500).
+
+    Raises :class:`Refusal` when refused at once; then the request was not counted in
+    ``gw.inflight``. Once this returns, it is counted, and the caller releases it.
+    """
+    if gw.draining:
+        raise Refusal(503, "the gateway is shutting down, retry", retry_after=1)
+    limits = gw.config.limits
+    if gw.inflight >= limits.max_inflight:
+        raise Refusal(429, "the gateway is overloaded, retry later", retry_after=1)
+    started: Admitted | asyncio.Future[Admitted]
+    try:
+        prepared = prepare(head, client_ip, limits.max_request_body)
+        admitted = admit_cached(gw, head, prepared, request_id)
+        if admitted is None:
+            started = asyncio.ensure_future(
+                _admit_and_seat(gw, head, client_ip, request_id, prepared))
+        else:
+            seat = _take_seat(gw, admitted)
+            started = admitted if seat is None else asyncio.ensure_future(
+                _wait_for_seat(gw, admitted, seat))
+    except Refusal:
+        raise
+    except Exception as exc:  # a bug must answer 500, as it does on the task path
+        log.error("request %s: admission failed: %s", request_id, type(exc).__name__,
+                  exc_info=exc)
+        raise Refusal(500, "internal error in the gateway") from None
+    gw.inflight += 1
+    return started
+
+
+async def _admit_and_seat(gw: AdmissionContext, head: RequestHead, client_ip: str,
+                          request_id: str, prepared: Prepared) -> Admitted:
+    admitted = await admit(gw, head, client_ip, request_id, prepared)
+    seat = _take_seat(gw, admitted)
+    return admitted if seat is None else await _wait_for_seat(gw, admitted, seat)
+
+
+def _take_seat(gw: AdmissionContext, admitted: Admitted) -> asyncio.Future[Seat] | None:
+    """Step 11: seat a short request now (None: nothing to wait for) or return the future of
+    its seat; raises :class:`Refusal` (429) when its queue is full."""
+    seats = gw.seats
+    if seats is None or not admitted.flow:
+        return None
+    try:
+        seat = seats.take(admitted.flow)
+    except SeatRefused as exc:
+        raise Refusal(429, str(exc), retry_after=exc.retry_after) from None
+    if isinstance(seat, Seat):
+        admitted.seat = seat
+        return None
+    return seat
+
+
+async def _wait_for_seat(gw: AdmissionContext, admitted: Admitted,
+                         waiting: asyncio.Future[Seat]) -> Admitted:
+    try:
+        seat = await waiting
+    except SeatRefused as exc:
+        raise Refusal(429, str(exc), retry_after=exc.retry_after) from None
+    except asyncio.CancelledError:
+        # Cancelled just after the seat was granted: give it back, or it leaks.
+        if waiting.done() and not waiting.cancelled() and waiting.exception() is None:
+            waiting.result().release()
+        raise
+    admitted.seat = seat
+    # The session picked before the wait may have gone meanwhile.
+    session = gw.registry.pick(admitted.cluster)
+    if session is None:
+        seat.release()
+        raise cluster_unavailable(gw, admitted.cluster)
+    admitted.session = session
+    return admitted

@@ -94,6 +94,21 @@ async def test_watch_streams_events_then_cancel_closes_upstream(agent: Agent,
     assert agent.pool.in_use == 0
 
 
+async def test_kubesim_speaks_http1_so_the_agent_falls_back_and_stays(
+        agent: Agent, sim: RunningKubeSim) -> None:
+    """kubesim (aiohttp) negotiates no h2: the default ``auto`` agent probes once, then uses
+    HTTP/1.1 connections, reused, for every request after."""
+    assert agent.apiserver_protocol == "auto"
+    for _ in range(3):
+        stream = exchange(agent, get("/api/v1/namespaces/default/configmaps"))
+        stream.send_eof()
+        await stream.wait_done()
+        assert stream.response()[0] == 200
+    assert agent.pool.protocol_dials == {"h1": 1}
+    assert not agent.pool.h2_connections()
+    agent.pool.close()
+
+
 async def test_over_a_real_tunnel_session(agent: Agent, sim: RunningKubeSim) -> None:
     """The agent's on_open behind a real TunnelSession pair (socketpair, no TLS)."""
     import socket

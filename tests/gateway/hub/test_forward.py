@@ -480,7 +480,7 @@ async def test_malformed_chunked_response_body_closes_the_client(gw: Harness) ->
 
 
 async def test_cached_admission_decides_like_the_reviewed_one(tls, monkeypatch) -> None:  # noqa: F811
-    from gateway.hub import frontdoor
+    from gateway.hub.admission import chain
     from gateway.hub.admission.authorize import SarAuthorizer
 
     decisions: list[tuple[str, str]] = []
@@ -494,19 +494,19 @@ async def test_cached_admission_decides_like_the_reviewed_one(tls, monkeypatch) 
         h.connect_cluster("c1")
         h.connect_cluster("c2")
         first = json.loads(parse_raw(await h.exchange(get("/c1/api/v1/pods", close=True)))[2])
-        slow_admit = frontdoor.admit
+        slow_admit = chain.admit
 
         async def no_slow_path(*args, **kwargs):
             raise AssertionError("a cached request took the awaiting path")
 
-        monkeypatch.setattr(frontdoor, "admit", no_slow_path)
+        monkeypatch.setattr(chain, "admit", no_slow_path)
         # Same token and cluster again: answered from the caches, without a task or a review.
         second = json.loads(parse_raw(await h.exchange(get("/c1/api/v1/pods", close=True)))[2])
         assert h.reviewer.seen.count(HUB_TOKEN) == 1 and decisions == [(decisions[0][0], "c1")]
         for meta in (first["metadata"], second["metadata"]):
             meta.pop("rid")
         assert first == second
-        monkeypatch.setattr(frontdoor, "admit", slow_admit)
+        monkeypatch.setattr(chain, "admit", slow_admit)
         # A cached denial is never taken for an allow by the synchronous path.
         for _ in range(2):
             status, _obj = status_of(await h.exchange(get("/c2/api", close=True)))

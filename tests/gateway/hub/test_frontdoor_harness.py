@@ -400,6 +400,8 @@ async def running(tls: Tls, *, authorizer: Any = None, **overrides: Any
     assert gateway.metrics.active_streams == 0, "a stream was never accounted as closed"
     assert gateway.inflight == 0, "an in-flight slot was never released"
     assert len(gateway.stream_quota) == 0, "a long-running request's slot was never released"
+    seats = gateway.seats
+    assert seats is None or seats.executing == seats.waiting == 0, "a seat was never released"
 
 
 @pytest.fixture

@@ -110,3 +110,16 @@ async def test_metrics_counts_without_identities_or_tokens(tls) -> None:  # noqa
         assert "hubproxy_active_streams 0" in text
         assert HUB_TOKEN not in text and "bad-token-value" not in text
         assert "alice" not in text
+
+
+async def test_readyz_stays_200_through_a_hub_outage_once_the_hub_answered(
+        tls) -> None:  # noqa: F811
+    """Issue 13 (``bench ha``): a hub outage must not take every instance out of the Service
+    (refused connections for all); a Ready instance serves cached tokens and 503s the rest."""
+    async with running(tls) as h:
+        await h.gateway.readiness.check_once()
+        assert (await health_get(h, "/readyz"))[0] == 200
+        h.reviewer.down = True
+        h.gateway.readiness.hub_ok_at -= 3600  # the last success is long past
+        await h.gateway.readiness.check_once()
+        assert await health_get(h, "/readyz") == (200, b"ok\n")

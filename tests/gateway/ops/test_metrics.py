@@ -57,3 +57,28 @@ def test_certificates_form_one_family() -> None:
     assert 'hubproxy_certificate_expiry_timestamp_seconds{certificate="agent",cluster="c1"} ' \
            '1900000000' in lines
     assert certificate_lines({}, {}) == []
+
+
+def test_fair_queuing_figures_of_workers_add_up_and_are_absent_when_off() -> None:
+    from gateway.hub.admission.seats import Seat, Seats
+
+    first, second = Seats(2, queues=1, hand_size=1, queue_length=1), Seats(3)
+    held = [first.take("user:a"), first.take("user:a")]
+    first._count_refusal("queue_full", "user:a")
+    second._count_refusal("timeout", "user:b")
+    second.waits.observe(0.02)
+    one, two = GatewayMetrics(), GatewayMetrics()
+    one.fairness, two.fairness = first.snapshot, second.snapshot
+    one.peers = lambda: [two.snapshot()]
+    text = one.render().decode()
+    assert "hubproxy_fair_seats 5" in text and "hubproxy_fair_seats_in_use 2" in text
+    assert 'hubproxy_fair_rejected_total{reason="queue_full"} 1' in text
+    assert 'hubproxy_fair_rejected_total{reason="timeout"} 1' in text
+    assert 'hubproxy_fair_flow_rejected_total{flow="user:a"} 1' in text
+    assert 'hubproxy_fair_flow_rejected_total{flow="user:b"} 1' in text
+    assert 'hubproxy_fair_queue_wait_seconds_bucket{le="0.025"} 1' in text
+    assert "hubproxy_fair_queue_wait_seconds_count 1" in text
+    for seat in held:
+        assert isinstance(seat, Seat)
+        seat.release()
+    assert "hubproxy_fair" not in GatewayMetrics().render().decode()  # off: no family at all

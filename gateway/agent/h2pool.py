@@ -1,0 +1,448 @@
+"""HTTP/2 connections from the agent to its kube-apiserver, each carrying many exchanges.
+
+A tunnel stream carries one HTTP/1.1 exchange; when the apiserver negotiated ``h2`` the
+exchange rides as one stream of an :class:`H2Upstream` instead of holding a TLS connection of
+its own (a watch then costs a few hundred bytes of state here, not a connection). The pool
+(``gateway.agent.pool``) picks the connection; this module is the asyncio adapter around the
+``h2`` state machine and the pure translations of ``gateway.wire.h2upstream``.
+
+:class:`H2Stream` looks to :class:`gateway.agent.exchange.HttpExchange` like an
+``UpstreamConnection``: the exchange writes the rewritten HTTP/1.1 head and then the body bytes
+as framed by the client; the stream sends HEADERS and DATA. The response comes back to the
+exchange as HTTP/1.1 bytes (a synthesised head, the body chunked when it has no length), so the
+exchange's checks and its relay to the tunnel are the same for both protocols.
+
+Contracts:
+
+* A connection carries at most ``min(max_streams, the server's SETTINGS_MAX_CONCURRENT_STREAMS)``
+  exchanges (the pool opens another connection when all are full). Streams are only handed out
+  once the server's SETTINGS arrived.
+* Flow control is per exchange: DATA is acknowledged (WINDOW_UPDATE) only while the exchange's
+  tunnel stream takes bytes; while it is paused (a slow reader at the hub) the stream's window
+  closes and the server stops sending on that stream only. The connection window is large, so
+  a paused stream never holds up the others. Request bodies are sent as the server's windows
+  allow; until then the tunnel stream is paused.
+* ``close()`` of a stream that has not ended sends RST_STREAM (CANCEL): the client went away,
+  and the apiserver ends the watch or ``logs -f``.
+* GOAWAY: no new streams on that connection; streams the server says it never processed
+  (above ``last_stream_id``, or reset with REFUSED_STREAM) fail at once with
+  :class:`StreamRefused` (the exchange sends a body-less request again on another connection,
+  else answers 503 with Retry-After); the others finish, then the connection is closed.
+* PINGs from the server are answered by ``h2``; a protocol error closes the connection and
+  fails every stream on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import h2.exceptions
+import h2.settings
+
+from gateway.wire.h2upstream import RequestBody, request_fields, response_head
+from gateway.wire.http1 import HTTPError, Limits, parse_request_head
+from gateway.wire.http2 import LAST_CHUNK, chunk
+
+log = logging.getLogger(__name__)
+
+
+class StreamRefused(ConnectionResetError):
+    """The server did not process the request (a stream above a GOAWAY's ``last_stream_id``,
+    or reset with REFUSED_STREAM): sending it again is safe (RFC 9113 §8.7)."""
+
+
+class UpstreamUser(Protocol):
+    """The exchange a stream serves: the part of ``gateway.agent.pool.UpstreamUser`` a stream
+    calls (declared here because the pool imports this module, not the reverse)."""
+
+    def upstream_data(self, data: memoryview) -> None: ...
+    def upstream_lost(self, exc: Exception | None) -> None: ...
+    def upstream_pause_writing(self) -> None: ...
+    def upstream_resume_writing(self) -> None: ...
+
+# The connection window only has to stop one paused stream from blocking the others: every
+# stream's own window (the h2 default, 64 KiB) bounds what the server may send it unread.
+CONNECTION_WINDOW = 1 << 30
+MAX_RESPONSE_HEADER_LIST = 256 * 1024  # as the HTTP/1.1 response head limit (exchange.py)
+HEAD_LIMITS = Limits(max_head_bytes=256 * 1024, max_request_line=64 * 1024,
+                     max_field_line=64 * 1024, max_headers=512)
+
+
+class _Connection(h2.connection.H2Connection):
+    """``h2`` closes its connection state on any GOAWAY, after which a frame of a stream the
+    server promised to finish (up to ``last_stream_id``, RFC 9113 §6.8: a graceful shutdown of
+    the apiserver) would be a protocol error. After a GOAWAY with NO_ERROR the state stays
+    open for those streams; the agent opens no new ones (``H2Upstream.draining``)."""
+
+    def _receive_goaway_frame(self, frame: Any) -> Any:
+        state = self.state_machine.state
+        result = super()._receive_goaway_frame(frame)
+        if frame.error_code == h2.errors.ErrorCodes.NO_ERROR \
+                and state == h2.connection.ConnectionState.CLIENT_OPEN:
+            self.state_machine.state = state
+        return result
+
+
+class H2Stream:
+    """One exchange on an :class:`H2Upstream`: the exchange's view of an upstream connection."""
+
+    __slots__ = ("_body", "_chunked", "_end_pending", "_method", "_out", "_paused",
+                 "_unacked", "_write_paused", "conn", "ended", "request_ended", "requests",
+                 "stream_id", "user")
+
+    def __init__(self, conn: H2Upstream, user: UpstreamUser, requests: int) -> None:
+        self.conn = conn
+        self.user: UpstreamUser | None = user
+        self.requests = requests  # streams the connection carried before: >0 may be stale
+        self.stream_id = 0  # assigned when HEADERS go out (h2 ids must be used in order)
+        self.ended = False  # finished, reset or failed: no more events to the user
+        self.request_ended = False
+        self._method = b"GET"
+        self._body: RequestBody | None = None
+        self._out = bytearray()  # payload waiting for the server's flow-control window
+        self._end_pending = False
+        self._chunked = False
+        self._paused = False
+        self._unacked = 0
+        self._write_paused = False
+
+    # --- what the exchange uses (as of an UpstreamConnection) ------------------------------
+    @property
+    def usable(self) -> bool:
+        return not self.ended and self.conn.usable
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if self.ended:
+            return
+        if self._body is None:
+            self._send_head(bytes(data))  # the exchange writes the whole head first, alone
+            return
+        if self.request_ended or self._end_pending:
+            return  # the exchange refuses bytes past the body; nothing more goes up
+        for piece in self._body.feed(data):
+            self._out += piece
+        if self._body.complete:
+            self._end_pending = True
+        self._flush_out()
+        self.conn.flush()
+
+    def write_eof(self) -> None:
+        """Only upgrades half-close, and they never use HTTP/2."""
+
+    def pause_reading(self) -> None:
+        self._paused = True
+
+    def resume_reading(self) -> None:
+        self._paused = False
+        if self._unacked and not self.ended:
+            unacked, self._unacked = self._unacked, 0
+            self.conn.acknowledge(self.stream_id, unacked)
+            self.conn.flush()
+
+    def get_write_buffer_size(self) -> int:
+        return len(self._out)
+
+    def finish(self) -> None:
+        """The exchange is done with a complete response (the pool's ``release``). The body's
+        own length may end it before the server's END_STREAM is read: that stream is not
+        reset (unless the request side is still open), its last frame is simply dropped."""
+        if self.ended:
+            self.user = None
+            return
+        self.ended = True
+        self.user = None
+        self.conn.stream_closed(self, reset=not self.request_ended)
+
+    def close(self) -> None:
+        """The exchange is done; a stream still open is reset (the pool's ``discard``)."""
+        if self.ended:
+            self.user = None
+            return
+        self.ended = True
+        self.user = None
+        self.conn.stream_closed(self, reset=not (self.request_ended and self._response_ended))
+
+    # --- from the connection -----------------------------------------------------------------
+    @property
+    def _response_ended(self) -> bool:
+        return self.stream_id in self.conn.remote_ended
+
+    def _send_head(self, head_bytes: bytes) -> None:
+        try:
+            head = parse_request_head(head_bytes, HEAD_LIMITS)
+            fields = request_fields(head)
+            self._body = RequestBody(head)
+        except (HTTPError, ValueError) as exc:
+            self.fail(exc)
+            return
+        self._method = head.method
+        end = self._body.complete
+        try:
+            self.stream_id = self.conn.send_headers(self, fields, end)
+        except h2.exceptions.H2Error as exc:
+            self.fail(exc)
+            return
+        self.request_ended = end
+
+    def _flush_out(self) -> None:
+        if self.ended or not self.stream_id:
+            return
+        h2c = self.conn.h2
+        try:
+            while self._out:
+                window = min(h2c.local_flow_control_window(self.stream_id),
+                             h2c.max_outbound_frame_size)
+                if window <= 0:
+                    break
+                piece = bytes(self._out[:window])
+                del self._out[:window]
+                h2c.send_data(self.stream_id, piece)
+            if not self._out and self._end_pending:
+                self._end_pending = False
+                h2c.end_stream(self.stream_id)
+                self.request_ended = True
+        except h2.exceptions.H2Error as exc:
+            self.fail(exc)
+            return
+        user = self.user
+        if user is None:
+            return
+        if self._out and not self._write_paused:
+            self._write_paused = True
+            user.upstream_pause_writing()
+        elif not self._out and self._write_paused:
+            self._write_paused = False
+            user.upstream_resume_writing()
+
+    def window_opened(self) -> None:
+        if self._out or self._end_pending:
+            self._flush_out()
+
+    def response(self, fields: list[tuple[bytes, bytes]]) -> None:
+        try:
+            head, self._chunked = response_head(fields, self._method)
+        except HTTPError as exc:
+            self.fail(exc)
+            return
+        self._deliver(head)
+
+    def data(self, payload: bytes, flow_controlled: int) -> None:
+        if payload:
+            self._deliver(chunk(payload) if self._chunked else payload)
+        if self.ended:
+            self.conn.acknowledge(self.stream_id, flow_controlled)
+        elif self._paused:
+            self._unacked += flow_controlled  # acknowledged when the tunnel takes bytes again
+        else:
+            self.conn.acknowledge(self.stream_id, flow_controlled)
+
+    def remote_ended(self) -> None:
+        if self._chunked:
+            self._deliver(LAST_CHUNK)
+
+    def fail(self, exc: Exception | None) -> None:
+        """The stream cannot go on (reset by the server, connection lost, a protocol error)."""
+        if self.ended:
+            return
+        self.ended = True
+        user, self.user = self.user, None
+        self.conn.stream_closed(self, reset=True)
+        if user is not None:
+            asyncio.get_running_loop().call_soon(user.upstream_lost, exc)
+
+    def _deliver(self, data: bytes) -> None:
+        if self.user is not None:
+            with memoryview(data) as view:
+                self.user.upstream_data(view)
+
+
+class H2Upstream(asyncio.Protocol):
+    """One HTTP/2 connection to the apiserver and the exchanges it carries."""
+
+    def __init__(self, max_streams: int, on_change: Callable[[H2Upstream], None]) -> None:
+        self.max_streams = max_streams
+        self.on_change = on_change  # the pool: the connection became idle or was lost
+        config = h2.config.H2Configuration(client_side=True, header_encoding=None)
+        self.h2 = _Connection(config=config)
+        self.h2.local_settings = h2.settings.Settings(client=True, initial_values={
+            h2.settings.SettingCodes.ENABLE_PUSH: 0,
+            h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: MAX_RESPONSE_HEADER_LIST,
+        })
+        self.transport: asyncio.Transport | None = None
+        self.alpn: str | None = None
+        self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.handles: set[H2Stream] = set()  # streams handed out, sent or not yet
+        self.by_id: dict[int, H2Stream] = {}
+        self.remote_ended: set[int] = set()
+        self.draining = False  # GOAWAY received (or sent): no new streams
+        self.lost = False
+        self.opened = 0  # streams ever opened (observability; staleness of a stream)
+        self.idle_since = time.monotonic()
+
+    # --- capacity ------------------------------------------------------------------------------
+    @property
+    def usable(self) -> bool:
+        return not self.lost and self.transport is not None and not self.transport.is_closing()
+
+    @property
+    def stream_limit(self) -> int:
+        return min(self.max_streams, self.h2.remote_settings.max_concurrent_streams)
+
+    @property
+    def has_room(self) -> bool:
+        if not self.ready.done() or self.draining or not self.usable:
+            return False
+        limit = self.stream_limit
+        # h2 also counts streams we are done with whose END_STREAM has not arrived yet.
+        unsent = len(self.handles) - len(self.by_id)
+        return len(self.handles) < limit and self.h2.open_outbound_streams + unsent < limit
+
+    def open_stream(self, user: UpstreamUser) -> H2Stream:
+        stream = H2Stream(self, user, self.opened)
+        self.opened += 1
+        self.handles.add(stream)
+        return stream
+
+    # --- asyncio.Protocol ----------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        ssl_object = transport.get_extra_info("ssl_object")
+        self.alpn = ssl_object.selected_alpn_protocol() if ssl_object is not None else None
+        if self.alpn != "h2":
+            return  # the pool closes it and speaks HTTP/1.1 instead
+        self.h2.initiate_connection()
+        self.h2.increment_flow_control_window(CONNECTION_WINDOW - 65535)
+        self.flush()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            events = self.h2.receive_data(data)
+        except h2.exceptions.ProtocolError as exc:
+            log.warning("HTTP/2 protocol error from the apiserver, closing: %s", exc)
+            self.flush()  # h2 queued a GOAWAY
+            self.abort(exc)
+            return
+        for event in events:
+            self._event(event)
+        self.flush()
+
+    def eof_received(self) -> bool | None:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        self.draining = True
+        if not self.ready.done():
+            self.ready.set_exception(ConnectionError("the apiserver closed the connection"))
+            self.ready.exception()  # retrieved: the pool may not be waiting any more
+        for stream in list(self.handles):
+            stream.fail(exc)
+        self.on_change(self)
+
+    # --- events --------------------------------------------------------------------------------
+    def _event(self, event: Any) -> None:
+        if isinstance(event, h2.events.DataReceived):
+            stream = self.by_id.get(event.stream_id)
+            if stream is not None:
+                stream.data(event.data, event.flow_controlled_length)
+            else:
+                self.acknowledge(event.stream_id, event.flow_controlled_length)
+        elif isinstance(event, h2.events.ResponseReceived):
+            if (stream := self.by_id.get(event.stream_id)) is not None:
+                stream.response(event.headers)
+        elif isinstance(event, h2.events.StreamEnded):
+            self.remote_ended.add(event.stream_id)
+            if (stream := self.by_id.get(event.stream_id)) is not None:
+                stream.remote_ended()
+        elif isinstance(event, h2.events.StreamReset):
+            if (stream := self.by_id.get(event.stream_id)) is not None:
+                refused = event.error_code == h2.errors.ErrorCodes.REFUSED_STREAM
+                stream.fail((StreamRefused if refused else ConnectionResetError)(
+                    f"the apiserver reset the stream ({event.error_code!r})"))
+        elif isinstance(event, h2.events.WindowUpdated):
+            targets = list(self.by_id.values()) if event.stream_id == 0 else \
+                [s for s in (self.by_id.get(event.stream_id),) if s is not None]
+            for stream in targets:
+                stream.window_opened()
+        elif isinstance(event, h2.events.RemoteSettingsChanged):
+            if not self.ready.done():
+                self.ready.set_result(None)
+        elif isinstance(event, h2.events.ConnectionTerminated):
+            self._goaway(event.error_code, event.last_stream_id)
+        # Pings are answered by h2; 1xx heads, trailers and settings ACKs need nothing here.
+
+    def _goaway(self, error_code: Any, last_stream_id: int | None) -> None:
+        self.draining = True
+        log.info("apiserver sent GOAWAY (%r, last stream %s): new requests use another "
+                 "connection", error_code, last_stream_id)
+        last = last_stream_id if last_stream_id is not None else 0
+        for stream in list(self.handles):
+            if stream.stream_id > last or not stream.stream_id:
+                stream.fail(StreamRefused("the apiserver refused the stream (GOAWAY)"))
+        if error_code != h2.errors.ErrorCodes.NO_ERROR or not self.handles:
+            self.abort(None)
+        self.on_change(self)
+
+    # --- used by streams -----------------------------------------------------------------------
+    def send_headers(self, stream: H2Stream, fields: list[tuple[bytes, bytes]],
+                     end: bool) -> int:
+        if self.draining or not self.usable:
+            raise h2.exceptions.ProtocolError("the connection is closing")
+        stream_id: int = self.h2.get_next_available_stream_id()
+        self.h2.send_headers(stream_id, fields, end_stream=end)
+        self.by_id[stream_id] = stream
+        self.flush()
+        return stream_id
+
+    def acknowledge(self, stream_id: int, size: int) -> None:
+        if size and stream_id and not self.lost:
+            with contextlib.suppress(h2.exceptions.H2Error):
+                self.h2.acknowledge_received_data(size, stream_id)
+
+    def stream_closed(self, stream: H2Stream, *, reset: bool) -> None:
+        self.handles.discard(stream)
+        sid = stream.stream_id
+        if sid:
+            self.by_id.pop(sid, None)
+            self.remote_ended.discard(sid)
+            if stream._unacked:
+                self.acknowledge(sid, stream._unacked)
+                stream._unacked = 0
+            if reset and not self.lost:
+                with contextlib.suppress(h2.exceptions.H2Error):
+                    self.h2.reset_stream(sid, h2.errors.ErrorCodes.CANCEL)
+        self.flush()
+        if not self.handles:
+            self.idle_since = time.monotonic()
+            if self.draining:
+                self.abort(None)
+            else:
+                self.on_change(self)
+
+    def flush(self) -> None:
+        data = self.h2.data_to_send()
+        if data and self.usable:
+            assert self.transport is not None
+            self.transport.write(data)
+
+    def close(self) -> None:
+        """Graceful: GOAWAY, then close (streams still open fail)."""
+        if self.usable and self.alpn == "h2":
+            with contextlib.suppress(h2.exceptions.H2Error):
+                self.h2.close_connection()
+            self.flush()
+        self.abort(None)
+
+    def abort(self, exc: Exception | None) -> None:
+        self.draining = True
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()

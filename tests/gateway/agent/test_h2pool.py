@@ -1,0 +1,358 @@
+"""The agent's exchanges over HTTP/2 to a real TLS HTTP/2 server (tests/gateway/agent/h2server),
+driven through fake tunnel streams: sharing, stream caps, flow control per stream, cancel,
+resets, GOAWAY, request bodies, and HTTP/1.1 for upgrades and for servers without h2."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import h2.errors
+import pytest
+import trustme
+
+from gateway.agent.agent import Agent
+from gateway.agent.kubeapi import from_kubeconfig
+from gateway.agent.pool import UpstreamPool
+from tests.gateway.agent import h2server
+from tests.gateway.agent.conftest import FakeStream, Upstream
+from tests.gateway.agent.test_exchange import (
+    FakePolicy,
+    get,
+    identity_metadata,
+    open_stream,
+    write_kubeconfig,
+)
+from tests.support import eventually
+from tunnel.errors import OpenErrorCode
+from tunnel.targets import KubeAPITarget
+
+KUBE = KubeAPITarget()
+
+
+async def make_agent(server: h2server.H2Server, ca_file: str, tmp_path: Path, *,
+                     protocol: str = "auto", max_streams: int = 100,
+                     idle_timeout: float = 30.0) -> Agent:
+    token_file = tmp_path / "token"
+    token_file.write_text("agent-token\n")
+    up = Upstream(server.host, server.port, ca_file, None)  # type: ignore[arg-type]
+    access = from_kubeconfig(str(write_kubeconfig(tmp_path / "kc", up, token_file)))
+    return Agent(cluster="c1", policy=FakePolicy((server.host, server.port), {}), kube=access,
+                 pool=UpstreamPool(h2_max_streams=max_streams, idle_timeout=idle_timeout),
+                 apiserver_protocol=protocol)
+
+
+@pytest.fixture
+def ca_file(ca: trustme.CA, tmp_path: Path) -> str:
+    path = tmp_path / "ca.crt"
+    ca.cert_pem.write_to_path(str(path))
+    return str(path)
+
+
+@pytest.fixture
+async def server(ca: trustme.CA) -> AsyncIterator[h2server.H2Server]:
+    srv = await h2server.start(ca.issue_cert("127.0.0.1"))
+    yield srv
+    assert srv.server is not None
+    srv.server.close()
+
+
+def request(agent: Agent, path: str, *extra: str, body: bytes = b"",
+            method: str = "GET") -> FakeStream:
+    data = get(path, *extra) if method == "GET" else (
+        f"{method} {path} HTTP/1.1\r\nHost: gw\r\n" + "".join(f"{h}\r\n" for h in extra)
+        + "\r\n").encode() + body
+    return open_stream(agent, KUBE, identity_metadata(), data)
+
+
+async def test_requests_and_watches_share_one_h2_connection(
+        server: h2server.H2Server, ca_file: str, tmp_path: Path) -> None:
+    agent = await make_agent(server, ca_file, tmp_path)
+    watches = [request(agent, "/watch") for _ in range(5)]
+    for w in watches:
+        await w.wait(lambda w=w: b'{"n":0}' in w.received)
+    small = request(agent, "/small")
+    await small.wait_done()
+    assert small.response() == (200, {"content-length": "5"}, b"small")
+    # A body without a length reaches the tunnel chunked, as HTTP/1.1 says.
+    status, headers, body = watches[0].response()
+    assert status == 200 and headers["transfer-encoding"] == "chunked"
+    assert body == b'8\r\n{"n":0}\n\r\n'
+    assert len(server.h2_connections) == 1 and not server.h1_requests
+    assert agent.pool.protocol_dials == {"h2": 1}
+    head = server.heads[(0, 1)]
+    # The agent's credential and the impersonation ride as HTTP/2 fields.
+    assert head[b"authorization"] == b"Bearer agent-token"
+    assert head[b"impersonate-user"] == b"cluster:hub:system:serviceaccount:demo:demo"
+    assert head[b":authority"] == f"127.0.0.1:{server.port}".encode()
+    assert b"host" not in head
+    for w in watches:
+        w.client_reset()
+    agent.pool.close()
+
+
+async def test_the_servers_max_concurrent_streams_opens_more_connections(
+        ca: trustme.CA, ca_file: str, tmp_path: Path) -> None:
+    server = await h2server.start(ca.issue_cert("127.0.0.1"), max_streams=2)
+    try:
+        agent = await make_agent(server, ca_file, tmp_path)
+        watches = [request(agent, "/watch") for _ in range(5)]
+        for w in watches:
+            await w.wait(lambda w=w: b'{"n":0}' in w.received)
+        assert len(server.h2_connections) == 3
+        assert sorted(len(c.handles) for c in agent.pool.h2_connections()) == [1, 2, 2]
+        for w in watches:
+            w.client_reset()
+        agent.pool.close()
+    finally:
+        assert server.server is not None
+        server.server.close()
+
+
+async def test_the_agents_stream_cap_opens_more_connections(
+        server: h2server.H2Server, ca_file: str, tmp_path: Path) -> None:
+    agent = await make_agent(server, ca_file, tmp_path, max_streams=3)
+    watches = [request(agent, "/watch") for _ in range(7)]
+    for w in watches:
+        await w.wait(lambda w=w: b'{"n":0}' in w.received)
+    assert len(server.h2_connections) == 3
+    assert agent.pool.dials == 3  # the concurrent requests waited for one dial at a time
+    for w in watches:
+        w.client_reset()
+    agent.pool.close()
+
+
+async def test_a_cancelled_stream_is_reset_and_the_others_go_on(
+        server: h2server.H2Server, ca_file: str, tmp_path: Path) -> None:
+    agent = await make_agent(server, ca_file, tmp_path)
+    first, second = request(agent, "/watch"), request(agent, "/watch")
+    for w in (first, second):
+        await w.wait(lambda w=w: b'{"n":0}' in w.received)
+    first.client_reset()
+    await eventually(lambda: server.resets == [(0, 1, int(h2.errors.ErrorCodes.CANCEL))])
+    after = request(agent, "/small")
+    await after.wait_done()
+    assert after.response()[2] == b"small"
+    assert not second.lost and len(server.h2_connections) == 1
+    second.client_reset()
+    agent.pool.close()
+
+
+async def test_a_body_complete_by_its_length_is_not_reset_before_end_stream(
+        server: h2server.H2Server, ca_file: str, tmp_path: Path) -> None:
+    agent = await make_agent(server, ca_file, tmp_path)
+    stream = request(agent, "/split")
+    await stream.wait_done()
+    assert stream.response() == (200, {"content-length": "5"}, b"split")
+    await asyncio.sleep(0.3)  # the END_STREAM came, and no RST_STREAM went
+    assert server.resets == []
+    again = request(agent, "/small")
+    await again.wait_done()
+    assert again.response()[2] == b"small" and len(server.h2_connections) == 1
+    agent.pool.close()
+
+
+async def test_the_servers_pings_are_answered(server: h2server.H2Server, ca_file: str,
+                                              tmp_path: Path) -> None:
+    agent = await make_agent(server, ca_file, tmp_path)
+    watch = request(agent, "/watch")
+    await watch.wait(lambda: b'{"n":0}' in watch.received)
+    server.h2_connections[0].ping(b"12345678")
+    await eventually(lambda: server.ping_acks == [b"12345678"])
+    watch.client_reset()
+    agent.pool.close()
+
+
+async def test_a_paused_tunnel_stream_holds_only_its_own_window(
+        server: h2server.H2Server, ca_file: str, tmp_path: Path) -> None:
+    agent = await make_agent(server, ca_file, tmp_path)
+    size = 400_000  # several times the 64 KiB stream window
+    slow = request(agent, "/watch")
+    await slow.wait(lambda: b'{"n":0}' in slow.received)
+    slow.protocol.pause_writing()  # the hub-side reader of this stream is slow
+    conn = server.h2_connections[0]
+    conn.pending[1] = bytearray(b"s" * size)
+    conn.send_pending(1)
+    conn.flush()
+    await asyncio.sleep(0.3)
+    held = conn.unsent(1)
+    assert held >= size - 65535  # the server could send one window, no more
+    assert server.window_updates[(0, 1)] == 0  # nothing acknowledged while paused
+    # Another stream on the same connection moves a large body meanwhile.
+    fast = request(agent, f"/big?n={size}")
+    await fast.wait_done(10)
+    assert fast.response()[2].count(b"b") == size
+    assert conn.unsent(1) == held
+    slow.protocol.resume_writing()  # the reader caught up: acknowledged, the rest flows
+    await slow.wait(lambda: slow.eof, 10)
+    assert slow.response()[2].count(b"s") == size
+    agent.pool.close()
+
+
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+async def test_request_bodies_larger_than_the_window_arrive_whole(
+        server: h2server.H2Server, ca_file: str, tmp_path: Path, framing: str) -> None:
+    agent = await make_agent(server, ca_file, tmp_path)
+    payload = bytes(range(256)) * 1000  # 256 KB
+    if framing == "chunked":
+        wire = b"".join(b"%x\r\n%s\r\n" % (len(payload[i:i + 30000]), payload[i:i + 30000])
+                        for i in range(0, len(payload), 30000)) + b"0\r\n\r\n"
+        header = "Transfer-Encoding: chunked"
+    else:
+        wire, header = payload, f"Content-Length: {len(payload)}"
+    stream = request(agent, "/echo", header, "Content-Type: application/octet-stream",
+                     method="POST")
+    for i in range(0, len(wire), 16384):  # as the tunnel delivers it, while the server reads
+        stream.send(wire[i:i + 16384])
+        await asyncio.sleep(0)
+    await stream.wait_done(10)
+    status, _, body = stream.response()
+    assert status == 200 and body == payload
+    head = server.heads[(0, 1)]
+    assert b"transfer-encoding" not in head
+    assert head.get(b"content-length") == (None if framing == "chunked" else b"%d" % len(payload))
+    agent.pool.close()
+
+
+async def test_a_reset_before_the_response_is_a_502_status(
+        server: h2server.H2Server, ca_file: str, tmp_path: Path) -> None:
+    agent = await make_agent(server, ca_file, tmp_path)
+    stream = request(agent, "/reset")
+    await stream.wait_done()
+    status, _, body = stream.response()
+    assert status == 502 and b'"kind":"Status"' in body.replace(b" ", b"")
+    agent.pool.close()
+
+
+async def test_a_refused_stream_is_sent_again_if_it_had_no_body(
+        server: h2server.H2Server, ca_file: str, tmp_path: Path) -> None:
+    agent = await make_agent(server, ca_file, tmp_path)
+    stream = request(agent, "/refuse-first")  # the first stream of a fresh connection
+    await stream.wait_done()
+    assert stream.response() == (200, {"content-length": "5"}, b"again")
+    agent.pool.close()
+
+
+async def test_a_refused_stream_with_a_body_is_a_503_to_retry(
+        server: h2server.H2Server, ca_file: str, tmp_path: Path) -> None:
+    agent = await make_agent(server, ca_file, tmp_path)
+    stream = request(agent, "/refuse", "Content-Length: 2", body=b"{}", method="POST")
+    await stream.wait_done()
+    status, headers, body = stream.response()
+    assert status == 503 and headers["retry-after"] == "1"
+    assert b'"kind":"Status"' in body.replace(b" ", b"")
+    agent.pool.close()
+
+
+async def test_goaway_sends_new_requests_to_a_new_connection(
+        server: h2server.H2Server, ca_file: str, tmp_path: Path) -> None:
+    agent = await make_agent(server, ca_file, tmp_path)
+    watch = request(agent, "/watch")
+    await watch.wait(lambda: b'{"n":0}' in watch.received)
+    old = server.h2_connections[0]
+    old.goaway(last_stream_id=1)
+    await eventually(lambda: not agent.pool.h2_connections())
+    after = request(agent, "/small")
+    await after.wait_done()
+    assert after.response()[2] == b"small"
+    assert len(server.h2_connections) == 2
+    # The watch the server had accepted (stream 1) goes on until it ends.
+    old.conn.send_data(1, b'{"n":1}\n', end_stream=True)
+    old.flush()
+    await watch.wait(lambda: watch.eof)
+    assert watch.response()[2].endswith(b'8\r\n{"n":1}\n\r\n0\r\n\r\n')
+    agent.pool.close()
+
+
+async def test_streams_above_goaways_last_stream_id_are_retried_on_a_new_connection(
+        server: h2server.H2Server, ca_file: str, tmp_path: Path) -> None:
+    agent = await make_agent(server, ca_file, tmp_path)
+    warm = request(agent, "/small")  # stream 1
+    await warm.wait_done()
+    late = request(agent, "/late")  # stream 3: the server never processes it
+    await eventually(lambda: (0, 3) in server.heads)
+    server.h2_connections[0].goaway(last_stream_id=1)
+    await late.wait_done()
+    assert late.response() == (200, {"content-length": "4"}, b"late")
+    assert (1, 1) in server.heads  # sent again, as the first stream of a new connection
+    agent.pool.close()
+
+
+async def test_upgrades_use_http1_even_when_the_server_speaks_h2(
+        server: h2server.H2Server, ca_file: str, tmp_path: Path) -> None:
+    agent = await make_agent(server, ca_file, tmp_path)
+    ws = request(agent, "/api/v1/namespaces/a/pods/p/exec", "Connection: Upgrade",
+                 "Upgrade: websocket", "Sec-WebSocket-Version: 13",
+                 "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==")
+    await ws.wait_done()
+    assert ws.response()[2] == b"h1"
+    assert server.h1_requests and server.h1_requests[0].startswith(b"GET /api/v1/")
+    assert agent.pool.protocol_dials == {"h1": 1}
+    agent.pool.close()
+
+
+@pytest.mark.parametrize("alpn", [("http/1.1",), ("http/1.1", "h2")])
+async def test_a_server_that_picks_http1_gets_http1_from_then_on(
+        ca: trustme.CA, ca_file: str, tmp_path: Path, alpn: tuple[str, ...]) -> None:
+    # Python's server picks the first of its own list the client offers.
+    server = await h2server.start(ca.issue_cert("127.0.0.1"), alpn=alpn)
+    try:
+        agent = await make_agent(server, ca_file, tmp_path)
+        for _ in range(3):
+            stream = request(agent, "/small")
+            await stream.wait_done()
+            assert stream.response()[2] == b"h1"
+        # One probe offered h2, then HTTP/1.1 connections only (one, reused).
+        assert [c.alpn for c in server.connections] == ["http/1.1", "http/1.1"]
+        assert agent.pool.protocol_dials == {"h1": 1}
+        agent.pool.close()
+    finally:
+        assert server.server is not None
+        server.server.close()
+
+
+async def test_protocol_h2_refuses_a_server_without_it(
+        ca: trustme.CA, ca_file: str, tmp_path: Path) -> None:
+    server = await h2server.start(ca.issue_cert("127.0.0.1"), alpn=("http/1.1",))
+    try:
+        agent = await make_agent(server, ca_file, tmp_path, protocol="h2")
+        stream = request(agent, "/small")
+        await stream.wait_done()
+        assert stream.refused is not None and stream.refused[0] == OpenErrorCode.UNREACHABLE
+        assert "HTTP/2" in stream.refused[1]
+    finally:
+        assert server.server is not None
+        server.server.close()
+
+
+async def test_protocol_h1_never_offers_h2(server: h2server.H2Server, ca_file: str,
+                                           tmp_path: Path) -> None:
+    agent = await make_agent(server, ca_file, tmp_path, protocol="h1")
+    stream = request(agent, "/small")
+    await stream.wait_done()
+    assert stream.response()[2] == b"h1"
+    assert [c.alpn for c in server.connections] == ["http/1.1"]
+    agent.pool.close()
+
+
+async def test_an_idle_h2_connection_is_closed_after_the_idle_timeout(
+        server: h2server.H2Server, ca_file: str, tmp_path: Path) -> None:
+    agent = await make_agent(server, ca_file, tmp_path, idle_timeout=0.5)
+    stream = request(agent, "/small")
+    await stream.wait_done()
+    assert len(agent.pool.h2_connections()) == 1 and agent.pool.idle == 1
+    await eventually(lambda: not agent.pool.h2_connections(), timeout=5)
+    await eventually(lambda: server.h2_connections[0].transport.is_closing(), timeout=5)
+    agent.pool.close()
+
+
+def test_metrics_show_protocols_connections_and_streams() -> None:
+    agent: Any = Agent(cluster="c1", policy=FakePolicy(("127.0.0.1", 1), {}), kube=None)
+    agent.pool.protocol_dials.update({"h1": 2, "h2": 3})
+    text = agent.metrics.render().decode()
+    assert 'hubproxy_agent_upstream_protocol_dials_total{protocol="h2"} 3' in text
+    assert 'hubproxy_agent_upstream_protocol_dials_total{protocol="h1"} 2' in text
+    assert "hubproxy_agent_upstream_h2_streams 0" in text
+    assert 'hubproxy_agent_upstream_h2_streams_max{of="limit"} 100' in text
