@@ -55,6 +55,7 @@ class Lab:
     upstream_dir: Path = field(init=False)
     upstream_port: int = 0
     upstream_workers: list[int] = field(default_factory=list)
+    upstream_stats: Path = field(init=False)  # the workers' connection counts (SIGUSR1)
     bench_token: str = field(default_factory=lambda: "bench-" + secrets.token_hex(16))
     agent_token: str = field(default_factory=lambda: "agent-" + secrets.token_hex(16))
     gateway_token: str = field(default_factory=lambda: "gw-" + secrets.token_hex(16))
@@ -63,6 +64,7 @@ class Lab:
     def __post_init__(self) -> None:
         self.pki = self.root / "pki"
         self.upstream_dir = self.root / "upstream-tls"
+        self.upstream_stats = self.root / "upstream-stats"
 
     def make_certs(self) -> None:
         """``hubproxy certs init`` layout (agents bench and relay) + a separate upstream CA."""
@@ -131,13 +133,15 @@ def _wait_ok(cfg: Config, timeout: float = 30.0) -> None:
 def start_upstream(lab: Lab, workers: int) -> Config:
     lab.upstream_port = free_port()
     d = lab.upstream_dir
+    lab.upstream_stats.mkdir(exist_ok=True)
     proc = lab.procs.start("upstream", [
         sys.executable, "-m", "bench.upstream", "--listen", f"{LOOPBACK}:{lab.upstream_port}",
-        "--cert", str(d / "tls.crt"), "--key", str(d / "tls.key"), "--workers", str(workers)])
+        "--cert", str(d / "tls.crt"), "--key", str(d / "tls.key"), "--workers", str(workers),
+        "--stats-dir", str(lab.upstream_stats)])
     line = proc.wait_for_line("upstream ready on", 30)
     lab.upstream_workers = [int(x) for x in line.split("workers", 1)[1].split()]
     cfg = Config("direct", Target(f"https://{LOOPBACK}:{lab.upstream_port}", lab.upstream_ca),
-                 f"client -> upstream (TLS, {workers} worker processes)",
+                 f"client -> upstream (TLS, ALPN h2 + http/1.1, {workers} worker processes)",
                  {"upstream": lab.upstream_workers}, [proc])
     _wait_ok(cfg)
     return cfg

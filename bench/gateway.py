@@ -15,11 +15,15 @@ One run starts, on 127.0.0.1, one fast TLS upstream (``bench.upstream``) and in 
   ``--authorize none``) -> tunnel -> ``hubproxy agent`` -> upstream: the production path;
 - ``relay``: the same tunnel and agent with raw TCP relays at both ends (``bench.relayhub`` +
   ``agent --allow-tcp``), the client speaking TLS end to end with the upstream.
+- over HTTP/2 (``h2load``, one connection): ``direct-h2`` (the upstream offers ALPN h2, as
+  kube-apiserver), ``nginx-h2`` (``listen ... ssl http2``, HTTP/1.1 keep-alive upstream) and
+  hubproxy, 16 streams beside wrk's c=16 and one beside its c=1.
 
 Measurements alternate between configurations (A B C D E A B C ...) so drift hits all alike:
 small GETs with ``wrk`` at concurrency 1/16/64, large ``pods/log`` bodies and watches with
 ``curl``, time to first byte, CPU seconds (``/proc``) per GB and per 10k requests, peak RSS; then,
-for hubproxy only, RSS with many idle watches through one agent and a mixed-traffic soak; with
+for hubproxy only, RSS with many idle watches (HTTP/2 streams, then HTTP/1.1 connections) through
+one agent, the agent's share and what the upstream saw of it, and a mixed-traffic soak; with
 ``--profile`` py-spy flamegraphs of gateway and agent. A table with ratios goes to stdout; progress
 to stderr; ``--json`` writes everything, with machine info.
 """
@@ -51,6 +55,7 @@ from bench.gateway_report import goals, ratios, summarize, table
 from bench.loadgen import H2LOAD, WRK, Target, curl, h2load, wrk
 from bench.procs import Procs
 from bench.procstats import CpuMeter, peak_rss_mib, rss_mib
+from bench.upstream import read_stats
 from gateway.ops.rlimits import raise_open_file_limit
 
 MiB = 1024 * 1024
@@ -102,16 +107,27 @@ def measure_small_gets(cfgs: list[Config], plan: Plan, work: Path,
                 log(f"  round {rnd + 1} c={conc:<3} {cfg.name:<14} {run['rps']:>9.0f} req/s  "
                     f"p50 {run['p50_ms']:.3f} ms  p99 {run['p99_ms']:.3f} ms"
                     + (f"  ERRORS {run['error_detail']}" if run["errors"] else ""))
-                if conc == 16 and cfg.name.startswith("hubproxy") and H2LOAD is not None:
-                    # Side by side with HTTP/1.1 c=16: one HTTP/2 connection, 16 streams.
+                if conc in (1, 16) and speaks_h2(cfg) and H2LOAD is not None:
+                    # Side by side with HTTP/1.1: one HTTP/2 connection, 16 streams beside
+                    # c=16, one stream at a time beside c=1 (latency).
+                    streams = 16 if conc == 16 else 1
                     meter = CpuMeter(cfg.roles).start()
-                    h2run = h2load(cfg.target, POD_PATH, clients=1, streams=16,
+                    h2run = h2load(cfg.target, POD_PATH, clients=1, streams=streams,
                                    seconds=plan.wrk_seconds)
                     h2run["cpu_s"] = meter.stop()
-                    results[cfg.name].setdefault("h2_small_get_runs", []).append(h2run)
-                    log(f"  round {rnd + 1} h2 1x16 {cfg.name:<14} {h2run['rps']:>9.0f} req/s  "
-                        f"mean {h2run['mean_ms']:.3f} ms  ({h2run['protocol']})"
+                    key = "h2_small_get_runs" if streams == 16 else "h2_c1_runs"
+                    results[cfg.name].setdefault(key, []).append(h2run)
+                    p50, p99 = h2run["p50_ms"], h2run["p99_ms"]
+                    log(f"  round {rnd + 1} h2 1x{streams:<2} {cfg.name + '-h2':<14} "
+                        f"{h2run['rps']:>9.0f} req/s  p50 {p50 or 0:.3f} ms  p99 {p99 or 0:.3f} "
+                        f"ms  ({h2run['protocol']})"
                         + (f"  ERRORS {h2run['errors']}" if h2run["errors"] else ""))
+
+
+def speaks_h2(cfg: Config) -> bool:
+    """``direct-h2``, ``nginx-h2`` and hubproxy over HTTP/2: the same processes as their HTTP/1.1
+    twins, which offer ALPN h2 (kubectl proxy serves plain HTTP; the relay is TLS end to end)."""
+    return cfg.name in ("direct", "nginx") or cfg.name.startswith("hubproxy")
 
 
 def measure_bodies(cfgs: list[Config], plan: Plan, results: dict[str, Any]) -> None:
@@ -172,13 +188,35 @@ def upstream_check(lab: Lab, static: Target | None, plan: Plan, work: Path) -> d
     return out
 
 
-def idle_watches(cfg: Config, count: int, hold_timeout: float, h2_connections: int = 0
-                 ) -> dict[str, Any]:
-    """Open ``count`` watches through the gateway from a separate process; RSS before/with them.
+def upstream_stats(lab: Lab) -> dict[str, int]:
+    return read_stats(lab.upstream_stats, lab.upstream_workers)
+
+
+def upstream_seen(before: dict[str, int], during: dict[str, int]) -> dict[str, Any]:
+    """Connections and streams the upstream gained while the watches were open: how the agent
+    reached it (the agent does not say which protocol it negotiated)."""
+    h1 = during["h1_open"] - before["h1_open"]
+    h2 = during["h2_open"] - before["h2_open"]
+    streams = during["h2_streams_open"] - before["h2_streams_open"]
+    # The agent may reuse connections its pool kept from earlier watches (no new ones): then
+    # what the upstream held during the watches says it.
+    held_h1, held_streams = during["h1_open"], during["h2_streams_open"]
+    protocol = ("h2" if streams > 0 and streams >= h1 else "h1" if h1 > 0
+                else "h2" if held_streams > held_h1 else "h1" if held_h1 > 0 else "?")
+    return {"protocol": protocol, "h1_connections": h1, "h2_connections": h2,
+            "h2_streams": streams, "held_h1_connections": held_h1,
+            "held_h2_connections": during["h2_open"], "held_h2_streams": held_streams}
+
+
+def idle_watches(lab: Lab, cfg: Config, count: int, hold_timeout: float,
+                 h2_connections: int = 0) -> dict[str, Any]:
+    """Open ``count`` watches through the gateway from a separate process; RSS before/with them,
+    and what the upstream saw (HTTP/1.1 connections or HTTP/2 streams from the agent).
     ``h2_connections``: as HTTP/2 streams over that many connections (0: one HTTP/1.1
     connection per watch)."""
     gw, agent = cfg.roles["gateway"][0], cfg.roles["agent"][0]
     before = {"gateway": rss_mib(gw), "agent": rss_mib(agent)}
+    seen_before = upstream_stats(lab)
     token_file = Path(tempfile.mkstemp(prefix="bench-token-")[1])
     token_file.write_text(cfg.target.token or "")
     url = cfg.target.url(WATCH_PATH.format(n=1) + "&hold=1")
@@ -205,6 +243,7 @@ def idle_watches(cfg: Config, count: int, hold_timeout: float, h2_connections: i
         info.update(json.loads(line[len("IDLEJSON "):]))
         time.sleep(1.0)  # let buffers settle
         during = {"gateway": rss_mib(gw), "agent": rss_mib(agent)}
+        info["upstream_seen"] = upstream_seen(seen_before, upstream_stats(lab))
         info["rss_before_mib"] = before
         info["rss_with_watches_mib"] = during
         opened = max(1, info["open"])
@@ -415,24 +454,24 @@ def run_all(args: argparse.Namespace, plan: Plan) -> dict[str, Any]:
             # After the soak: the watches' memory, once freed, would otherwise leave the heap
             # room that hides growth during the soak.
             idle_protocols = args.idle_protocols.split(",")
-            if count > 0 and "h1" in idle_protocols:
-                log(f"idle watches: {count} through the gateway and one agent:")
-                try:
-                    out["idle_watches"] = idle_watches(hub, count, 240)
-                except Exception as exc:
-                    out["idle_watches"] = {"error": str(exc)[:2000]}
-                log(f"  {json.dumps({k: v for k, v in out['idle_watches'].items()})[:600]}")
             if count > 0 and "h2" in idle_protocols:
-                # After the HTTP/1.1 ones the heap keeps their pages: --idle-protocols h2 for
-                # a clean figure.
+                # First: the HTTP/1.1 watches' freed pages would stay in the heap and hide
+                # the h2 cost (the h1 figure after these is the absolute RSS all the same).
                 h2_connections = max(1, count // 100)
                 log(f"idle watches over HTTP/2: {count} as streams of {h2_connections} "
                     "connections:")
                 try:
-                    out["idle_watches_h2"] = idle_watches(hub, count, 240, h2_connections)
+                    out["idle_watches_h2"] = idle_watches(lab, hub, count, 240, h2_connections)
                 except Exception as exc:
                     out["idle_watches_h2"] = {"error": str(exc)[:2000]}
                 log(f"  {json.dumps(out['idle_watches_h2'])[:600]}")
+            if count > 0 and "h1" in idle_protocols:
+                log(f"idle watches: {count} through the gateway and one agent:")
+                try:
+                    out["idle_watches"] = idle_watches(lab, hub, count, 240)
+                except Exception as exc:
+                    out["idle_watches"] = {"error": str(exc)[:2000]}
+                log(f"  {json.dumps({k: v for k, v in out['idle_watches'].items()})[:600]}")
             if count > 0:
                 log(f"idle TLS floor: {count} connections to a bare uvloop TLS server:")
                 out["tls_floor"] = tls_floor(lab, count)

@@ -24,6 +24,11 @@ GOALS_TEXT = {
         "idle watch over HTTP/2 <= 8 KiB of gateway RSS", 8192.0, "<="),
     "small_get_h2_m16_vs_h1_c16": ("small GETs, 16 streams of one h2 connection >= 1.0 x "
                                    "HTTP/1.1 c=16", 1.0, ">="),
+    "p50_added_ms_c1_h2": ("c=1 over HTTP/2: p50 added over direct-h2 <= 0.4 ms", 0.4, "<="),
+    "p99_added_ms_c1_h2": ("c=1 over HTTP/2: p99 added over direct-h2 <= 1.5 ms", 1.5, "<="),
+    "idle_watches_h2_agent_bytes_per_watch": (
+        "agent <= 8 KiB per idle watch with an HTTP/2 upstream (see the protocol the upstream "
+        "saw)", 8192.0, "<="),
 }
 
 
@@ -42,14 +47,20 @@ def summarize(raw: dict[str, Any], body_bytes: int) -> dict[str, Any]:
             "errors": sum(r["errors"] for r in runs),
             "client_cpu_util_max": max(r["client_cpu_util"] for r in runs),
         }
-    h2runs = raw.get("h2_small_get_runs", [])
-    if h2runs:  # h2load: one HTTP/2 connection, 16 streams (beside wrk's HTTP/1.1 c=16)
-        out["small_get"]["h2_c1_m16"] = {
-            "rps": _median([r["rps"] for r in h2runs]),
-            "mean_ms": _median([r["mean_ms"] for r in h2runs if r["mean_ms"] is not None]),
-            "errors": sum(r["errors"] for r in h2runs),
-            "client_cpu_util_max": max(r["client_cpu_util"] for r in h2runs),
-        }
+    # h2load, one HTTP/2 connection: 16 streams beside wrk's c=16, 1 stream beside its c=1.
+    for key, runs_key in (("h2_c1_m16", "h2_small_get_runs"), ("h2_c1_m1", "h2_c1_runs")):
+        h2runs = raw.get(runs_key, [])
+        if h2runs:
+            out["small_get"][key] = {
+                "rps": _median([r["rps"] for r in h2runs]),
+                **{q: _median([r[q] for r in h2runs if r.get(q) is not None])
+                   for q in ("mean_ms", "p50_ms", "p99_ms")},
+                "errors": sum(r["errors"] for r in h2runs),
+                "client_cpu_util_max": max(r["client_cpu_util"] for r in h2runs),
+                # CPU per request of each process: unlike req/s, barely moved by what else
+                # runs on the machine (the c=16 figure is under "cpu").
+                "cpu_s_per_10k_requests": _cpu_per_10k(h2runs, raw["roles"]),
+            }
     if raw.get("h2_body_runs"):
         out["large_body_h2"] = {"mb_s": _median([r["speed"] / 1e6 for r in raw["h2_body_runs"]]),
                                 "samples_mb_s": [round(r["speed"] / 1e6, 1)
@@ -88,6 +99,15 @@ def summarize(raw: dict[str, Any], body_bytes: int) -> dict[str, Any]:
     return out
 
 
+def _cpu_per_10k(runs: list[dict[str, Any]], roles: dict[str, Any]) -> dict[str, float | None]:
+    requests = sum(r["requests"] for r in runs)
+    out: dict[str, float | None] = {
+        role: 1e4 * sum(r.get("cpu_s", {}).get(role, 0.0) for r in runs) / requests
+        if requests else None for role in roles}
+    out["total"] = sum(v or 0.0 for v in out.values()) if requests else None
+    return out
+
+
 def _get(cfgs: dict[str, Any], name: str, *path: str) -> float | None:
     node: Any = cfgs.get(name)
     for key in path:
@@ -121,6 +141,17 @@ def ratios(cfgs: dict[str, Any]) -> dict[str, float | None]:
     # HTTP/2 (1 connection x 16 streams) against HTTP/1.1 c=16, both through hubproxy.
     out["small_get_h2_m16_vs_h1_c16"] = _ratio(_get(cfgs, HUB, "small_get", "h2_c1_m16", "rps"),
                                                _get(cfgs, HUB, "small_get", "c16", "rps"))
+    # ... and against nginx-h2 and direct-h2 (the same processes spoken to over HTTP/2).
+    for other in ("nginx", "direct"):
+        out[f"small_get_h2_m16_vs_{other}_h2"] = _ratio(
+            _get(cfgs, HUB, "small_get", "h2_c1_m16", "rps"),
+            _get(cfgs, other, "small_get", "h2_c1_m16", "rps"))
+    for q in ("p50", "p99"):  # c=1 over HTTP/2: added over direct-h2, and against our h1
+        hub = _get(cfgs, HUB, "small_get", "h2_c1_m1", f"{q}_ms")
+        direct = _get(cfgs, "direct", "small_get", "h2_c1_m1", f"{q}_ms")
+        out[f"{q}_added_ms_c1_h2"] = round(hub - direct, 3) \
+            if hub is not None and direct is not None else None
+        out[f"{q}_ms_c1_h2_vs_h1"] = _ratio(hub, _get(cfgs, HUB, "small_get", "c1", f"{q}_ms"))
     out["large_body_h2_vs_h1"] = _ratio(_get(cfgs, HUB, "large_body_h2", "mb_s"),
                                         _get(cfgs, HUB, "large_body", "mb_s"))
     out["relay_large_body_vs_direct"] = _ratio(_get(cfgs, "relay", *body),
@@ -149,6 +180,7 @@ def goals(result: dict[str, Any]) -> dict[str, Any]:
     idle_h2 = result.get("idle_watches_h2") or {}
     values["idle_watches_h2_gateway_rss_10k_mib"] = idle_h2.get("gateway_rss_at_10k_mib")
     values["idle_watches_h2_gateway_bytes_per_watch"] = idle_h2.get("gateway_bytes_per_watch")
+    values["idle_watches_h2_agent_bytes_per_watch"] = idle_h2.get("agent_bytes_per_watch")
     values["soak_gateway_rss_drift_pct"] = (result.get("soak") or {}).get("gateway_rss_drift_pct")
     out = {}
     for key, (text, limit, op) in GOALS_TEXT.items():
@@ -168,6 +200,18 @@ def _fmt(value: float | None, digits: int = 0) -> str:
     return f"{value:,.{digits}f}"
 
 
+def _upstream_seen(seen: dict[str, Any] | None) -> str:
+    """What the upstream counted while the watches were open: the agent's protocol."""
+    if not seen:
+        return "an upstream protocol not recorded"
+    held = (f"; it held {seen['held_h1_connections']} HTTP/1.1 connections and "
+            f"{seen['held_h2_streams']} h2 streams in all" if "held_h1_connections" in seen
+            else "")
+    return (f"{seen['protocol']} to the upstream (it saw +{seen['h1_connections']} HTTP/1.1 "
+            f"connections, +{seen['h2_connections']} HTTP/2 connections carrying "
+            f"+{seen['h2_streams']} streams{held})")
+
+
 def table(result: dict[str, Any]) -> str:
     cfgs: dict[str, Any] = result.get("configs", {})
     names = [n for n in ("direct", "nginx", "nginx-auto", "kubectl-proxy", "aiohttp-proxy",
@@ -185,8 +229,10 @@ def table(result: dict[str, Any]) -> str:
     rows = []
     for conc in ("c1", "c16", "c64", "h2_c1_m16"):
         if conc == "h2_c1_m16" and any(conc in cfgs[n]["small_get"] for n in names):
-            rows.append(row("small GET req/s h2 1x16", ("small_get", conc, "rps")))
-            rows.append(row("  mean ms h2 1x16", ("small_get", conc, "mean_ms"), 3))
+            for key, label in (("h2_c1_m1", "h2 1x1"), ("h2_c1_m16", "h2 1x16")):
+                rows.append(row(f"small GET req/s {label}", ("small_get", key, "rps")))
+                rows.append(row(f"  p50 ms {label}", ("small_get", key, "p50_ms"), 3))
+                rows.append(row(f"  p99 ms {label}", ("small_get", key, "p99_ms"), 3))
         elif any(conc in cfgs[n]["small_get"] for n in names):
             rows.append(row(f"small GET req/s {conc}", ("small_get", conc, "rps")))
             rows.append(row(f"  p50 ms {conc}", ("small_get", conc, "p50_ms"), 3))
@@ -198,6 +244,7 @@ def table(result: dict[str, Any]) -> str:
         row("TTFB ms (new conn, median)", ("ttfb", "ms"), 2),
         row("TTFB ms after handshake", ("ttfb", "after_handshake_ms"), 2),
         row("proxy CPU s / 10k req", ("cpu", "total", "s_per_10k_requests"), 2),
+        row("  over h2 1x16", ("small_get", "h2_c1_m16", "cpu_s_per_10k_requests", "total"), 2),
         row("proxy CPU s / GB", ("cpu", "total", "s_per_gb"), 2),
     ]
     headers = ["", *names, "hub/direct", "hub/nginx", "hub/kubectl"]
@@ -206,7 +253,8 @@ def table(result: dict[str, Any]) -> str:
                        for i, (c, w) in enumerate(zip(r, widths, strict=True)))
              for r in [headers, *rows]]
     lines.append("(direct's CPU row is the upstream's own; kubectl-proxy is plain HTTP on the "
-                 "client side)")
+                 "client side; h2 rows: h2load, one connection, in the direct and nginx columns "
+                 "direct-h2 and nginx-h2)")
 
     hub = cfgs.get(HUB)
     if hub:
@@ -214,23 +262,28 @@ def table(result: dict[str, Any]) -> str:
         lines.append("hubproxy processes:")
         for role in ("gateway", "agent"):
             c = hub["cpu"].get(role, {})
-            lines.append(f"  {role:<8} CPU {_fmt(c.get('s_per_10k_requests'), 2)} s/10k req, "
+            h2cpu = (hub["small_get"].get("h2_c1_m16") or {}).get("cpu_s_per_10k_requests") or {}
+            lines.append(f"  {role:<8} CPU {_fmt(c.get('s_per_10k_requests'), 2)} s/10k req "
+                         f"(h2 1x16: {_fmt(h2cpu.get(role), 2)}), "
                          f"{_fmt(c.get('s_per_gb'), 2)} s/GB, peak RSS "
                          f"{_fmt(hub['peak_rss_mib'].get(role), 1)} MiB")
-        idle = result.get("idle_watches")
-        if idle and "error" not in idle:
-            est = " (extrapolated)" if idle.get("extrapolated") else ""
-            lines.append(
-                f"  idle watches: {idle['open']}/{idle['requested']} open {idle['outcomes']}; "
-                f"gateway {idle['rss_before_mib']['gateway']:.1f} -> "
-                f"{idle['rss_with_watches_mib']['gateway']:.1f} MiB "
-                f"({idle['gateway_bytes_per_watch']:.0f} B/watch), agent "
-                f"{idle['rss_before_mib']['agent']:.1f} -> "
-                f"{idle['rss_with_watches_mib']['agent']:.1f} MiB "
-                f"({idle['agent_bytes_per_watch']:.0f} B/watch); gateway RSS at 10k{est}: "
-                f"{idle['gateway_rss_at_10k_mib']:.1f} MiB")
-        elif idle:
-            lines.append(f"  idle watches: FAILED {idle['error'][:300]}")
+        for key, clients in (("idle_watches", "HTTP/1.1"), ("idle_watches_h2", "HTTP/2")):
+            idle = result.get(key)
+            if idle and "error" not in idle:
+                est = " (extrapolated)" if idle.get("extrapolated") else ""
+                lines.append(
+                    f"  idle watches, {clients} clients: {idle['open']}/{idle['requested']} open "
+                    f"{idle['outcomes']}; gateway {idle['rss_before_mib']['gateway']:.1f} -> "
+                    f"{idle['rss_with_watches_mib']['gateway']:.1f} MiB "
+                    f"({idle['gateway_bytes_per_watch']:.0f} B/watch); gateway RSS at "
+                    f"10k{est}: {idle['gateway_rss_at_10k_mib']:.1f} MiB")
+                lines.append(
+                    f"    agent {idle['rss_before_mib']['agent']:.1f} -> "
+                    f"{idle['rss_with_watches_mib']['agent']:.1f} MiB "
+                    f"({idle['agent_bytes_per_watch']:.0f} B/watch) over "
+                    f"{_upstream_seen(idle.get('upstream_seen'))}")
+            elif idle:
+                lines.append(f"  idle watches, {clients} clients: FAILED {idle['error'][:300]}")
         floor = result.get("tls_floor")
         if floor and "error" not in floor:
             ossl = floor.get("openssl_bytes_per_connection")

@@ -141,15 +141,22 @@ H2LOAD = shutil.which("h2load")
 def h2load(target: Target, path: str, *, clients: int, streams: int, seconds: float
            ) -> dict[str, Any]:
     """Closed-loop GETs over HTTP/2 (nghttp2's h2load): ``clients`` connections, ``streams``
-    concurrent streams on each; req/s, mean latency (h2load prints no percentiles), errors."""
+    concurrent streams on each; req/s, mean latency, p50/p99 (from h2load's per-request log;
+    it prints no percentiles itself), errors."""
     if H2LOAD is None:
         raise RuntimeError("h2load is not installed (apt-get install -y nghttp2-client)")
-    args = [H2LOAD, "-c", str(clients), "-m", str(streams), "-t", "1",
-            "-D", str(max(1, round(seconds))), "--warm-up-time", "1"]
-    if target.token:
-        args += ["-H", f"authorization: Bearer {target.token}"]
-    args.append(target.url(path))
-    code, out, err, wall, cpu = run_timed(args, seconds + 60)
+    with tempfile.NamedTemporaryFile(prefix="h2load-", suffix=".log") as requests_log:
+        args = [H2LOAD, "-c", str(clients), "-m", str(streams), "-t", "1",
+                # No --warm-up-time: like wrk, every request counts, so the CPU measured over
+                # the whole run divides by all of them.
+                "-D", str(max(1, round(seconds))), "--log-file", requests_log.name]
+        if target.token:
+            args += ["-H", f"authorization: Bearer {target.token}"]
+        args.append(target.url(path))
+        code, out, err, wall, cpu = run_timed(args, seconds + 60)
+        # One line per request: start (us since the epoch), status, duration (us).
+        durations = sorted(int(line.split()[2]) for line in Path(requests_log.name)
+                           .read_text().splitlines() if len(line.split()) == 3)
     if code != 0 or "finished in" not in out:
         raise RuntimeError(f"h2load failed ({code}): {out[-800:]} {err[-800:]}")
     finished = re.search(r"finished in [^,]+, ([0-9.]+) req/s", out)
@@ -166,11 +173,17 @@ def h2load(target: Target, path: str, *, clients: int, streams: int, seconds: fl
         "errors": int(done.group(5)) + int(done.group(6))
         + (int(status.group(3)) + int(status.group(4)) if status else 0),
         "mean_ms": _ms(timing.group(3)) if timing else None,
+        "p50_ms": _percentile(durations, 0.50) / 1000 if durations else None,
+        "p99_ms": _percentile(durations, 0.99) / 1000 if durations else None,
         "max_ms": _ms(timing.group(2)) if timing else None,
         "protocol": protocol.group(1) if protocol else "?",
         "clients": clients, "streams": streams,
         "client_cpu_util": cpu / wall if wall else 0.0,
     }
+
+
+def _percentile(ordered: list[int], q: float) -> float:
+    return float(ordered[min(len(ordered) - 1, int(q * len(ordered)))])
 
 
 def _ms(value: str) -> float:

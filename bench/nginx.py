@@ -27,9 +27,11 @@ def write_config(prefix: Path, *, workers: str, proxy_port: int, static_port: in
                  upstream_port: int, cert: str, key: str, upstream_ca: str) -> Path:
     """A TLS-terminating proxy on ``proxy_port`` and a static ``/bench.json`` on ``static_port``.
 
-    Proxy settings are the ones a careful operator uses for a Kubernetes API: HTTP/1.1 with a
-    keep-alive upstream pool, no response or request buffering (watches and logs stream), TLS to
-    the upstream verified against its CA, TLS sessions reused.
+    The proxy listener offers ALPN ``h2`` and ``http/1.1`` (``listen ... ssl http2``). Proxy
+    settings are the ones a careful operator uses for a Kubernetes API: HTTP/1.1 with a
+    keep-alive upstream pool (nginx proxies only over HTTP/1.1), no response or request
+    buffering (watches and logs stream), TLS to the upstream verified against its CA, TLS
+    sessions reused.
     """
     for sub in ("logs", "tmp/client", "tmp/proxy", "tmp/fastcgi", "tmp/uwsgi", "tmp/scgi", "html"):
         (prefix / sub).mkdir(parents=True, exist_ok=True)
@@ -65,7 +67,9 @@ http {{
         keepalive_requests 1000000;
     }}
     server {{
-        listen 127.0.0.1:{proxy_port} ssl;
+        # ALPN h2 and http/1.1, as the gateway offers: HTTP/1.1 clients (wrk, curl --http1.1)
+        # measure "nginx", h2load measures "nginx-h2"; upstream always HTTP/1.1 keep-alive.
+        listen 127.0.0.1:{proxy_port} ssl http2;
         ssl_certificate {cert};
         ssl_certificate_key {key};
         location / {{

@@ -4,8 +4,10 @@
 
 uvloop + a raw ``asyncio.Protocol`` with pre-built responses; ``--workers`` processes share the
 port with ``SO_REUSEPORT``. It prints ``upstream ready on PORT`` once every worker listens.
-Answers (HTTP/1.1 keep-alive, pipelining-safe; request bodies are not expected and ignored,
-identity and impersonation headers are ignored):
+ALPN offers ``h2`` and ``http/1.1`` as kube-apiserver does (``--alpn`` narrows it). Over HTTP/1.1:
+keep-alive, pipelining-safe; over HTTP/2 (the ``h2`` library, sans-IO, frames written once per
+read): every request is a stream, responses sent as the client's windows allow. Request bodies
+are not expected and ignored, identity and impersonation headers are ignored. The answers:
 
 - ``GET /api/v1/namespaces/default/pods/bench`` -- a ~1 KiB Pod as JSON (Content-Length);
 - ``GET /api/v1/namespaces/default/pods/bench/log?bytes=N`` -- N bytes of log text, chunked in
@@ -17,6 +19,10 @@ identity and impersonation headers are ignored):
 - anything else -- 404 Status JSON.
 
 Not a Kubernetes implementation: just enough bytes on the wire to look like one.
+
+With ``--stats-dir DIR``, each worker writes ``DIR/<pid>.json`` on SIGUSR1: its open and total
+connections per protocol (``h1``/``h2``) and open h2 streams, so a benchmark can say what a
+client such as the agent negotiated.
 """
 
 from __future__ import annotations
@@ -32,7 +38,15 @@ import ssl
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qs
+
+import h2.config
+import h2.connection
+import h2.events
+import h2.exceptions
+import h2.settings
 
 MiB = 1024 * 1024
 LOG_CHUNK = MiB
@@ -102,8 +116,15 @@ def watch_chunks(events: int, hold: bool) -> Iterator[bytes]:
         yield LAST_CHUNK
 
 
+# Connections per protocol in this worker (written to --stats-dir on SIGUSR1).
+STATS: dict[str, int] = {"h1_open": 0, "h1_total": 0, "h2_open": 0, "h2_total": 0,
+                         "h2_streams_open": 0, "h2_streams_total": 0}
+H2_MAX_STREAMS = 100  # what kube-apiserver announces (--http2-max-streams-per-connection)
+
+
 class Upstream(asyncio.Protocol):
-    """One client connection: parse request heads, answer from pre-built bytes."""
+    """One client connection: parse request heads, answer from pre-built bytes; a connection
+    that negotiated ``h2`` is handed to :class:`H2Upstream`."""
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -111,13 +132,25 @@ class Upstream(asyncio.Protocol):
         self.body: Iterator[bytes] | None = None  # the streaming response in progress
         self.holding = False  # an idle watch: nothing more will be written
         self.paused = False
+        self.h2: H2Upstream | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         # Large writes must pause us early rather than buffer megabytes per connection.
         self.transport.set_write_buffer_limits(high=4 * MiB, low=1 * MiB)
+        ssl_object = transport.get_extra_info("ssl_object")
+        if ssl_object is not None and ssl_object.selected_alpn_protocol() == "h2":
+            self.h2 = H2Upstream(self.transport)
+            STATS["h2_open"] += 1
+            STATS["h2_total"] += 1
+        else:
+            STATS["h1_open"] += 1
+            STATS["h1_total"] += 1
 
     def data_received(self, data: bytes) -> None:
+        if self.h2 is not None:
+            self.h2.data_received(data)
+            return
         self.buffer = self.buffer + data if self.buffer else data
         if len(self.buffer) > MAX_HEAD and b"\r\n\r\n" not in self.buffer:
             self.transport.close()
@@ -169,14 +202,199 @@ class Upstream(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.paused = True
+        if self.h2 is not None:
+            self.h2.paused = True
 
     def resume_writing(self) -> None:
         self.paused = False
-        if self.body is not None:
+        if self.h2 is not None:
+            self.h2.resume_writing()
+        elif self.body is not None:
             self.pump()
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self.body = None
+        if self.h2 is not None:
+            STATS["h2_open"] -= 1
+            self.h2.connection_lost()
+        else:
+            STATS["h1_open"] -= 1
+
+
+# HTTP/2 ------------------------------------------------------------------------------------------
+
+H2_JSON = [(b":status", b"200"), (b"content-type", b"application/json")]
+H2_POD_HEADERS = [*H2_JSON, (b"content-length", str(len(POD)).encode())]
+H2_LOG_HEADERS = [(b":status", b"200"), (b"content-type", b"text/plain")]
+H2_NOT_FOUND = [(b":status", b"404"), (b"content-type", b"application/json"),
+                (b"content-length", str(len(NOT_FOUND_BODY)).encode())]
+H2_WINDOW = 16 * MiB  # receive windows: request bodies are ignored, never let them stall
+
+
+def log_payload(total: int) -> Iterator[bytes]:
+    full, rest = divmod(total, LOG_CHUNK)
+    for _ in range(full):
+        yield LOG_PAYLOAD
+    if rest:
+        yield LOG_PAYLOAD[:rest]
+
+
+class H2Stream:
+    """A response body in progress on one stream: payload pieces, then END_STREAM unless
+    ``hold`` (an idle watch)."""
+
+    __slots__ = ("body", "hold", "piece")
+
+    def __init__(self, body: Iterator[bytes], hold: bool) -> None:
+        self.body: Iterator[bytes] | None = body
+        self.hold = hold
+        self.piece = memoryview(b"")  # the part of the current piece not yet sent
+
+
+class H2Upstream:
+    """One HTTP/2 client connection (the ``h2`` state machine); writes once per read."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+        config = h2.config.H2Configuration(client_side=False, header_encoding=None,
+                                           validate_inbound_headers=False,
+                                           normalize_inbound_headers=False,
+                                           validate_outbound_headers=False,
+                                           normalize_outbound_headers=False)
+        self.conn = conn = h2.connection.H2Connection(config=config)
+        conn.local_settings = h2.settings.Settings(client=False, initial_values={
+            h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: H2_MAX_STREAMS,
+            h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: H2_WINDOW,
+            h2.settings.SettingCodes.ENABLE_PUSH: 0,
+        })
+        conn.initiate_connection()
+        conn.increment_flow_control_window(H2_WINDOW)
+        self.streams: dict[int, H2Stream] = {}  # streams with a body still to send
+        self.paused = False
+        transport.write(conn.data_to_send())
+
+    def data_received(self, data: bytes) -> None:
+        conn = self.conn
+        try:
+            events = conn.receive_data(data)
+        except h2.exceptions.ProtocolError:
+            self.transport.write(conn.data_to_send())
+            self.transport.close()
+            return
+        for event in events:
+            if isinstance(event, h2.events.RequestReceived):
+                self.request(event)
+            elif isinstance(event, h2.events.WindowUpdated):
+                self.pump()
+            elif isinstance(event, h2.events.DataReceived):
+                conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+            elif isinstance(event, h2.events.StreamReset):
+                if self.streams.pop(event.stream_id, None) is not None:
+                    STATS["h2_streams_open"] -= 1
+            elif isinstance(event, h2.events.ConnectionTerminated):
+                self.transport.close()
+                return
+        out = conn.data_to_send()
+        if out:
+            self.transport.write(out)
+
+    def request(self, event: h2.events.RequestReceived) -> None:
+        conn = self.conn
+        sid = event.stream_id
+        target = next((v for k, v in event.headers if k == b":path"), b"")
+        path, _, query = target.partition(b"?")
+        if path == POD_PATH or path == b"/bench.json":
+            conn.send_headers(sid, H2_POD_HEADERS)
+            conn.send_data(sid, POD, end_stream=True)  # 1 KiB: within any window
+            return
+        if path == LOG_PATH:
+            body = log_payload(_int_param(query, "bytes", DEFAULT_LOG_BYTES))
+            conn.send_headers(sid, H2_LOG_HEADERS)
+            self.stream(sid, H2Stream(body, False))
+        elif path == WATCH_PATH and b"watch=" in query:
+            events = _int_param(query, "events", 100)
+            conn.send_headers(sid, H2_JSON)
+            self.stream(sid, H2Stream(iter([EVENT] * events), _int_param(query, "hold", 0) > 0))
+        else:
+            conn.send_headers(sid, H2_NOT_FOUND)
+            conn.send_data(sid, NOT_FOUND_BODY, end_stream=True)
+
+    def stream(self, sid: int, stream: H2Stream) -> None:
+        self.streams[sid] = stream
+        STATS["h2_streams_open"] += 1
+        STATS["h2_streams_total"] += 1
+        self.pump_one(sid, stream)
+
+    def pump(self) -> None:
+        for sid, stream in list(self.streams.items()):
+            if self.paused:
+                return
+            self.pump_one(sid, stream)
+
+    def pump_one(self, sid: int, stream: H2Stream) -> None:
+        """Send as much of the body as the windows and our write buffer allow; each watch
+        event is its own DATA frame, as an apiserver flushes every event."""
+        conn = self.conn
+        queued = 0
+        while not self.paused:
+            piece = stream.piece
+            if not piece:
+                nxt = next(stream.body, None) if stream.body is not None else None
+                if nxt is None:
+                    stream.body = None
+                    if not stream.hold:
+                        conn.end_stream(sid)
+                        del self.streams[sid]
+                        STATS["h2_streams_open"] -= 1
+                    return  # held: idle watch, stays open
+                piece = memoryview(nxt)
+            room = min(conn.local_flow_control_window(sid), conn.max_outbound_frame_size,
+                       len(piece))
+            if room <= 0:
+                stream.piece = piece
+                return
+            conn.send_data(sid, piece[:room])
+            stream.piece = piece[room:]
+            queued += room
+            if queued >= 256 * 1024:  # hand big bodies to the transport as they go
+                queued = 0
+                self.transport.write(conn.data_to_send())
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        self.pump()
+        out = self.conn.data_to_send()
+        if out:
+            self.transport.write(out)
+
+    def connection_lost(self) -> None:
+        STATS["h2_streams_open"] -= len(self.streams)
+        self.streams.clear()
+
+
+def write_stats(stats_dir: str) -> None:
+    path = Path(stats_dir) / f"{os.getpid()}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(STATS))
+    tmp.replace(path)
+
+
+def read_stats(stats_dir: str | Path, pids: list[int], timeout: float = 5.0) -> dict[str, int]:
+    """SIGUSR1 to every worker, then their counts summed (what the upstream saw)."""
+    stamp = time.time()
+    for pid in pids:
+        os.kill(pid, signal.SIGUSR1)
+    files = [Path(stats_dir) / f"{pid}.json" for pid in pids]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(f.exists() and f.stat().st_mtime >= stamp - 0.01 for f in files):
+            break
+        time.sleep(0.02)
+    total: dict[str, int] = {}
+    for f in files:
+        for key, value in json.loads(f.read_text()).items():
+            total[key] = total.get(key, 0) + value
+    return total
 
 
 def _int_param(query: bytes, name: str, default: int) -> int:
@@ -187,14 +405,15 @@ def _int_param(query: bytes, name: str, default: int) -> int:
         return default
 
 
-def server_context(cert: str, key: str) -> ssl.SSLContext:
+def server_context(cert: str, key: str, alpn: list[str]) -> ssl.SSLContext:
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.load_cert_chain(cert, key)
-    ctx.set_alpn_protocols(["http/1.1"])
+    ctx.set_alpn_protocols(alpn)
     return ctx
 
 
-def _worker(host: str, port: int, cert: str, key: str, ready: multiprocessing.Queue) -> None:
+def _worker(host: str, port: int, cert: str, key: str, alpn: list[str], stats_dir: str | None,
+            ready: multiprocessing.Queue[Any]) -> None:
     try:
         import uvloop
         loop_factory = uvloop.new_event_loop
@@ -208,8 +427,10 @@ def _worker(host: str, port: int, cert: str, key: str, ready: multiprocessing.Qu
         sock.bind((host, port))
         sock.listen(4096)
         loop = asyncio.get_running_loop()
-        server = await loop.create_server(Upstream, sock=sock, ssl=server_context(cert, key),
-                                          backlog=4096)
+        server = await loop.create_server(Upstream, sock=sock,
+                                          ssl=server_context(cert, key, alpn), backlog=4096)
+        if stats_dir:
+            loop.add_signal_handler(signal.SIGUSR1, write_stats, stats_dir)
         stop = loop.create_future()
         loop.add_signal_handler(signal.SIGTERM, stop.set_result, None)
         loop.add_signal_handler(signal.SIGINT, stop.set_result, None)
@@ -228,12 +449,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cert", required=True)
     parser.add_argument("--key", required=True)
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--alpn", default="h2,http/1.1",
+                        help="ALPN protocols offered, in order (default: %(default)s, as "
+                        "kube-apiserver)")
+    parser.add_argument("--stats-dir", help="on SIGUSR1 each worker writes its connection "
+                        "counts per protocol to DIR/<pid>.json")
     args = parser.parse_args(argv)
     host, _, port = args.listen.rpartition(":")
-    ready: multiprocessing.Queue = multiprocessing.Queue()
+    alpn = [p for p in args.alpn.split(",") if p]
+    ready: multiprocessing.Queue[Any] = multiprocessing.Queue()
     # fork: workers share nothing but the port (SO_REUSEPORT spreads connections over them).
     ctx = multiprocessing.get_context("fork")
-    workers = [ctx.Process(target=_worker, args=(host, int(port), args.cert, args.key, ready),
+    workers = [ctx.Process(target=_worker, args=(host, int(port), args.cert, args.key, alpn,
+                                                         args.stats_dir, ready),
                            daemon=True) for _ in range(max(1, args.workers))]
     for w in workers:
         w.start()

@@ -77,6 +77,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("hubproxy.gateway")
 
 STREAM_WINDOW = 65535  # per-stream receive window (the HTTP/2 default)
+FLUSH_AT = 64 * 1024  # DATA bytes queued in h2 that are written at once, not at the turn's end
 RESET_BURST, RESET_RATE = 200, 50.0  # client RST_STREAMs: burst, then per second
 ANSWERED_BURST, ANSWERED_RATE = 200, 20.0  # PING and SETTINGS (each costs us an ACK)
 CHEAP_BURST, CHEAP_RATE = 5000, 1000.0  # WINDOW_UPDATE, PRIORITY, unknown frames
@@ -156,6 +157,8 @@ class H2FrontDoor(asyncio.Protocol):
         self.closed = False
         self._goaway_sent = False
         self._write_paused = False
+        self._flush_pending = False  # a flush_soon() is scheduled for this loop turn
+        self.queued = 0  # DATA payload bytes handed to h2 since the last write
         self._timer: asyncio.TimerHandle | None = None
         self._resets = FrameBudget(RESET_BURST, RESET_RATE)
         self._answered = FrameBudget(ANSWERED_BURST, ANSWERED_RATE)
@@ -194,7 +197,7 @@ class H2FrontDoor(asyncio.Protocol):
             if self.closed:
                 return
             self._event(event)
-        self._flush()
+        self.flush_soon()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -291,7 +294,24 @@ class H2FrontDoor(asyncio.Protocol):
 
     # --- output ------------------------------------------------------------------------------
 
+    def flush_soon(self) -> None:
+        """Write what h2 has queued at the end of this event-loop turn: the responses of all
+        the streams answered in one turn (one tunnel read often carries several) and the
+        frames of one client read go out as one TLS write, not one each. Past
+        ``FLUSH_AT`` bytes of DATA at once: bodies must reach the transport as they come, so that
+        its pause_writing holds the tunnel back before the buffer grows."""
+        if self.queued >= FLUSH_AT:
+            self._flush()
+        elif not self._flush_pending:
+            self._flush_pending = True
+            asyncio.get_running_loop().call_soon(self._flush_turn)
+
+    def _flush_turn(self) -> None:
+        self._flush_pending = False
+        self._flush()
+
     def _flush(self) -> None:
+        self.queued = 0
         data = self.conn.data_to_send()
         if data and not self.closed:
             self.transport.write(data)
@@ -372,13 +392,49 @@ class H2FrontDoor(asyncio.Protocol):
 
 # Request phases
 _ADMITTING, _OPEN, _ANSWERED = range(3)
+# Why a request's tunnel stream is not read (bits): the client connection's write buffer is
+# full, or the client's flow-control windows are.
+_PAUSE_BITS = {"client": 1, "window": 2}
+_NO_EARLY: list[bytes] = []  # shared, never appended to: a request's early body list is made
+# when its first body bytes arrive during admission
 
 
 class H2Request:
     """One HTTP/2 stream: admission, then the client side of an :class:`Exchange`.
 
     It is also the Exchange's transport: ``write`` receives the HTTP/1.1 response bytes and
-    sends them as HEADERS and DATA."""
+    sends them as HEADERS and DATA.
+
+    Slotted and lean: an idle watch keeps one of these for hours, thousands per process (the
+    10,000-watch goal), so nothing is kept that the rest of the stream does not need (the
+    request's header fields go once its tunnel stream is open)."""
+
+    __slots__ = (
+        "_counted",
+        "_data_ended",
+        "_finished",
+        "_long_running",
+        "_started",
+        "_stream_write_paused",
+        "_task",
+        "_timer",
+        "_tunnel_paused",
+        "body_bytes",
+        "client_ended",
+        "door",
+        "early",
+        "exchange",
+        "gw",
+        "head",
+        "pending",
+        "phase",
+        "request_id",
+        "response_ended",
+        "stream_id",
+        "streaming",
+        "translator",
+        "unacked",
+    )
 
     def __init__(self, door: H2FrontDoor, stream_id: int) -> None:
         self.door = door
@@ -389,15 +445,15 @@ class H2Request:
         self.exchange: Exchange | None = None
         self.translator: ResponseTranslator | None = None
         self.phase = _ADMITTING
-        self.early: list[bytes] = []  # body bytes that arrived during admission (unacked)
+        self.early = _NO_EARLY  # body bytes that arrived during admission (unacked)
         self.unacked = 0  # flow-controlled bytes received and not yet acknowledged
         self.body_bytes = 0
         self.client_ended = False
         self.response_ended = False
         self.pending: list[bytes] = []  # response payload waiting for the client's windows
         self._finished = False  # the exchange is over; end the stream once pending is sent
-        self._complete = False
-        self._tunnel_paused: set[str] = set()  # why the tunnel stream is not read
+        self._data_ended = False  # the last DATA frame carried END_STREAM
+        self._tunnel_paused = 0  # _PAUSE_BITS: why the tunnel stream is not read
         self._stream_write_paused = False  # the tunnel's send window is full
         self._task: asyncio.Future[Admitted] | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -442,7 +498,7 @@ class H2Request:
             self.refuse(500, "internal error in the gateway")
         else:
             self._open(task.result())
-        self.door._flush()
+        self.door.flush_soon()
 
     def _open(self, admitted: Admitted) -> None:
         head = self.head
@@ -451,7 +507,7 @@ class H2Request:
         self.exchange = exchange
         self.translator = ResponseTranslator(head.method)
         early = b"".join(self.early)
-        self.early = []
+        self.early = _NO_EARLY
         if head.chunked:
             early = chunk(early)
         exchange.bytes_in = len(early)
@@ -472,6 +528,10 @@ class H2Request:
             self.refuse(503, f'cluster "{admitted.cluster}" cannot take requests now, retry',
                         retry_after=1, user=admitted.user, cluster=admitted.cluster)
             return
+        # The fields now live in the OPEN's bytes (admitted.head); from here only the method,
+        # target and framing flags are read. An idle watch need not keep the rest (nor the
+        # bearer token) for its lifetime.
+        head.headers, head.names = [], []
         if exchange.done:
             return
         self._long_running = front_door_class(head.target, admitted.upgrade) != SHORT
@@ -499,6 +559,8 @@ class H2Request:
                                  f"{limit} bytes")
             return
         if self.phase == _ADMITTING:
+            if self.early is _NO_EARLY:
+                self.early = []
             self.early.append(data)  # bounded by the stream window: not acknowledged yet
             return
         exchange = self.exchange
@@ -533,7 +595,7 @@ class H2Request:
             if self.exchange is not None and self.exchange.head_sent:
                 return  # answered while the body still flows: the client's to finish
             self._fail_body(408, "timed out reading the request body")
-            self.door._flush()
+            self.door.flush_soon()
 
     def _fail_body(self, status: int, message: str) -> None:
         exchange = self.exchange
@@ -566,14 +628,19 @@ class H2Request:
     def resume_reading(self, reason: str) -> None:
         self._stream_write_paused = False
         self._acknowledge()
-        self.door._flush()
+        self.door.flush_soon()
 
     def response_started(self, exchange: Exchange) -> None:
         self._disarm()
+        if exchange.response is not None and self.translator is not None:
+            self.translator.expect(exchange.response)  # parsed once, not again
         target = self.head.target if self.head is not None else b""
         if b"watch=" in target or b"follow=" in target:
             exchange.streaming = self.streaming = True
             self.gw.audit_stream_start(self, exchange)  # type: ignore[arg-type]
+            # As the HTTP/1.1 door's _slim: a watch may stay open for hours; the forwarded
+            # head and the identity metadata were only for the OPEN (answered: no replay).
+            exchange.admitted.head = exchange.admitted.metadata = b""
             if self.gw.draining:  # started while the gateway shuts down: end it at once
                 exchange.end_stream()
 
@@ -597,7 +664,7 @@ class H2Request:
             else:
                 self.pending.append(item)
         self.send_pending()
-        self.door._flush()
+        self.door.flush_soon()
 
     def send_pending(self) -> None:
         """Send what the client's windows allow; pause the tunnel stream for the rest."""
@@ -614,10 +681,16 @@ class H2Request:
                 piece = pending[0]
                 if len(piece) <= room:
                     pending.pop(0)
-                    conn.send_data(sid, piece)
+                    # The body's last bytes carry END_STREAM (one frame less per response).
+                    last = not pending and self.translator is not None \
+                        and self.translator.complete
+                    conn.send_data(sid, piece, end_stream=last)
+                    self._data_ended = last
+                    self.door.queued += len(piece)
                 else:
                     pending[0] = piece[room:]
                     conn.send_data(sid, piece[:room])
+                    self.door.queued += room
         except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
             self.abandon()
             return
@@ -632,11 +705,12 @@ class H2Request:
         if not self._tunnel_paused and self.exchange is not None \
                 and self.exchange.stream is not None:
             self.exchange.stream.pause_reading()
-        self._tunnel_paused.add(reason)
+        self._tunnel_paused |= _PAUSE_BITS[reason]
 
     def resume_tunnel(self, reason: str) -> None:
-        if reason in self._tunnel_paused:
-            self._tunnel_paused.discard(reason)
+        bit = _PAUSE_BITS[reason]
+        if self._tunnel_paused & bit:
+            self._tunnel_paused &= ~bit
             if not self._tunnel_paused and self.exchange is not None \
                     and self.exchange.stream is not None:
                 self.exchange.stream.resume_reading()
@@ -660,7 +734,7 @@ class H2Request:
             return
         self._finished = True
         self.send_pending()
-        self.door._flush()
+        self.door.flush_soon()
 
     def another_session(self, cluster: str) -> TunnelSession | None:
         return self.gw.registry.pick(cluster)
@@ -673,7 +747,7 @@ class H2Request:
         self.gw.metrics.stream_closed()
         self.refuse(status, message, retry_after=retry_after, user=exchange.admitted.user,
                     cluster=exchange.admitted.cluster)
-        self.door._flush()
+        self.door.flush_soon()
 
     # --- answering and ending ------------------------------------------------------------------
 
@@ -702,7 +776,7 @@ class H2Request:
         self.send_pending()
 
     def _acknowledge_all(self) -> None:
-        self.early = []
+        self.early = _NO_EARLY
         if self.unacked and not self.door.closed:
             n, self.unacked = self.unacked, 0
             with contextlib.suppress(h2.exceptions.ProtocolError):
@@ -714,7 +788,8 @@ class H2Request:
         self.response_ended = True
         conn = self.door.conn
         try:
-            conn.end_stream(self.stream_id)
+            if not self._data_ended:
+                conn.end_stream(self.stream_id)
             if not self.client_ended:
                 # Answered before the body ended (a refusal, an early response): no more of
                 # it is wanted (RFC 9113 §8.1).
@@ -730,7 +805,7 @@ class H2Request:
                 self.door.conn.reset_stream(self.stream_id, code)
         self.abandon()
         self.door.finished(self)
-        self.door._flush()
+        self.door.flush_soon()
 
     def abandon(self) -> None:
         """The client reset the stream or the connection went: cancel upstream, account."""

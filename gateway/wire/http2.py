@@ -171,6 +171,7 @@ class ResponseStart:
 
 # Translator states
 _HEAD, _BODY, _DONE = range(3)
+_RESPONSE_LIMITS = Limits(256 * 1024, 64 * 1024, 64 * 1024, 512)
 # Dechunker states
 _SIZE, _DATA, _CRLF, _TRAILER = range(4)
 
@@ -186,12 +187,13 @@ class ResponseTranslator:
 
     __slots__ = (
         "_buf",
+        "_chunked",
         "_dstate",
         "_line",
+        "_primed",
         "_remaining",
         "_state",
         "complete",
-        "head",
         "method",
         "tracker",
     )
@@ -200,12 +202,20 @@ class ResponseTranslator:
         self.method = method
         self._state = _HEAD
         self._buf = bytearray()
-        self.head: ResponseHead | None = None
+        self._chunked = False
         self.tracker: BodyTracker = NO_BODY
         self.complete = False
         self._dstate = _SIZE
         self._line = bytearray()
         self._remaining = 0
+        self._primed: tuple[ResponseStart, BodyTracker, bool] | None = None
+
+    def expect(self, head: ResponseHead) -> None:
+        """The next head in the bytes is ``head``, already parsed (and checked) by the
+        Exchange: skip it instead of parsing it again (a small GET's response head was
+        parsed twice per request)."""
+        self._primed = (ResponseStart(head.status, response_fields(head)),
+                        framing_for_response(head, self.method), head.chunked)
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[ResponseStart | bytes]:
         out: list[ResponseStart | bytes] = []
@@ -216,16 +226,25 @@ class ResponseTranslator:
                                     max_request_line=64 * 1024)
                 if end < 0:
                     return out
-                head = parse_response_head(bytes(self._buf[:end]),
-                                           Limits(256 * 1024, 64 * 1024, 64 * 1024, 512))
-                rest = bytes(self._buf[end:])
-                del self._buf[:]
-                if head.is_interim or head.is_switching:
-                    self._buf += rest
-                    continue  # 1xx: HTTP/2 clients do without them here; 101 never comes
-                self.head = head
-                self.tracker = framing_for_response(head, self.method)
-                out.append(ResponseStart(head.status, response_fields(head)))
+                primed = self._primed
+                if primed is not None:
+                    self._primed = None
+                    start, self.tracker, self._chunked = primed
+                    rest = bytes(self._buf[end:])
+                    del self._buf[:]
+                else:
+                    head = parse_response_head(bytes(self._buf[:end]), _RESPONSE_LIMITS)
+                    rest = bytes(self._buf[end:])
+                    del self._buf[:]
+                    if head.is_interim or head.is_switching:
+                        self._buf += rest
+                        continue  # 1xx: HTTP/2 clients do without them here; 101 never comes
+                    self.tracker = framing_for_response(head, self.method)
+                    self._chunked = head.chunked
+                    # The head goes out with the ResponseStart and is not kept: a watch keeps
+                    # its translator for hours.
+                    start = ResponseStart(head.status, response_fields(head))
+                out.append(start)
                 self._state = _BODY
                 if self.tracker is NO_BODY:
                     self._state, self.complete = _DONE, True
@@ -235,7 +254,7 @@ class ResponseTranslator:
         tracker = self.tracker
         n = tracker.feed(data)
         body = memoryview(data)[:n]
-        if self.head is not None and self.head.chunked:
+        if self._chunked:
             self._dechunk(body, out)
         elif n:
             out.append(bytes(body))

@@ -10,8 +10,11 @@ import ssl
 from collections.abc import AsyncIterator
 from typing import Any
 
+import h2.events
+import h2.settings
 import pytest
 
+from gateway.hub.frontdoor_h2 import FLUSH_AT, H2FrontDoor
 from tests.gateway.hub.h2client import H2Client
 from tests.gateway.hub.test_frontdoor_harness import (
     HUB_TOKEN,
@@ -56,6 +59,17 @@ async def test_get_through_h2(gw: Harness, client: H2Client) -> None:
     names = [n.lower() for n, _ in echoed["headers"]]
     assert "authorization" not in names
     assert ["host", "localhost"] in [[n.lower(), v] for n, v in echoed["headers"]]
+
+
+async def test_last_data_frame_ends_the_stream(gw: Harness, client: H2Client) -> None:
+    """A complete body's last DATA frame carries END_STREAM: no empty frame after it."""
+    sid = client.start("/c1/api/v1/namespaces/default/pods?limit=1", token=HUB_TOKEN)
+    r = await client.wait(sid)
+    assert r.status == 200 and r.ended and r.body
+    data = [e for e in client.events
+            if isinstance(e, h2.events.DataReceived) and e.stream_id == sid]
+    assert data and all(e.data for e in data)
+    assert data[-1].stream_ended is not None
 
 
 async def test_refusal_is_a_status_on_its_stream_and_the_connection_carries_on(
@@ -154,6 +168,51 @@ async def test_chunked_response_is_dechunked_into_data(gw: Harness, client: H2Cl
     assert r.headers["content-type"] == "text/plain"
     for hop in ("transfer-encoding", "connection", "keep-alive"):
         assert hop not in r.headers
+
+
+async def test_large_body_to_a_client_with_wide_windows_streams_with_back_pressure(
+        gw: Harness) -> None:
+    """A client whose windows let 16 MiB through at once: the gateway writes the body as it
+    comes (its writes are batched per loop turn, but never a whole body), so the transport's
+    pause_writing holds the tunnel back; the buffer never grows past the not-reading bound
+    and the stream ends cleanly with every byte."""
+    size, piece = 16 * 1024 * 1024, 64 * 1024
+
+    async def big_agent(stream: FakeStream) -> None:
+        await stream.request()
+        stream.send(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % size)
+        sent = 0
+        while sent < size:
+            await stream.wait(lambda: not stream.paused, timeout=20)
+            stream.send(b"x" * piece)  # as fast as the gateway lets it: many in one turn
+            sent += piece
+        stream.send_eof()
+
+    gw.connect_cluster("big", big_agent)
+    wide = 1 << 24
+    client = await H2Client.connect(gw.port, gw.tls.ca_file,
+                                    settings={h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: wide})
+    try:
+        door = next(c for c in gw.gateway.connections if isinstance(c, H2FrontDoor))
+        writes: list[int] = []
+        write = door.transport.write
+
+        def recording_write(data: bytes) -> None:
+            writes.append(len(data))
+            write(data)
+
+        door.transport.write = recording_write
+        client.conn.increment_flow_control_window(wide)
+        client.flush()
+        r = await client.request("/big/api/v1/namespaces/default/pods/p/log", token=HUB_TOKEN,
+                                 timeout=30)
+        assert r.status == 200 and r.reset is None and r.ended
+        assert len(r.body) == size
+        # Handed to the transport as it came (FLUSH_AT at a time), never as one 16 MiB write.
+        assert FLUSH_AT <= 256 * 1024
+        assert sum(writes) > size and max(writes) <= 512 * 1024
+    finally:
+        await client.close()
 
 
 async def test_truncated_response_resets_the_stream(gw: Harness, client: H2Client) -> None:
