@@ -30,7 +30,7 @@ Timeouts: ``header_timeout`` from the first byte of a request head to its end (4
 ``idle_timeout`` between requests (close) and while a request body stalls (408),
 ``response_header_timeout`` (default 60 s, kube-apiserver's own request timeout) from the end
 of a short request to its response head (504). Watches, ``logs -f`` and upgrades are exempt
-(``gateway.hub.requestclass``), and there is no total timeout: they last.
+(``gateway.wire.requestclass``), and there is no total timeout: they last.
 
 A client that goes away resets its stream, which cancels the request on the managed cluster.
 """
@@ -46,7 +46,6 @@ from typing import Any
 from gateway.hub.admission.chain import Admitted, Refusal, new_request_id, start_admission
 from gateway.hub.exchange import Exchange
 from gateway.hub.frontdoor_h2 import FrontDoorHost, H2FrontDoor
-from gateway.hub.requestclass import SHORT, front_door_class
 from gateway.wire.http1 import (
     NO_BODY,
     BodyTracker,
@@ -56,6 +55,7 @@ from gateway.wire.http1 import (
     framing_for_request,
     parse_request_head,
 )
+from gateway.wire.requestclass import SHORT, front_door_class
 from gateway.wire.status import error_response
 from tunnel.connection import TunnelSession
 

@@ -57,7 +57,6 @@ from gateway.hub.admission.chain import (
     start_admission,
 )
 from gateway.hub.exchange import Exchange
-from gateway.hub.requestclass import SHORT, front_door_class
 from gateway.ops.metrics import GatewayMetrics
 from gateway.wire.http1 import HTTPError
 from gateway.wire.http2 import (
@@ -68,6 +67,7 @@ from gateway.wire.http2 import (
     chunk,
     request_head_from_h2,
 )
+from gateway.wire.requestclass import SHORT, front_door_class
 from gateway.wire.status import error_response
 from tunnel.connection import TunnelSession
 

@@ -1,8 +1,10 @@
 """The agent to the real kube-apiserver over HTTP/2 (issue 15 item 2).
 
-kube-apiserver offers ``h2`` in ALPN, so the agent's default (``--apiserver-protocol auto``)
-sends every request as a stream on a few shared connections: the agent's ``/metrics`` counts
-its dials by negotiated protocol and its HTTP/2 connections and streams. Requests go through
+kube-apiserver offers ``h2`` in ALPN. Most tests run the agent with ``--apiserver-protocol h2``,
+which sends every request as a stream on a few shared connections; the default ``auto`` sends
+watches and ``logs -f`` that way and short requests over pooled HTTP/1.1 keep-alive
+connections (its own test). The agent's ``/metrics`` counts its dials by negotiated protocol and
+its HTTP/2 connections and streams. Requests go through
 the gateway (real curl, real kubectl) and reach the real managed apiserver, whose answers,
 errors, watch events and big lists come back intact; upgrades still use HTTP/1.1.
 """
@@ -64,7 +66,9 @@ def start_agent(fleet: Fleet, group: ProcessGroup, *agent_args: str) -> Agent:
 def agent(fleet: Fleet) -> Iterator[Agent]:
     group = ProcessGroup()
     try:
-        yield start_agent(fleet, group, "--apiserver-h2-streams", str(STREAMS_PER_CONNECTION))
+        # h2: every request as a stream, so that short ones prove the translation too.
+        yield start_agent(fleet, group, "--apiserver-protocol", "h2",
+                          "--apiserver-h2-streams", str(STREAMS_PER_CONNECTION))
     finally:
         group.stop_all()
 
@@ -258,6 +262,30 @@ def test_upgrades_use_http1_connections(fleet: Fleet, agent: Agent) -> None:
     assert code in (403, 404), body  # alice may not exec; either way the apiserver answered
     assert re.search(r'"kind":\s*"Status"', body)
     assert agent.metrics()[H1_DIALS] == h1_before + 1
+
+
+def test_auto_sends_watches_over_h2_and_short_requests_over_http1(fleet: Fleet) -> None:
+    group = ProcessGroup()
+    try:
+        auto = start_agent(fleet, group)  # the default, --apiserver-protocol auto
+        for _ in range(3):
+            code, _ = auto.gateway.curl(f"/{CLUSTER}/api/v1/namespaces/team/configmaps",
+                                        fleet.alice)
+            assert code == 200
+        metrics = auto.metrics()
+        # short requests: one pooled keep-alive HTTP/1.1 connection, no HTTP/2 at all
+        assert metrics[H2_DIALS] == 0 and metrics[H1_DIALS] == 1
+        watches = [open_watch(auto.gateway, fleet.alice,
+                              "/api/v1/namespaces/team/configmaps?watch=1") for _ in range(4)]
+        try:
+            metrics = auto.metrics()
+            assert metrics[H2_DIALS] == 1 and metrics[H2_STREAMS] == 4
+            assert metrics[H1_DIALS] == 1  # the watches took no HTTP/1.1 connection
+        finally:
+            for sock in watches:
+                sock.close()
+    finally:
+        group.stop_all()
 
 
 def test_apiserver_protocol_h1_keeps_to_http1(fleet: Fleet) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.hub.requestclass import SHORT, STREAM, WATCH, front_door_class, request_class
+from gateway.wire.requestclass import SHORT, STREAM, WATCH, front_door_class, request_class
 
 
 @pytest.mark.parametrize(("target", "expected"), [
