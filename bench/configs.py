@@ -202,12 +202,15 @@ def _hubproxy(*args: str) -> list[str]:
     return [sys.executable, "-m", "gateway.cli", *args]
 
 
-def start_hub_stub(lab: Lab) -> Proc:
-    """kubesim as the hub: answers the gateway's TokenReviews (static token file + RBAC)."""
+def start_hub_stub(lab: Lab, users: list[tuple[str, str, str, str]] | None = None) -> Proc:
+    """kubesim as the hub: answers the gateway's TokenReviews (static token file + RBAC).
+    ``users``: (token, name, uid, group) of the callers it knows; default the bench user."""
     port = free_port()
     tokens = lab.root / "hub-tokens.csv"
+    if users is None:
+        users = [(lab.bench_token, BENCH_USER, "bench-uid", "bench-group")]
     tokens.write_text(f"{lab.gateway_token},{GATEWAY_USER},gw-uid,\n"
-                      f"{lab.bench_token},{BENCH_USER},bench-uid,bench-group\n")
+                      + "".join(f"{','.join(user)}\n" for user in users))
     tokens.chmod(0o600)
     rbac = lab.root / "hub-rbac.yaml"
     rbac.write_text(yaml.safe_dump_all([

@@ -41,9 +41,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from bench.configs import CLUSTER, GATEWAY_USER, POD_PATH, Config, Lab, _wait_ok, start_upstream
+from bench.configs import (
+    CLUSTER,
+    POD_PATH,
+    Config,
+    Lab,
+    _wait_ok,
+    start_hub_stub,
+    start_upstream,
+)
 from bench.loadgen import WRK, Target, wrk
 from bench.procs import LOOPBACK, Procs, free_port
 from bench.procstats import tree
@@ -79,41 +85,8 @@ class Tokens:
 def start_hub(lab: Lab) -> Tokens:
     """kubesim as the hub, with the gateway's token and two user tokens."""
     tokens = Tokens("flood-" + secrets.token_hex(16), "victim-" + secrets.token_hex(16))
-    port = free_port()
-    token_file = lab.root / "hub-tokens.csv"
-    token_file.write_text(f"{lab.gateway_token},{GATEWAY_USER},gw-uid,\n"
-                          f"{tokens.flood},{FLOOD_USER},flood-uid,bench\n"
-                          f"{tokens.victim},{VICTIM_USER},victim-uid,bench\n")
-    token_file.chmod(0o600)
-    rbac = lab.root / "hub-rbac.yaml"
-    rbac.write_text(yaml.safe_dump_all([
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-         "metadata": {"name": "hubproxy-gateway"},
-         "rules": [{"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"],
-                    "verbs": ["create"]}]},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-         "metadata": {"name": "hubproxy-gateway"},
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                     "name": "hubproxy-gateway"},
-         "subjects": [{"kind": "User", "name": GATEWAY_USER,
-                       "apiGroup": "rbac.authorization.k8s.io"}]},
-    ]))
-    proc = lab.procs.start("hub-kubesim", [
-        sys.executable, "-m", "kubesim", "--listen", f"{LOOPBACK}:{port}",
-        "--cert-dir", str(lab.root / "hub-tls"), "--token-auth-file", str(token_file),
-        "--rbac-file", str(rbac), "--name", "hub"])
-    proc.wait_for_line("kubesim ready on", 30)
-    kubeconfig = lab.root / "hub.kubeconfig"
-    kubeconfig.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "hub",
-        "clusters": [{"name": "hub", "cluster": {
-            "server": f"https://{LOOPBACK}:{port}",
-            "certificate-authority": str(lab.root / "hub-tls" / "ca.crt")}}],
-        "users": [{"name": "gw", "user": {"token": lab.gateway_token}}],
-        "contexts": [{"name": "hub", "context": {"cluster": "hub", "user": "gw"}}],
-    }))
-    kubeconfig.chmod(0o600)
-    lab.hub_kubeconfig = kubeconfig
+    start_hub_stub(lab, users=[(tokens.flood, FLOOD_USER, "flood-uid", "bench"),
+                               (tokens.victim, VICTIM_USER, "victim-uid", "bench")])
     return tokens
 
 
