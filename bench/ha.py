@@ -323,23 +323,13 @@ def create_probe_object(port: int, ca: str, token: str) -> None:
 
 
 def haproxy_config(front: int, tunnel: int, slots: list[Slot]) -> str:
-    """TCP mode both ways (TLS passes through to the gateways). The front door balances over
-    instances whose /readyz says 200; the tunnel over every instance that accepts (agents must
-    reach a new instance before it is Ready). Slots not running are simply down."""
-    lines = [
-        "global", "  maxconn 8192",
-        "defaults", "  mode tcp", "  timeout connect 1s", "  timeout client 1h",
-        "  timeout server 1h", "  retries 3", "  option redispatch",
-        "frontend front", f"  bind {LOOPBACK}:{front}", "  default_backend front",
-        "frontend tunnel", f"  bind {LOOPBACK}:{tunnel}", "  default_backend tunnel",
-        "backend front", "  balance roundrobin", "  option httpchk GET /readyz",
-        *(f"  server g{i} {LOOPBACK}:{s.front} check port {s.health} inter 250ms fall 1 rise 1"
-          for i, s in enumerate(slots)),
-        "backend tunnel", "  balance roundrobin",
-        *(f"  server g{i} {LOOPBACK}:{s.tunnel} check inter 250ms fall 1 rise 1"
-          for i, s in enumerate(slots)),
-    ]
-    return "\n".join(lines) + "\n"
+    """TCP mode both ways (TLS passes through to the gateways), as the realkube tier's: the
+    front door balances over instances whose /readyz says 200; the tunnel over every instance
+    that accepts (agents must reach a new instance before it is Ready). Slots not running are
+    simply down."""
+    from tests.realkube.loadbalancer import config
+
+    return config(front, tunnel, slots, maxconn=8192, check_ms=250)
 
 
 def http_get(port: int, path: str) -> tuple[int, str]:

@@ -10,8 +10,10 @@ Backends are declared up front; one that is not running is simply down.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from tests.support import LOOPBACK, BackgroundProcess, ProcessGroup, free_port, wait_for_port
 
@@ -29,18 +31,30 @@ def backends(count: int) -> list[Backend]:
     return [Backend(free_port(), free_port(), free_port()) for _ in range(count)]
 
 
-def config(front: int, tunnel: int, servers: list[Backend]) -> str:
+class Ports(Protocol):
+    """Where one gateway process listens (a :class:`Backend`, or ``bench.ha``'s slots)."""
+
+    @property
+    def front(self) -> int: ...
+    @property
+    def tunnel(self) -> int: ...
+    @property
+    def health(self) -> int: ...
+
+
+def config(front: int, tunnel: int, servers: Sequence[Ports], *, maxconn: int = 4096,
+           check_ms: int = 200) -> str:
     lines = [
-        "global", "  maxconn 4096",
+        "global", f"  maxconn {maxconn}",
         "defaults", "  mode tcp", "  timeout connect 1s", "  timeout client 1h",
         "  timeout server 1h", "  retries 3", "  option redispatch",
         "frontend front", f"  bind {LOOPBACK}:{front}", "  default_backend front",
         "frontend tunnel", f"  bind {LOOPBACK}:{tunnel}", "  default_backend tunnel",
         "backend front", "  balance roundrobin", "  option httpchk GET /readyz",
-        *(f"  server g{i} {LOOPBACK}:{b.front} check port {b.health} inter 200ms fall 1 rise 1"
-          for i, b in enumerate(servers)),
+        *(f"  server g{i} {LOOPBACK}:{b.front} check port {b.health} inter {check_ms}ms "
+          "fall 1 rise 1" for i, b in enumerate(servers)),
         "backend tunnel", "  balance roundrobin",
-        *(f"  server g{i} {LOOPBACK}:{b.tunnel} check inter 200ms fall 1 rise 1"
+        *(f"  server g{i} {LOOPBACK}:{b.tunnel} check inter {check_ms}ms fall 1 rise 1"
           for i, b in enumerate(servers)),
     ]
     return "\n".join(lines) + "\n"
