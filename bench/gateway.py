@@ -330,6 +330,12 @@ def run_profile(cfg: Config, plan: Plan, outdir: Path, work: Path) -> dict[str, 
         pids, plan.profile_seconds, outdir, "small-get",
         lambda: wrk(cfg.target, POD_PATH, connections=16, threads=2,
                     seconds=plan.profile_seconds, workdir=work)["rps"])
+    if H2LOAD is not None:  # the same GETs as 16 streams of one HTTP/2 connection
+        log(f"profile: small GETs over HTTP/2 (h2load 1x16) for {plan.profile_seconds:g}s")
+        out["small_get_h2"] = profiling.record(
+            pids, plan.profile_seconds, outdir, "small-get-h2",
+            lambda: h2load(cfg.target, POD_PATH, clients=1, streams=16,
+                           seconds=plan.profile_seconds)["rps"])
     log(f"profile: large bodies for {plan.profile_seconds:g}s")
 
     def bodies() -> float:
