@@ -139,8 +139,11 @@ async def test_a_watch_stalled_mid_chunk_is_closed_after_the_grace(tls, carol) -
         writer.close()
 
 
-async def test_hub_errors_never_close_a_stream(tls, carol) -> None:  # noqa: F811
-    async with running(tls, token_cache_ttl=TTL) as h:
+# grace 0: the recheck itself meets the hub's errors; the default grace answers them with the
+# hub's last yes (--hub-outage-grace), which must not close the stream either.
+@pytest.mark.parametrize("grace", [0.0, 300.0])
+async def test_hub_errors_never_close_a_stream(tls, carol, grace: float) -> None:  # noqa: F811
+    async with running(tls, token_cache_ttl=TTL, hub_outage_grace=grace) as h:
         streams, agent = streaming_agent(chunk(EVENT))
         h.connect_cluster("c1", agent)
         reader, writer = await h.open()
