@@ -28,18 +28,12 @@ from tests.gateway.hub.test_frontdoor_harness import (
     get,
     parse_raw,
     running,
+    status_of,
     tls,  # noqa: F401
 )
 from tests.gateway.hub.test_frontdoor_harness import gw as gw
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def status_of(data: bytes) -> tuple[int, dict]:
-    status, _, body = parse_raw(data)
-    obj = json.loads(body)
-    assert obj["kind"] == "Status" and obj["code"] == status
-    return status, obj
 
 
 # --- encoded path separators (issue 14 item 2) --------------------------------------------------

@@ -22,6 +22,7 @@ from tests.gateway.hub.test_frontdoor_harness import (
     parse_raw,
     read_response,
     running,
+    status_of,
     tls,  # noqa: F401
 )
 from tests.gateway.hub.test_frontdoor_harness import gw as gw
@@ -29,13 +30,6 @@ from tunnel.errors import OpenErrorCode, OpenRefused, ResetCode, SessionClosed, 
 from tunnel.targets import ServiceTarget
 
 pytestmark = pytest.mark.timeout(30)
-
-
-def status_of(data: bytes) -> tuple[int, dict]:
-    status, _, body = parse_raw(data)
-    obj = json.loads(body)
-    assert obj["kind"] == "Status" and obj["code"] == status
-    return status, obj
 
 
 @pytest.mark.parametrize(

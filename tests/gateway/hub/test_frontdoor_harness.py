@@ -352,6 +352,14 @@ async def read_response(reader: asyncio.StreamReader, timeout: float = 5.0
         return status, headers, body
 
 
+def status_of(data: bytes) -> tuple[int, dict]:
+    """The status and the Kubernetes ``Status`` body of a refusal (checked to be one)."""
+    status, _, body = parse_raw(data)
+    obj = json.loads(body)
+    assert obj["kind"] == "Status" and obj["code"] == status
+    return status, obj
+
+
 def parse_raw(data: bytes) -> tuple[int, dict[str, str], bytes]:
     head, _, body = data.partition(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
