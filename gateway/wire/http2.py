@@ -7,14 +7,20 @@ control are the ``h2`` library's):
 
 * :func:`request_head_from_h2` turns a decoded HEADERS block into the same
   :class:`gateway.wire.http1.RequestHead` an HTTP/1.1 request produces, so the admission rules
-  (``gateway.hub.admission.chain.prepare``) exist once. The ``h2`` library has already refused
-  what RFC 9113 §8.2-8.3 (and Go's server) refuse: upper-case names, connection-specific
-  fields, ``te`` other than ``trailers``, missing, repeated, unknown or misplaced
-  pseudo-headers, an empty ``:path``. On top of that the head meets our HTTP/1.1 limits (field
-  count, line and head sizes: 431/414) and the same byte rules (method a token, target visible
-  ASCII, ``Content-Length`` plain digits). A body without ``Content-Length`` is forwarded
-  chunked (:func:`chunk`). ``CONNECT`` (and so extended CONNECT, RFC 8441) is refused with 405:
-  WebSocket and SPDY upgrades stay on HTTP/1.1, as client-go does.
+  (``gateway.hub.admission.chain.prepare``) exist once. It also enforces RFC 9113 §8.2-8.3 in
+  the same single pass (the ``h2`` library's own inbound validation, a chain of generators, cost
+  the front door a fifth of its CPU per request, so it is turned off there): names are
+  lower-case tokens, values hold no control characters and no surrounding whitespace, no
+  connection-specific fields, ``te`` only ``trailers``, pseudo-headers only ``:method``,
+  ``:scheme``, ``:authority`` and ``:path``, each at most once and before every regular field,
+  ``:method``, ``:scheme`` and a non-empty ``:path`` present, ``Host`` equal to ``:authority``
+  when both are sent. A request that breaks them is malformed (RFC 9113 §8.1.1): it is answered
+  400 on its stream and never forwarded; the connection carries on. On top of that the head
+  meets our HTTP/1.1 limits (field count, line and head sizes: 431/414) and the same byte rules
+  (method a token, target visible ASCII, ``Content-Length`` plain digits). A body without
+  ``Content-Length`` is forwarded chunked (:func:`chunk`). ``CONNECT`` (and so extended
+  CONNECT, RFC 8441) is refused with 405: WebSocket and SPDY upgrades stay on HTTP/1.1, as
+  client-go does.
 * :class:`ResponseTranslator` takes the HTTP/1.1 response bytes the
   :class:`gateway.hub.exchange.Exchange` relays (already checked by it: head parsed strictly,
   body framing validated) and yields one :class:`ResponseStart` (``:status`` plus the fields
@@ -41,6 +47,7 @@ from gateway.wire.http1 import (
 Headers = list[tuple[bytes, bytes]]
 
 _TCHAR = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+_NAME_OK = b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz"  # HTTP/2 names: lower-case
 _TARGET_OK = bytes(range(0x21, 0x7F))
 _VALUE_OK = bytes(b for b in range(256) if b == 9 or (b >= 0x20 and b != 0x7F))
 _DIGITS = b"0123456789"
@@ -50,6 +57,15 @@ _DIGITS = b"0123456789"
 CONNECTION_SPECIFIC = frozenset(
     (b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade", b"te")
 )
+# Never in an HTTP/2 request (RFC 9113 §8.2.2); ``te`` is allowed as ``trailers`` only.
+_CONNECTION_SPECIFIC_IN = CONNECTION_SPECIFIC - {b"te"}
+_SPACE = (0x20, 0x09)
+# The request pseudo-headers (RFC 9113 §8.3.1) as bits of a seen-set, and a bit for "a regular
+# field came". ``:protocol`` (extended CONNECT, RFC 8441) is not among them:
+# SETTINGS_ENABLE_CONNECT_PROTOCOL is never offered.
+_METHOD, _SCHEME, _AUTHORITY, _PATH, _REGULAR = 1, 2, 4, 8, 16
+_PSEUDO = {b":method": _METHOD, b":scheme": _SCHEME, b":authority": _AUTHORITY, b":path": _PATH}
+_REQUIRED = _METHOD | _SCHEME | _PATH
 
 
 class H2RequestError(ValueError):
@@ -63,32 +79,47 @@ class H2RequestError(ValueError):
 def request_head_from_h2(fields: Headers, limits: Limits, *, end_stream: bool) -> RequestHead:
     """The protocol-neutral head of one HTTP/2 request (see the module docstring).
 
-    ``fields`` is the decoded HEADERS block as ``h2`` delivers it (bytes, pseudo-headers first).
+    ``fields`` is the decoded HEADERS block as ``h2`` delivers it: bytes, in order, unchecked.
     ``end_stream``: the HEADERS frame ended the stream (no body follows).
     """
     if len(fields) > limits.max_headers + 4:
         raise H2RequestError("too many header fields", 431)
     method = path = authority = b""
+    seen = 0
     headers: Headers = []
     names: list[bytes] = []
     cookies: list[bytes] = []
     size = 0
+    max_line = limits.max_field_line
     for name, value in fields:
         size += len(name) + len(value) + 4  # as the HTTP/1.1 line "name: value\r\n" would be
         if name[:1] == b":":  # sized as the request line (414) below
-            if name == b":method":
+            bit = _PSEUDO.get(name)
+            if bit is None or seen & (bit | _REGULAR):
+                raise H2RequestError("malformed request: unknown, repeated or misplaced "
+                                     "pseudo-header field")
+            seen |= bit
+            if bit == _METHOD:
                 method = value
-            elif name == b":path":
+            elif bit == _PATH:
                 path = value
-            elif name == b":authority":
+            elif bit == _AUTHORITY:
                 authority = value
-            continue  # :scheme is ours to set (https); h2 refused unknown pseudo-headers
-        if len(name) + len(value) + 2 > limits.max_field_line:
+            continue  # :scheme is ours to set (https)
+        seen |= _REGULAR
+        if len(name) + len(value) + 2 > max_line:
             raise H2RequestError("header field too large", 431)
-        if not name or name.translate(None, _TCHAR):
-            raise H2RequestError("invalid header name", 400)  # never a CRLF into HTTP/1.1
+        if not name or name.translate(None, _NAME_OK):
+            # Never a CRLF into HTTP/1.1; upper case is malformed in HTTP/2 (RFC 9113 §8.2).
+            raise H2RequestError("invalid header name: HTTP/2 field names are lower-case tokens")
         if value.translate(None, _VALUE_OK):
-            raise H2RequestError("control character in a header value", 400)
+            raise H2RequestError("control character in a header value")
+        if value and (value[0] in _SPACE or value[-1] in _SPACE):
+            raise H2RequestError("malformed request: whitespace around a header value")
+        if name in _CONNECTION_SPECIFIC_IN:
+            raise H2RequestError("malformed request: connection-specific header field")
+        if name == b"te" and value.lower() != b"trailers":
+            raise H2RequestError("malformed request: te other than trailers")
         if name == b"cookie":
             cookies.append(value)  # RFC 9113 §8.2.3: crumbs are joined for HTTP/1.1
             continue
@@ -100,6 +131,8 @@ def request_head_from_h2(fields: Headers, limits: Limits, *, end_stream: bool) -
         raise H2RequestError("too many header fields", 431)
     if method == b"CONNECT":
         raise H2RequestError("CONNECT is not supported; upgrades use HTTP/1.1", 405)
+    if seen & _REQUIRED != _REQUIRED:
+        raise H2RequestError("malformed request: :method, :scheme and :path are required")
     if not method or method.translate(None, _TCHAR):
         raise H2RequestError("invalid method", 400)
     if len(method) + len(path) + 10 > limits.max_request_line:
@@ -113,8 +146,10 @@ def request_head_from_h2(fields: Headers, limits: Limits, *, end_stream: bool) -
     if hosts > 1:
         raise H2RequestError("more than one Host header", 400)
     if authority:
-        if hosts:  # RFC 9113 §8.3.1: :authority wins; one Host travels
+        if hosts:  # RFC 9113 §8.3.1: the same authority twice, or malformed; one Host travels
             i = names.index(b"host")
+            if headers[i][1] != authority:
+                raise H2RequestError("malformed request: Host differs from :authority")
             del headers[i], names[i]
         headers.insert(0, (b"host", authority))
         names.insert(0, b"host")
@@ -132,7 +167,7 @@ def request_head_from_h2(fields: Headers, limits: Limits, *, end_stream: bool) -
             raise H2RequestError("invalid Content-Length", 400)
         head.content_length = int(value)
     elif not end_stream:
-        # A body of unknown length: HTTP/1.1 needs it chunked (h2 refused transfer-encoding).
+        # A body of unknown length: HTTP/1.1 needs it chunked (transfer-encoding was refused).
         head.chunked = True
         headers.append((b"transfer-encoding", b"chunked"))
         names.append(b"transfer-encoding")
