@@ -16,6 +16,12 @@ including what libraries log. Two layers, because neither alone is enough:
    fields in JSON, Python reprs, headers and query strings, and -- whole -- any message that
    carries a TokenReview/SubjectAccessReview/TokenRequest body.
 
+HPACK (HTTP/2 header compression, the ``hpack`` library under ``h2``) logs every header field it
+encodes or decodes at DEBUG, the bearer token and the agent's own credential included, some
+thirty calls per request. Pinning its loggers is not enough there: even refused, those calls
+were a quarter of the HPACK time of each HTTP/2 request, so their ``debug`` does nothing at all
+(:data:`MUTED_DEBUG_LOGGERS`).
+
 Opaque tokens that appear in none of those shapes cannot be recognised by a filter; that is
 what layer 1 and the rule "never log a credential" in our own code are for (the test in
 ``tests/gateway/test_security_hardening.py`` greps a debug run for every token kind).
@@ -37,7 +43,11 @@ PINNED_LOGGERS = (
     "aiohttp",
     "asyncio",
     "websockets",
+    "hpack",
+    "h2",
 )
+# Loggers whose debug() is a no-op, not only refused (see the module docstring).
+MUTED_DEBUG_LOGGERS = ("hpack.hpack", "hpack.table")
 
 REDACTED = "<redacted>"
 
@@ -98,3 +108,11 @@ def configure(level_name: str) -> None:
             handler.addFilter(redacting)
     for name in PINNED_LOGGERS:
         logging.getLogger(name).setLevel(max(level, logging.INFO))
+    for name in MUTED_DEBUG_LOGGERS:
+        # An instance attribute over Logger.debug: the module-level ``log`` of hpack is this
+        # same object (getLogger returns one logger per name), whenever hpack is imported.
+        logging.getLogger(name).debug = _discard  # type: ignore[method-assign]
+
+
+def _discard(*args: object, **kwargs: object) -> None:
+    return None

@@ -82,3 +82,31 @@ def test_configure_pins_library_loggers_at_debug(monkeypatch: pytest.MonkeyPatch
     finally:
         for name, level in levels.items():
             logging.getLogger(name).setLevel(level)
+
+
+def test_configure_mutes_hpack_debug_even_at_debug(monkeypatch: pytest.MonkeyPatch) -> None:
+    """hpack logs each header field (tokens included) at DEBUG: at --log-level debug, encoding
+    and decoding a block with a bearer token writes nothing, and costs no logging call."""
+    import hpack
+
+    root = logging.getLogger()
+    out = io.StringIO()
+    monkeypatch.setattr(root, "handlers", [])
+    monkeypatch.setattr(root, "level", root.level)
+    levels = {name: logging.getLogger(name).level for name in diagnostics.PINNED_LOGGERS}
+    try:
+        diagnostics.configure("debug")
+        root.handlers[0].setStream(out)  # type: ignore[attr-defined]
+        calls: list[object] = []
+        monkeypatch.setattr(logging.Logger, "isEnabledFor",
+                            lambda self, level: calls.append(self.name) or True)
+        block = hpack.Encoder().encode([(":path", "/c1/api"),
+                                        ("authorization", "Bearer opaque-token-123")])
+        assert dict(hpack.Decoder().decode(block))["authorization"] == "Bearer opaque-token-123"
+        assert not [name for name in calls if name.startswith("hpack")]
+        assert out.getvalue() == ""
+    finally:
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
+        for name in diagnostics.MUTED_DEBUG_LOGGERS:
+            vars(logging.getLogger(name)).pop("debug", None)
