@@ -351,3 +351,24 @@ async def test_rule1_revoked_token_ends_an_h2_watch_cleanly(h2tls: Tls) -> None:
                 await c.close()
     finally:
         USERS.pop(token, None)
+
+
+async def test_response_fields_are_sent_without_huffman_coding(gw: Harness) -> None:
+    """The front door's HPACK literals are plain octets (PlainEncoder): Huffman coding in pure
+    Python cost a quarter of the encoder's time. The raw HEADERS block carries the value as
+    is, and a standard decoder reads it."""
+    import hpack
+    from hyperframe.frame import HeadersFrame
+
+    from tests.gateway.hub.h2client import RawH2
+
+    raw = await RawH2.connect(gw.port, gw.tls.ca_file)
+    try:
+        raw.headers(1, raw.headers_block("/c1/version", HUB_TOKEN))
+        await raw.wait_for(lambda: bool(raw.frames_of(HeadersFrame, 1)))
+        block = raw.frames_of(HeadersFrame, 1)[0].data
+        assert b"application/json" in block
+        fields = dict(hpack.Decoder().decode(block))
+        assert fields[":status"] == "200" and fields["content-type"] == "application/json"
+    finally:
+        await raw.close()
