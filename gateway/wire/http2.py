@@ -60,6 +60,7 @@ CONNECTION_SPECIFIC = frozenset(
 # Never in an HTTP/2 request (RFC 9113 §8.2.2); ``te`` is allowed as ``trailers`` only.
 _CONNECTION_SPECIFIC_IN = CONNECTION_SPECIFIC - {b"te"}
 _SPACE = (0x20, 0x09)
+_NOTABLE = _CONNECTION_SPECIFIC_IN | {b"te", b"cookie", b"content-length"}
 # The request pseudo-headers (RFC 9113 §8.3.1) as bits of a seen-set, and a bit for "a regular
 # field came". ``:protocol`` (extended CONNECT, RFC 8441) is not among them:
 # SETTINGS_ENABLE_CONNECT_PROTOCOL is never offered.
@@ -89,6 +90,7 @@ def request_head_from_h2(fields: Headers, limits: Limits, *, end_stream: bool) -
     headers: Headers = []
     names: list[bytes] = []
     cookies: list[bytes] = []
+    lengths: list[bytes] = []
     size = 0
     max_line = limits.max_field_line
     for name, value in fields:
@@ -116,13 +118,16 @@ def request_head_from_h2(fields: Headers, limits: Limits, *, end_stream: bool) -
             raise H2RequestError("control character in a header value")
         if value and (value[0] in _SPACE or value[-1] in _SPACE):
             raise H2RequestError("malformed request: whitespace around a header value")
-        if name in _CONNECTION_SPECIFIC_IN:
-            raise H2RequestError("malformed request: connection-specific header field")
-        if name == b"te" and value.lower() != b"trailers":
-            raise H2RequestError("malformed request: te other than trailers")
-        if name == b"cookie":
-            cookies.append(value)  # RFC 9113 §8.2.3: crumbs are joined for HTTP/1.1
-            continue
+        if name in _NOTABLE:  # one set lookup for the common field, the rest only for these
+            if name in _CONNECTION_SPECIFIC_IN:
+                raise H2RequestError("malformed request: connection-specific header field")
+            if name == b"te" and value.lower() != b"trailers":
+                raise H2RequestError("malformed request: te other than trailers")
+            if name == b"cookie":
+                cookies.append(value)  # RFC 9113 §8.2.3: crumbs are joined for HTTP/1.1
+                continue
+            if name == b"content-length":
+                lengths.append(value)
         headers.append((name, value))
         names.append(name)
     if size > limits.max_head_bytes:
@@ -159,7 +164,6 @@ def request_head_from_h2(fields: Headers, limits: Limits, *, end_stream: bool) -
     if not host or host.translate(None, _TARGET_OK) or any(c in host for c in b",/@"):
         raise H2RequestError("invalid Host header", 400)
     head = RequestHead(method, path, b"HTTP/1.1", headers, names)
-    lengths = head.get_all(b"content-length")
     if lengths:
         value = lengths[0]
         if (len(lengths) > 1 or not value or value.translate(None, _DIGITS)
