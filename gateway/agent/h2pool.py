@@ -48,7 +48,7 @@ import h2.events
 import h2.exceptions
 import h2.settings
 
-from gateway.wire.h2upstream import RequestBody, request_fields, response_head
+from gateway.wire.h2upstream import FieldEncoder, RequestBody, request_fields, response_head
 from gateway.wire.http1 import HTTPError, Limits, parse_request_head
 from gateway.wire.http2 import LAST_CHUNK, chunk
 
@@ -257,7 +257,7 @@ class H2Stream:
         user, self.user = self.user, None
         self.conn.stream_closed(self, reset=True)
         if user is not None:
-            asyncio.get_running_loop().call_soon(user.upstream_lost, exc)
+            self.conn.loop.call_soon(user.upstream_lost, exc)
 
     def _deliver(self, data: bytes) -> None:
         if self.user is not None:
@@ -271,15 +271,25 @@ class H2Upstream(asyncio.Protocol):
     def __init__(self, max_streams: int, on_change: Callable[[H2Upstream], None]) -> None:
         self.max_streams = max_streams
         self.on_change = on_change  # the pool: the connection became idle or was lost
-        config = h2.config.H2Configuration(client_side=True, header_encoding=None)
+        # h2's header pipelines (generator chains over every field, both ways) are off: the
+        # request fields come from our own parser and request_fields (lower-case tokens, no
+        # control characters, no connection-specific fields), and response_head checks the
+        # response's fields itself. FieldEncoder replaces hpack's encoder (see there).
+        config = h2.config.H2Configuration(
+            client_side=True, header_encoding=None,
+            validate_outbound_headers=False, normalize_outbound_headers=False,
+            validate_inbound_headers=False, normalize_inbound_headers=False)
         self.h2 = _Connection(config=config)
+        self.h2.encoder = FieldEncoder()
         self.h2.local_settings = h2.settings.Settings(client=True, initial_values={
             h2.settings.SettingCodes.ENABLE_PUSH: 0,
             h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: MAX_RESPONSE_HEADER_LIST,
         })
         self.transport: asyncio.Transport | None = None
         self.alpn: str | None = None
-        self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # Kept: asyncio.get_running_loop() costs a getpid() system call each time.
+        self.loop = asyncio.get_running_loop()
+        self.ready: asyncio.Future[None] = self.loop.create_future()
         self.handles: set[H2Stream] = set()  # streams handed out, sent or not yet
         self.by_id: dict[int, H2Stream] = {}
         self.remote_ended: set[int] = set()
@@ -287,6 +297,7 @@ class H2Upstream(asyncio.Protocol):
         self.lost = False
         self.opened = 0  # streams ever opened (observability; staleness of a stream)
         self.idle_since = time.monotonic()
+        self._flush_handle: asyncio.Handle | None = None
 
     # --- capacity ------------------------------------------------------------------------------
     @property
@@ -302,9 +313,15 @@ class H2Upstream(asyncio.Protocol):
         if not self.ready.done() or self.draining or not self.usable:
             return False
         limit = self.stream_limit
-        # h2 also counts streams we are done with whose END_STREAM has not arrived yet.
+        if len(self.handles) >= limit:
+            return False
+        # h2 also counts streams we are done with whose END_STREAM has not arrived yet. Its
+        # count walks every stream; its dict (open streams and closed ones not yet pruned)
+        # bounds it from above and answers the common case.
         unsent = len(self.handles) - len(self.by_id)
-        return len(self.handles) < limit and self.h2.open_outbound_streams + unsent < limit
+        if len(self.h2.streams) + unsent < limit:
+            return True
+        return self.h2.open_outbound_streams + unsent < limit
 
     def open_stream(self, user: UpstreamUser) -> H2Stream:
         stream = H2Stream(self, user, self.opened)
@@ -328,8 +345,7 @@ class H2Upstream(asyncio.Protocol):
             events = self.h2.receive_data(data)
         except h2.exceptions.ProtocolError as exc:
             log.warning("HTTP/2 protocol error from the apiserver, closing: %s", exc)
-            self.flush()  # h2 queued a GOAWAY
-            self.abort(exc)
+            self.abort(exc)  # after writing the GOAWAY h2 queued
             return
         for event in events:
             self._event(event)
@@ -429,6 +445,14 @@ class H2Upstream(asyncio.Protocol):
                 self.on_change(self)
 
     def flush(self) -> None:
+        """Write what ``h2`` queued at the end of this event-loop turn: the frames of every
+        stream in the turn (HEADERS, DATA, WINDOW_UPDATE, RST_STREAM of many exchanges) go out
+        as one TLS write, not one each."""
+        if self._flush_handle is None and not self.lost:
+            self._flush_handle = self.loop.call_soon(self._write_now)
+
+    def _write_now(self) -> None:
+        self._flush_handle = None
         data = self.h2.data_to_send()
         if data and self.usable:
             assert self.transport is not None
@@ -439,10 +463,13 @@ class H2Upstream(asyncio.Protocol):
         if self.usable and self.alpn == "h2":
             with contextlib.suppress(h2.exceptions.H2Error):
                 self.h2.close_connection()
-            self.flush()
         self.abort(None)
 
     def abort(self, exc: Exception | None) -> None:
+        """Close after writing what is queued (a GOAWAY, the last frames)."""
         self.draining = True
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+        self._write_now()
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
