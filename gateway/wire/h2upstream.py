@@ -15,8 +15,8 @@ control are the ``h2`` library's):
 * :class:`RequestBody` yields the payload of the request body from its HTTP/1.1 framing
   (``Content-Length`` bytes as they are; ``chunked`` de-chunked), and says when it has ended.
   The exchange has already validated the framing byte for byte; this only strips it.
-* :class:`FieldEncoder` is the HPACK encoder the connection uses instead of ``hpack``'s: it
-  never inserts into the dynamic table, so the encoding of a field depends on the field alone
+* :class:`FieldEncoder` is the HPACK encoder the connection uses instead of ``hpack``'s: no
+  dynamic table and no Huffman coding, so the encoding of a field depends on the field alone
   and is computed once (see the class for why and what is never indexed).
 * :func:`response_head` turns the response's HEADERS block into an HTTP/1.1 response head,
   checking it itself (``h2``'s own inbound validation is off: it cost more than the rest of
@@ -33,8 +33,6 @@ from collections.abc import Iterable
 from http import HTTPStatus
 
 from hpack.hpack import encode_integer
-from hpack.huffman import HuffmanEncoder
-from hpack.huffman_constants import REQUEST_CODES, REQUEST_CODES_LENGTH
 from hpack.table import HeaderTable
 
 from gateway.wire.http1 import HTTPError, RequestHead, serialize_response_head
@@ -78,35 +76,39 @@ _NEVER_INDEXED_PREFIX = b"impersonate-"
 _STATIC = HeaderTable.STATIC_TABLE_MAPPING  # name -> (name index, {value: full index})
 
 
+def _length(data: bytes) -> bytes:
+    """A string literal's length prefix, not Huffman-coded (RFC 7541 §5.2)."""
+    n = len(data)
+    return bytes((n,)) if n < 127 else bytes(encode_integer(n, 7))
+
+
 class FieldEncoder:
-    """The HPACK encoder of one connection: static table and literals, no dynamic table.
+    """The HPACK encoder of one connection: static table and plain literals, nothing else.
 
     ``hpack``'s encoder, for every request, searched its dynamic table linearly and
     Huffman-coded each literal in pure Python (the never-indexed credential every time): most
     of the agent's CPU per short request over HTTP/2. This one never inserts into the dynamic
     table (its first block sets the table's size to 0, which fits any SETTINGS_HEADER_TABLE_SIZE
-    the server announces later), so a field's encoding depends on the field alone: it is
-    computed once and then looked up (a bounded cache). The price is bytes: a repeated field is
-    a (Huffman-coded) literal each time instead of a one-byte index, which is still no more
-    than the same request costs over HTTP/1.1.
+    the server announces later) and never Huffman-codes, so a field's encoding depends on the
+    field alone: it is computed once and then looked up (a bounded cache). The price is bytes:
+    a field is a literal each time, as long as the same field in an HTTP/1.1 head, instead of a
+    one-byte index. Plain literals also cost the server's decoder least (no Huffman decoding).
 
-    Literals are "without indexing"; secrets and ``impersonate-*`` are "never indexed"; secrets
-    and ``:path`` (almost always new) are sent as they are, not Huffman-coded, and not in the
-    cache: a secret's encoding is kept alone, for the next request (the agent sends the same
-    credential each time; a rotated one replaces it).
-    What ``h2`` calls: :meth:`encode` and the ``header_table_size`` attribute (set on SETTINGS,
-    nothing to do: our table stays empty).
+    Literals are "without indexing"; secrets and ``impersonate-*`` are "never indexed". Secrets
+    and ``:path`` (almost always new) are not in the cache: a secret's encoding is kept alone,
+    for the next request (the agent sends the same credential each time; a rotated one
+    replaces it). What ``h2`` calls: :meth:`encode` and the ``header_table_size`` attribute
+    (set on SETTINGS, nothing to do: our table stays empty).
     """
 
     MAX_CACHED = 1024  # fields; the cache is emptied when full (per-request unique values)
 
-    __slots__ = ("_cache", "_huffman", "_pending", "_secret", "header_table_size")
+    __slots__ = ("_cache", "_pending", "_secret", "header_table_size")
 
     def __init__(self) -> None:
         self.header_table_size = 0
         self._cache: dict[tuple[bytes, bytes], bytes] = {}
         self._secret: tuple[tuple[bytes, bytes], bytes] = ((b"", b""), b"")
-        self._huffman = HuffmanEncoder(REQUEST_CODES, REQUEST_CODES_LENGTH)
         self._pending = b"\x20"  # dynamic table size update to 0, before the first field
 
     def encode(self, headers: Iterable[tuple[bytes, bytes]], huffman: bool = True) -> bytes:
@@ -118,8 +120,7 @@ class FieldEncoder:
             encoded = cache.get(field)  # type: ignore[call-overload]
             if encoded is None:
                 if field[0] == b":path":  # literal without indexing, name index 4 (§6.2.2)
-                    value = field[1]
-                    encoded = b"\x04" + bytes(encode_integer(len(value), 7)) + value
+                    encoded = b"\x04" + _length(field[1]) + field[1]
                 elif field == self._secret[0]:
                     encoded = self._secret[1]
                 else:
@@ -140,10 +141,9 @@ class FieldEncoder:
             if static is not None:
                 out = encode_integer(static[0], 4)
                 out[0] |= flag
+                encoded = bytes(out) + _length(value) + value
             else:
-                out = bytearray((flag,)) + self._string(name, huffman=True)
-            out += self._string(value, huffman=not secret)
-            encoded = bytes(out)
+                encoded = bytes((flag,)) + _length(name) + name + _length(value) + value
             if secret:
                 self._secret = ((name, value), encoded)
                 return encoded
@@ -151,15 +151,6 @@ class FieldEncoder:
             self._cache.clear()
         self._cache[(name, value)] = encoded
         return encoded
-
-    def _string(self, data: bytes, *, huffman: bool) -> bytearray:
-        if huffman:
-            coded = self._huffman.encode(data)
-            if len(coded) < len(data):
-                out = encode_integer(len(coded), 7)
-                out[0] |= 0x80
-                return out + coded
-        return encode_integer(len(data), 7) + data
 
 
 # RequestBody states

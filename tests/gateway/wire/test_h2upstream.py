@@ -177,6 +177,8 @@ def test_field_encoder_blocks_decode_to_the_fields_with_no_dynamic_table() -> No
     encoder, decoder = FieldEncoder(), hpack.Decoder()
     first = encoder.encode(REQUEST)
     assert first[:1] == b"\x20"  # dynamic table size update to 0, once
+    for value in (b"application/json", b"kubectl/v1.36.0", b"cluster:hub:alice"):
+        assert value in first  # plain literals: nothing to Huffman-code or decode
     assert decoded(decoder, first) == REQUEST
     for _ in range(3):  # again, from the cache: the same bytes, and still decodable
         again = encoder.encode(REQUEST)
