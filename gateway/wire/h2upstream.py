@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from http import HTTPStatus
+from typing import ClassVar
 
 from hpack.hpack import encode_integer
 from hpack.table import HeaderTable
@@ -90,7 +91,8 @@ class FieldEncoder:
     of the agent's CPU per short request over HTTP/2. This one never inserts into the dynamic
     table (its first block sets the table's size to 0, which fits any SETTINGS_HEADER_TABLE_SIZE
     the server announces later) and never Huffman-codes, so a field's encoding depends on the
-    field alone: it is computed once and then looked up (a bounded cache). The price is bytes:
+    field alone: it is computed once and then looked up (a bounded cache, one per process:
+    however many connections, the cache costs at most ``MAX_CACHED`` fields). The price is bytes:
     a field is a literal each time, as long as the same field in an HTTP/1.1 head, instead of a
     one-byte index. Plain literals also cost the server's decoder least (no Huffman decoding).
 
@@ -102,12 +104,12 @@ class FieldEncoder:
     """
 
     MAX_CACHED = 1024  # fields; the cache is emptied when full (per-request unique values)
+    _cache: ClassVar[dict[tuple[bytes, bytes], bytes]] = {}  # shared: a field's own encoding
 
-    __slots__ = ("_cache", "_pending", "_secret", "header_table_size")
+    __slots__ = ("_pending", "_secret", "header_table_size")
 
     def __init__(self) -> None:
         self.header_table_size = 0
-        self._cache: dict[tuple[bytes, bytes], bytes] = {}
         self._secret: tuple[tuple[bytes, bytes], bytes] = ((b"", b""), b"")
         self._pending = b"\x20"  # dynamic table size update to 0, before the first field
 
@@ -147,9 +149,10 @@ class FieldEncoder:
             if secret:
                 self._secret = ((name, value), encoded)
                 return encoded
-        if len(self._cache) >= self.MAX_CACHED:
-            self._cache.clear()
-        self._cache[(name, value)] = encoded
+        cache = FieldEncoder._cache
+        if len(cache) >= self.MAX_CACHED:
+            cache.clear()
+        cache[(name, value)] = encoded
         return encoded
 
 
