@@ -73,6 +73,10 @@ class UpstreamUser(Protocol):
 # stream's own window (the h2 default, 64 KiB) bounds what the server may send it unread.
 CONNECTION_WINDOW = 1 << 30
 MAX_RESPONSE_HEADER_LIST = 256 * 1024  # as the HTTP/1.1 response head limit (exchange.py)
+# A burst of new streams (a client opening thousands of watches at once) is written every this
+# many HEADERS instead of as one write at the end of the loop turn: measured with 2,000 watches
+# opened together, one large write left the agent's RSS ~0.9 KB per watch higher for good.
+MAX_BATCHED_HEADS = 16
 HEAD_LIMITS = Limits(max_head_bytes=256 * 1024, max_request_line=64 * 1024,
                      max_field_line=64 * 1024, max_headers=512)
 
@@ -298,6 +302,7 @@ class H2Upstream(asyncio.Protocol):
         self.opened = 0  # streams ever opened (observability; staleness of a stream)
         self.idle_since = time.monotonic()
         self._flush_handle: asyncio.Handle | None = None
+        self._unflushed_heads = 0  # HEADERS queued since the last write
 
     # --- capacity ------------------------------------------------------------------------------
     @property
@@ -416,7 +421,11 @@ class H2Upstream(asyncio.Protocol):
         stream_id: int = self.h2.get_next_available_stream_id()
         self.h2.send_headers(stream_id, fields, end_stream=end)
         self.by_id[stream_id] = stream
-        self.flush()
+        self._unflushed_heads += 1
+        if self._unflushed_heads >= MAX_BATCHED_HEADS:
+            self._write_now()
+        else:
+            self.flush()
         return stream_id
 
     def acknowledge(self, stream_id: int, size: int) -> None:
@@ -447,12 +456,15 @@ class H2Upstream(asyncio.Protocol):
     def flush(self) -> None:
         """Write what ``h2`` queued at the end of this event-loop turn: the frames of every
         stream in the turn (HEADERS, DATA, WINDOW_UPDATE, RST_STREAM of many exchanges) go out
-        as one TLS write, not one each."""
+        as one TLS write, not one each (at most ``MAX_BATCHED_HEADS`` new streams per write)."""
         if self._flush_handle is None and not self.lost:
             self._flush_handle = self.loop.call_soon(self._write_now)
 
     def _write_now(self) -> None:
-        self._flush_handle = None
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+        self._unflushed_heads = 0
         data = self.h2.data_to_send()
         if data and self.usable:
             assert self.transport is not None
@@ -468,8 +480,6 @@ class H2Upstream(asyncio.Protocol):
     def abort(self, exc: Exception | None) -> None:
         """Close after writing what is queued (a GOAWAY, the last frames)."""
         self.draining = True
-        if self._flush_handle is not None:
-            self._flush_handle.cancel()
         self._write_now()
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
