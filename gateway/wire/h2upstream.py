@@ -119,7 +119,7 @@ class FieldEncoder:
         self._pending = b""
         cache = self._cache
         for field in headers:
-            encoded = cache.get(field)  # type: ignore[call-overload]
+            encoded = cache.get(field)
             if encoded is None:
                 if field[0] == b":path":  # literal without indexing, name index 4 (§6.2.2)
                     encoded = b"\x04" + _length(field[1]) + field[1]
