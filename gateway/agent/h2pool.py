@@ -29,7 +29,12 @@ Contracts:
   :class:`StreamRefused` (the exchange sends a body-less request again on another connection,
   else answers 503 with Retry-After); the others finish, then the connection is closed.
 * PINGs from the server are answered by ``h2``; a protocol error closes the connection and
-  fails every stream on it.
+  fails every stream on it. A malformed response HEADERS block (``response_head``'s checks;
+  ``h2``'s own are off) fails its stream only, with a 502.
+* What ``h2`` queues is written once per event-loop turn (every ``MAX_BATCHED_HEADS`` new
+  streams in a burst), not per frame; request fields are HPACK-encoded by
+  :class:`gateway.wire.h2upstream.FieldEncoder` (no dynamic table; credentials and
+  ``impersonate-*`` never indexed).
 """
 
 from __future__ import annotations
