@@ -371,7 +371,8 @@ class HttpExchange:
         """HTTP/1.1 for upgrades (WebSocket, SPDY) and routes without HTTP/2; with ``auto``,
         HTTP/2 for the long-running requests only (watches, ``logs -f``): they are what one
         connection each makes expensive, while a short request on a pooled keep-alive
-        HTTP/1.1 connection costs a third of the CPU an HTTP/2 stream does here."""
+        HTTP/1.1 connection costs about half the CPU an HTTP/2 stream does here (0.9 against
+        1.8 s per 10k small GETs at c=16; the ``h2`` library's framing is most of the rest)."""
         if route.h2_ssl_context is None or self.request is None or self.request.upgrade:
             return "h1"
         if route.protocol == "auto" and request_class(self.request.target) == SHORT:

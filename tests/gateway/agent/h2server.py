@@ -32,6 +32,23 @@ import h2.errors
 import h2.events
 import h2.settings
 
+# /malformed-<name>: response fields a conforming server never sends (see send_unchecked).
+MALFORMED: dict[bytes, list[tuple[bytes, bytes]]] = {
+    b"crlf-value": [(b":status", b"200"), (b"x-a", b"1\r\nset-cookie: injected=1")],
+    b"lf-value": [(b":status", b"200"), (b"x-a", b"1\nset-cookie: injected=1")],
+    b"nul-value": [(b":status", b"200"), (b"x-a", b"1\x00")],
+    b"crlf-name": [(b":status", b"200"), (b"set-cookie: injected=1\r\nx-a", b"1")],
+    b"upper-name": [(b":status", b"200"), (b"X-Upper", b"1")],
+    b"space-name": [(b":status", b"200"), (b"x a", b"1")],
+    b"connection": [(b":status", b"200"), (b"connection", b"close")],
+    b"transfer-encoding": [(b":status", b"200"), (b"transfer-encoding", b"chunked")],
+    b"no-status": [(b"content-type", b"text/plain")],
+    b"status-late": [(b"content-type", b"text/plain"), (b":status", b"200")],
+    b"two-status": [(b":status", b"200"), (b":status", b"204")],
+    b"request-pseudo": [(b":status", b"200"), (b":path", b"/")],
+    b"status-2-digits": [(b":status", b"20")],
+}
+
 
 @dataclass
 class H2Server:
@@ -41,6 +58,8 @@ class H2Server:
     connections: list[ServerConnection] = field(default_factory=list)
     h1_requests: list[bytes] = field(default_factory=list)
     heads: dict[tuple[int, int], dict[bytes, bytes]] = field(default_factory=dict)
+    # the request fields as hpack decoded them (NeverIndexedHeaderTuple says how they came)
+    fields: dict[tuple[int, int], list[Any]] = field(default_factory=dict)
     bodies: dict[tuple[int, int], bytearray] = field(default_factory=lambda: defaultdict(bytearray))
     resets: list[tuple[int, int, int]] = field(default_factory=list)  # (conn, stream, code)
     window_updates: dict[tuple[int, int], int] = field(default_factory=lambda: defaultdict(int))
@@ -93,6 +112,7 @@ class ServerConnection(asyncio.Protocol):
         if isinstance(event, h2.events.RequestReceived):
             head = dict(event.headers)
             self.server.heads[key] = head
+            self.server.fields[key] = list(event.headers)
             path = head[b":path"]
             sid = event.stream_id
             if path == b"/small":
@@ -110,6 +130,8 @@ class ServerConnection(asyncio.Protocol):
             elif path == b"/late":  # not answered on the first connection (see GOAWAY)
                 if self.index:
                     self.respond(sid, [(b"content-length", b"4")], b"late", end=True)
+            elif path.startswith(b"/malformed-"):  # response fields h2 would refuse to send
+                self.send_unchecked(sid, MALFORMED[path.removeprefix(b"/malformed-")])
             elif path == b"/reset":
                 self.conn.reset_stream(sid, h2.errors.ErrorCodes.INTERNAL_ERROR)
             elif path == b"/refuse" or (path == b"/refuse-first" and not self.refused):
@@ -143,6 +165,16 @@ class ServerConnection(asyncio.Protocol):
             self.conn.send_data(sid, body, end_stream=end)
         elif end:
             self.conn.end_stream(sid)
+
+    def send_unchecked(self, sid: int, fields: list[tuple[bytes, bytes]]) -> None:
+        """A response HEADERS block exactly as given (h2's own checks of what it sends off)."""
+        config = self.conn.config
+        config.validate_outbound_headers = config.normalize_outbound_headers = False
+        try:
+            self.conn.send_headers(sid, fields)
+            self.conn.send_data(sid, b"body", end_stream=True)
+        finally:
+            config.validate_outbound_headers = config.normalize_outbound_headers = True
 
     def send_pending(self, sid: int) -> None:
         rest = self.pending[sid]

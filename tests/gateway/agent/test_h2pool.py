@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import h2.errors
+import hpack
 import pytest
 import trustme
 
@@ -225,6 +226,45 @@ async def test_a_reset_before_the_response_is_a_502_status(
     await stream.wait_done()
     status, _, body = stream.response()
     assert status == 502 and b'"kind":"Status"' in body.replace(b" ", b"")
+    agent.pool.close()
+
+
+@pytest.mark.parametrize("kind", sorted(h2server.MALFORMED))
+async def test_malformed_response_fields_are_a_502_and_the_connection_goes_on(
+        kind: bytes, server: h2server.H2Server, ca_file: str, tmp_path: Path) -> None:
+    # h2's inbound validation is off (gateway.wire.h2upstream.response_head checks instead):
+    # nothing of a malformed HEADERS block reaches the tunnel, and only its stream fails.
+    agent = await make_agent(server, ca_file, tmp_path)
+    bad = request(agent, "/malformed-" + kind.decode())
+    await bad.wait_done()
+    status, _, body = bad.response()
+    assert status == 502 and b'"kind":"Status"' in body.replace(b" ", b"")
+    assert b"injected" not in bytes(bad.received) and b"X-Upper" not in bytes(bad.received)
+    small = request(agent, "/small")
+    await small.wait_done()
+    assert small.response() == (200, {"content-length": "5"}, b"small")
+    assert len(server.h2_connections) == 1  # the same connection carried the next request
+    agent.pool.close()
+
+
+async def test_credentials_and_impersonation_are_never_indexed(
+        server: h2server.H2Server, ca_file: str, tmp_path: Path) -> None:
+    # RFC 7541 §7.1.3: no intermediary may put the agent's credential or the hub user's
+    # identity in a compression context; nothing is in the agent's own (no dynamic table).
+    agent = await make_agent(server, ca_file, tmp_path)
+    for _ in range(2):
+        small = request(agent, "/small")
+        await small.wait_done()
+    assert sorted(server.fields) == [(0, 1), (0, 3)]
+    for fields in server.fields.values():
+        never = {f[0] for f in fields if isinstance(f, hpack.NeverIndexedHeaderTuple)}
+        assert {b"authorization", b"impersonate-user", b"impersonate-group"} <= never
+        assert never <= {b"authorization", b"impersonate-user", b"impersonate-group",
+                         b"impersonate-uid"} | {f[0] for f in fields
+                                                if f[0].startswith(b"impersonate-extra-")}
+        assert dict(fields)[b"authorization"] == b"Bearer agent-token"
+    decoder = server.h2_connections[0].conn.decoder
+    assert decoder.header_table_size == 0 and not decoder.header_table.dynamic_entries
     agent.pool.close()
 
 
