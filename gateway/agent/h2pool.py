@@ -33,7 +33,7 @@ Contracts:
   ``h2``'s own are off) fails its stream only, with a 502.
 * What ``h2`` queues is written once per event-loop turn (every ``MAX_BATCHED_HEADS`` new
   streams in a burst), not per frame; request fields are HPACK-encoded by
-  :class:`gateway.wire.h2upstream.FieldEncoder` (no dynamic table; credentials and
+  :class:`gateway.wire.hpackfields.FieldEncoder` (no dynamic table; credentials and
   ``impersonate-*`` never indexed).
 """
 
@@ -53,7 +53,8 @@ import h2.events
 import h2.exceptions
 import h2.settings
 
-from gateway.wire.h2upstream import FieldEncoder, RequestBody, request_fields, response_head
+from gateway.wire.h2upstream import RequestBody, request_fields, response_head
+from gateway.wire.hpackfields import FieldEncoder
 from gateway.wire.http1 import HTTPError, Limits, parse_request_head
 from gateway.wire.http2 import LAST_CHUNK, chunk
 

@@ -47,7 +47,7 @@ from gateway.wire.http1 import (
 Headers = list[tuple[bytes, bytes]]
 
 _TCHAR = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-_NAME_OK = b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz"  # HTTP/2 names: lower-case
+LOWER_TCHAR = b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz"  # HTTP/2 field names
 _TARGET_OK = bytes(range(0x21, 0x7F))
 _VALUE_OK = bytes(b for b in range(256) if b == 9 or (b >= 0x20 and b != 0x7F))
 _DIGITS = b"0123456789"
@@ -111,7 +111,7 @@ def request_head_from_h2(fields: Headers, limits: Limits, *, end_stream: bool) -
         seen |= _REGULAR
         if len(name) + len(value) + 2 > max_line:
             raise H2RequestError("header field too large", 431)
-        if not name or name.translate(None, _NAME_OK):
+        if not name or name.translate(None, LOWER_TCHAR):
             # Never a CRLF into HTTP/1.1; upper case is malformed in HTTP/2 (RFC 9113 §8.2).
             raise H2RequestError("invalid header name: HTTP/2 field names are lower-case tokens")
         if value.translate(None, _VALUE_OK):

@@ -353,10 +353,10 @@ async def test_rule1_revoked_token_ends_an_h2_watch_cleanly(h2tls: Tls) -> None:
         USERS.pop(token, None)
 
 
-async def test_response_fields_are_sent_without_huffman_coding(gw: Harness) -> None:
-    """The front door's HPACK literals are plain octets (PlainEncoder): Huffman coding in pure
-    Python cost a quarter of the encoder's time. The raw HEADERS block carries the value as
-    is, and a standard decoder reads it."""
+async def test_response_fields_are_plain_literals_with_no_dynamic_table(gw: Harness) -> None:
+    """The front door's HPACK encoder is gateway.wire.hpackfields.FieldEncoder: no Huffman
+    coding in pure Python and no dynamic table. The raw HEADERS block carries the value as is,
+    and a standard decoder reads it without ever adding to its table."""
     import hpack
     from hyperframe.frame import HeadersFrame
 
@@ -368,7 +368,9 @@ async def test_response_fields_are_sent_without_huffman_coding(gw: Harness) -> N
         await raw.wait_for(lambda: bool(raw.frames_of(HeadersFrame, 1)))
         block = raw.frames_of(HeadersFrame, 1)[0].data
         assert b"application/json" in block
-        fields = dict(hpack.Decoder().decode(block))
+        decoder = hpack.Decoder()
+        fields = dict(decoder.decode(block))
         assert fields[":status"] == "200" and fields["content-type"] == "application/json"
+        assert not decoder.header_table.dynamic_entries
     finally:
         await raw.close()

@@ -3,10 +3,9 @@ to payload, HTTP/2 response fields to HTTP/1.1 heads. Pure: bytes in, bytes out.
 
 from __future__ import annotations
 
-import hpack
 import pytest
 
-from gateway.wire.h2upstream import FieldEncoder, RequestBody, request_fields, response_head
+from gateway.wire.h2upstream import RequestBody, request_fields, response_head
 from gateway.wire.http1 import (
     HTTPError,
     framing_for_response,
@@ -158,58 +157,3 @@ def test_response_head_passes_every_other_byte_of_a_value_as_it_is() -> None:
     raw, _ = response_head([(b":status", b"200"), (b"x-all", value),
                             (b"content-length", b"0")], b"GET")
     assert raw == b"HTTP/1.1 200 OK\r\nx-all: " + value + b"\r\ncontent-length: 0\r\n\r\n"
-
-
-REQUEST = [(b":method", b"GET"), (b":scheme", b"https"), (b":authority", b"10.0.0.1:6443"),
-           (b":path", b"/api/v1/namespaces/team/pods?limit=500"),
-           (b"accept", b"application/json"), (b"user-agent", b"kubectl/v1.36.0"),
-           (b"x-odd", bytes(range(0x20, 0x100))),
-           (b"authorization", b"Bearer agent-token"),
-           (b"impersonate-user", b"cluster:hub:alice"),
-           (b"impersonate-group", b"cluster:hub:team")]
-
-
-def decoded(decoder: hpack.Decoder, block: bytes) -> list[tuple[bytes, bytes]]:
-    return [tuple(f) for f in decoder.decode(block, raw=True)]  # type: ignore[misc]
-
-
-def test_field_encoder_blocks_decode_to_the_fields_with_no_dynamic_table() -> None:
-    encoder, decoder = FieldEncoder(), hpack.Decoder()
-    first = encoder.encode(REQUEST)
-    assert first[:1] == b"\x20"  # dynamic table size update to 0, once
-    for value in (b"application/json", b"kubectl/v1.36.0", b"cluster:hub:alice"):
-        assert value in first  # plain literals: nothing to Huffman-code or decode
-    assert decoded(decoder, first) == REQUEST
-    for _ in range(3):  # again, from the cache: the same bytes, and still decodable
-        again = encoder.encode(REQUEST)
-        assert again == first[1:]
-        assert decoded(decoder, again) == REQUEST
-    assert decoder.header_table_size == 0 and not decoder.header_table.dynamic_entries
-    encoder.header_table_size = 65536  # what h2 sets on the server's SETTINGS: nothing changes
-    assert encoder.encode(REQUEST) == first[1:]
-
-
-def test_field_encoder_sends_credentials_and_identity_never_indexed() -> None:
-    encoder, decoder = FieldEncoder(), hpack.Decoder()
-    fields = decoder.decode(encoder.encode([*REQUEST, (b"proxy-authorization", b"Basic x"),
-                                            (b"cookie", b"a=b"),
-                                            (b"impersonate-extra-scopes", b"view")]), raw=True)
-    never = [f[0] for f in fields if isinstance(f, hpack.NeverIndexedHeaderTuple)]
-    assert never == [b"authorization", b"impersonate-user", b"impersonate-group",
-                     b"proxy-authorization", b"cookie", b"impersonate-extra-scopes"]
-
-
-def test_field_encoder_keeps_no_old_credential() -> None:
-    encoder = FieldEncoder()
-    encoder.encode([(b"authorization", b"Bearer old-token"), (b"accept", b"*/*")])
-    block = encoder.encode([(b"authorization", b"Bearer new-token"), (b"accept", b"*/*")])
-    assert b"Bearer new-token" in block  # sent as it is, not Huffman-coded
-    assert "old-token" not in repr(encoder._cache) + repr(encoder._secret)
-
-
-def test_field_encoder_cache_is_bounded() -> None:
-    encoder, decoder = FieldEncoder(), hpack.Decoder()
-    for i in range(3 * FieldEncoder.MAX_CACHED):
-        field = (b"x-request-id", b"%d" % i)
-        assert decoded(decoder, encoder.encode([field])) == [field]
-        assert len(encoder._cache) <= FieldEncoder.MAX_CACHED

@@ -1,0 +1,103 @@
+"""HPACK encoding without a dynamic table or Huffman coding (RFC 7541), for both directions.
+
+The agent's HTTP/2 connections to its apiserver (:mod:`gateway.agent.h2pool`) and the front
+door's HTTP/2 connections to clients (:mod:`gateway.hub.frontdoor_h2`) hand ``h2`` this
+encoder instead of ``hpack``'s (see :class:`FieldEncoder`). Decoding stays ``hpack``'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import ClassVar
+
+from hpack.hpack import encode_integer
+from hpack.table import HeaderTable
+
+# Fields sent "never indexed" (RFC 7541 §7.1.3: no intermediary may put them in a compression
+# context): credentials and cookies (h2's own encoder did it for authorization and
+# proxy-authorization), and the impersonation headers that name the hub user. The first set is
+# also never cached here.
+_SECRET_FIELDS = frozenset((b"authorization", b"proxy-authorization", b"cookie", b"set-cookie"))
+_NEVER_INDEXED_PREFIX = b"impersonate-"
+_STATIC = HeaderTable.STATIC_TABLE_MAPPING  # name -> (name index, {value: full index})
+
+
+def _length(data: bytes) -> bytes:
+    """A string literal's length prefix, not Huffman-coded (RFC 7541 §5.2)."""
+    n = len(data)
+    return bytes((n,)) if n < 127 else bytes(encode_integer(n, 7))
+
+
+class FieldEncoder:
+    """The HPACK encoder of one connection: static table and plain literals, nothing else.
+
+    ``hpack``'s encoder, for every header block, searched its dynamic table linearly and
+    Huffman-coded each new literal in pure Python (the never-indexed credential every time):
+    most of the agent's CPU per short request over HTTP/2, and a large part of the front door's
+    per response (audit-id and date change every time). This one never inserts into the dynamic
+    table (its first block sets the table's size to 0, which fits any SETTINGS_HEADER_TABLE_SIZE
+    the peer announces later) and never Huffman-codes, so a field's encoding depends on the
+    field alone: it is computed once and then looked up (a bounded cache, one per process:
+    however many connections, the cache costs at most ``MAX_CACHED`` fields). The price is bytes:
+    a field is a literal each time, as long as the same field in an HTTP/1.1 head, instead of a
+    one-byte index. Plain literals also cost the peer's decoder least (no Huffman decoding).
+
+    Literals are "without indexing"; secrets and ``impersonate-*`` are "never indexed". Secrets
+    and ``:path`` (almost always new) are not in the cache: a secret's encoding is kept alone,
+    for the next request (the agent sends the same credential each time; a rotated one
+    replaces it; a response's ``set-cookie`` is a secret too). What ``h2`` calls:
+    :meth:`encode` and the ``header_table_size`` attribute (set on SETTINGS, nothing to do: our
+    table stays empty).
+    """
+
+    MAX_CACHED = 1024  # fields; the cache is emptied when full (per-request unique values)
+    _cache: ClassVar[dict[tuple[bytes, bytes], bytes]] = {}  # shared: a field's own encoding
+
+    __slots__ = ("_pending", "_secret", "header_table_size")
+
+    def __init__(self) -> None:
+        self.header_table_size = 0
+        self._secret: tuple[tuple[bytes, bytes], bytes] = ((b"", b""), b"")
+        self._pending = b"\x20"  # dynamic table size update to 0, before the first field
+
+    def encode(self, headers: Iterable[tuple[bytes, bytes]], huffman: bool = True) -> bytes:
+        """The header block of ``headers`` (``huffman`` is ``hpack``'s parameter; ignored)."""
+        parts = [self._pending] if self._pending else []
+        self._pending = b""
+        cache = self._cache
+        for field in headers:
+            encoded = cache.get(field)
+            if encoded is None:
+                if field[0] == b":path":  # literal without indexing, name index 4 (§6.2.2)
+                    encoded = b"\x04" + _length(field[1]) + field[1]
+                elif field == self._secret[0]:
+                    encoded = self._secret[1]
+                else:
+                    encoded = self._field(field[0], field[1])
+            parts.append(encoded)
+        return b"".join(parts)
+
+    def _field(self, name: bytes, value: bytes) -> bytes:
+        secret = name in _SECRET_FIELDS
+        never = secret or name.startswith(_NEVER_INDEXED_PREFIX)
+        static = _STATIC.get(name)
+        if static is not None and not never and (index := static[1].get(value)) is not None:
+            out = encode_integer(index, 7)  # indexed field (RFC 7541 §6.1)
+            out[0] |= 0x80
+            encoded = bytes(out)
+        else:  # literal field without indexing (§6.2.2) or never indexed (§6.2.3)
+            flag = 0x10 if never else 0x00
+            if static is not None:
+                out = encode_integer(static[0], 4)
+                out[0] |= flag
+                encoded = bytes(out) + _length(value) + value
+            else:
+                encoded = bytes((flag,)) + _length(name) + name + _length(value) + value
+            if secret:
+                self._secret = ((name, value), encoded)
+                return encoded
+        cache = FieldEncoder._cache
+        if len(cache) >= self.MAX_CACHED:
+            cache.clear()
+        cache[(name, value)] = encoded
+        return encoded

@@ -1,0 +1,72 @@
+"""gateway.wire.hpackfields: HPACK without a dynamic table or Huffman coding. Every block must
+decode with a standard decoder (hpack's) to exactly the fields given, credentials never indexed.
+Pure: fields in, bytes out."""
+
+from __future__ import annotations
+
+import hpack
+
+from gateway.wire.hpackfields import FieldEncoder
+
+REQUEST = [(b":method", b"GET"), (b":scheme", b"https"), (b":authority", b"10.0.0.1:6443"),
+           (b":path", b"/api/v1/namespaces/team/pods?limit=500"),
+           (b"accept", b"application/json"), (b"user-agent", b"kubectl/v1.36.0"),
+           (b"x-odd", bytes(range(0x20, 0x100))),
+           (b"authorization", b"Bearer agent-token"),
+           (b"impersonate-user", b"cluster:hub:alice"),
+           (b"impersonate-group", b"cluster:hub:team")]
+
+
+def decoded(decoder: hpack.Decoder, block: bytes) -> list[tuple[bytes, bytes]]:
+    return [tuple(f) for f in decoder.decode(block, raw=True)]  # type: ignore[misc]
+
+
+def test_field_encoder_blocks_decode_to_the_fields_with_no_dynamic_table() -> None:
+    encoder, decoder = FieldEncoder(), hpack.Decoder()
+    first = encoder.encode(REQUEST)
+    assert first[:1] == b"\x20"  # dynamic table size update to 0, once
+    for value in (b"application/json", b"kubectl/v1.36.0", b"cluster:hub:alice"):
+        assert value in first  # plain literals: nothing to Huffman-code or decode
+    assert decoded(decoder, first) == REQUEST
+    for _ in range(3):  # again, from the cache: the same bytes, and still decodable
+        again = encoder.encode(REQUEST)
+        assert again == first[1:]
+        assert decoded(decoder, again) == REQUEST
+    assert decoder.header_table_size == 0 and not decoder.header_table.dynamic_entries
+    encoder.header_table_size = 65536  # what h2 sets on the server's SETTINGS: nothing changes
+    assert encoder.encode(REQUEST) == first[1:]
+
+
+def test_field_encoder_sends_credentials_and_identity_never_indexed() -> None:
+    encoder, decoder = FieldEncoder(), hpack.Decoder()
+    fields = decoder.decode(encoder.encode([*REQUEST, (b"proxy-authorization", b"Basic x"),
+                                            (b"cookie", b"a=b"),
+                                            (b"impersonate-extra-scopes", b"view")]), raw=True)
+    never = [f[0] for f in fields if isinstance(f, hpack.NeverIndexedHeaderTuple)]
+    assert never == [b"authorization", b"impersonate-user", b"impersonate-group",
+                     b"proxy-authorization", b"cookie", b"impersonate-extra-scopes"]
+
+
+def test_field_encoder_keeps_no_old_credential() -> None:
+    encoder = FieldEncoder()
+    encoder.encode([(b"authorization", b"Bearer old-token"), (b"accept", b"*/*")])
+    block = encoder.encode([(b"authorization", b"Bearer new-token"), (b"accept", b"*/*")])
+    assert b"Bearer new-token" in block  # sent as it is, not Huffman-coded
+    assert "old-token" not in repr(encoder._cache) + repr(encoder._secret)
+
+
+def test_field_encoder_cache_is_bounded() -> None:
+    encoder, decoder = FieldEncoder(), hpack.Decoder()
+    for i in range(3 * FieldEncoder.MAX_CACHED):
+        field = (b"x-request-id", b"%d" % i)
+        assert decoded(decoder, encoder.encode([field])) == [field]
+        assert len(encoder._cache) <= FieldEncoder.MAX_CACHED
+
+
+def test_field_encoder_response_set_cookie_is_never_indexed_nor_cached() -> None:
+    encoder, decoder = FieldEncoder(), hpack.Decoder()
+    block = encoder.encode([(b":status", b"200"), (b"set-cookie", b"session=s3cret")])
+    fields = decoder.decode(block, raw=True)
+    assert [f[0] for f in fields if isinstance(f, hpack.NeverIndexedHeaderTuple)] == \
+        [b"set-cookie"]
+    assert b"s3cret" not in b"".join(encoder._cache.values())
