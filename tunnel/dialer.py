@@ -206,6 +206,9 @@ class AgentDialer:
         refusal (expired, unknown CA, no cluster named) arrives only now, as a TLS alert or a
         GOAWAY: logged once with the hub's reason, then at most every REFUSAL_LOG_INTERVAL.
         A hub that sends no SETTINGS in time but keeps the session is taken as accepting.
+        A hub refuses *instead of* sending SETTINGS, so once they arrived the hub accepted
+        us, even if the session has ended since (a hub shutting down just after accepting):
+        that end is the session's, reported as such by the caller, not a refusal.
         """
         settings = asyncio.ensure_future(session.wait_peer_settings(SETTINGS_TIMEOUT))
         closed = asyncio.ensure_future(session.wait_closed())
@@ -214,8 +217,8 @@ class AgentDialer:
         finally:
             settings.cancel()
             closed.cancel()
-        refused = session.closed or (
-            session.goaway_message is not None and not session.peer_settings_received)
+        refused = not session.peer_settings_received and (
+            session.closed or session.goaway_message is not None)
         if not refused:
             return True
         session.close("refused by the hub")
