@@ -98,4 +98,4 @@ class RedialBackoff:
         over = self.misses - search.free_redials
         doublings = 0 if over <= 0 else math.ceil(over / search.doubling_period)
         low, high = REDIAL_DELAY
-        return min(REDIAL_DELAY_CAP, self.uniform(low, high) * 2 ** min(doublings, MAX_DOUBLINGS))
+        return min(REDIAL_DELAY_CAP, self.uniform(low, high) * 2.0 ** min(doublings, MAX_DOUBLINGS))
