@@ -265,7 +265,8 @@ class System:
 
     def wait_steady(self, timeout: float = 120) -> float:
         # Long: an agent that keeps reaching instances it already holds through the balancer
-        # redials with a doubling delay (tunnel.dialer REDIAL_*), up to 30 s between dials.
+        # redials with a delay that doubles once the balancer's odds say it should have found
+        # the missing instance (tunnel.redial), up to 30 s between dials.
         deadline = time.monotonic() + timeout
         while not self.steady():
             if time.monotonic() > deadline:

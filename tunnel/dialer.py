@@ -18,8 +18,10 @@ each serves only the agents that hold a session to it. :class:`HubFanout` keeps 
 each: the hub's SETTINGS name its instance and either the live instances (HUB_PEER, from the
 hub's Leases; the union of what every session announces) or only how many there are; a dial
 that reaches an instance already served is drained and redialled after a short random delay
-that grows when such dials repeat (connections are spread by the kernel or the load balancer),
-dialers are added until every instance has one and removed when there are fewer instances, and
+(connections are spread by the kernel or the load balancer): free redials for as many dials as
+a uniform balancer needs to reach a missing instance, then a growing delay (the rule, and why a
+listed set earns more free redials than a bare count, is in :mod:`tunnel.redial`), dialers are
+added until every instance has one and removed when there are fewer instances, and
 a session to an instance that the other instances have stopped listing for ``GONE_AFTER`` is
 drained (its process is gone from the hub but its connection lingers).
 """
@@ -29,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 import socket
 import ssl
 import time
@@ -39,6 +40,7 @@ from tunnel.backoff import Backoff
 from tunnel.connection import ALPN, OpenRequest, SessionConfig, StreamProtocol, TunnelSession
 from tunnel.handshake import LogThrottle, describe_hub_refusal
 from tunnel.proxy import ProxyConfig, ProxyError, open_through_proxy
+from tunnel.redial import RedialBackoff, Search
 
 log = logging.getLogger("hubproxy.tunnel")
 
@@ -47,12 +49,6 @@ WATCH_INTERVAL = 0.5
 ROTATION_OVERLAP = 1.0  # seconds the rotated session stays usable beside its successor
 OLD_SESSION_DEADLINE = 300.0  # how long a replaced session may keep its in-flight streams
 SETTINGS_TIMEOUT = 5.0  # a hub that sends no SETTINGS by then is taken as a single instance
-# After reaching an instance that another session already serves: a random delay in this range,
-# doubled for each further such dial in a row (up to the cap), so a hub that announces more
-# instances than it has costs a redial every half minute, not a storm.
-REDIAL_DELAY = (0.05, 0.3)
-REDIAL_FREE = 3  # duplicates in a row before the delay starts doubling
-REDIAL_DELAY_CAP = 30.0
 REFUSAL_LOG_INTERVAL = 60.0  # the same refusal is logged at WARNING at most this often
 # A session's instance that no other session has listed for this long is gone. Longer than a
 # Lease (15 s) plus a listing period, so an instance that just started is listed first.
@@ -87,7 +83,6 @@ class AgentDialer:
         self.retiring: set[TunnelSession] = set()
         self.connects = 0
         self.fanout = fanout
-        self._duplicates = 0  # dials in a row that reached an instance already served
         self._stopping = asyncio.Event()
         self._caching_factory = False
         self._refusals = LogThrottle(REFUSAL_LOG_INTERVAL)
@@ -124,14 +119,8 @@ class AgentDialer:
                 self._retire(session)
                 if self.fanout.surplus(self):
                     return  # the hub has fewer instances than we have dialers
-                self._duplicates += 1
-                low, high = REDIAL_DELAY
-                # The first few are what spreading over N instances costs; beyond that the
-                # hub is probably announcing more instances than it has.
-                scale = 2 ** min(max(0, self._duplicates - REDIAL_FREE), 10)
-                await self._sleep(min(REDIAL_DELAY_CAP, random.uniform(low, high) * scale))
+                await self._sleep(self.fanout.redial_delay())
                 continue
-            self._duplicates = 0
             if self._rotated is not None:
                 # A moment of overlap: the hub sends new streams to the newest of equally
                 # loaded sessions, so few OPENs are in flight on the old one when it drains
@@ -217,6 +206,9 @@ class AgentDialer:
         refusal (expired, unknown CA, no cluster named) arrives only now, as a TLS alert or a
         GOAWAY: logged once with the hub's reason, then at most every REFUSAL_LOG_INTERVAL.
         A hub that sends no SETTINGS in time but keeps the session is taken as accepting.
+        A hub refuses *instead of* sending SETTINGS, so once they arrived the hub accepted
+        us, even if the session has ended since (a hub shutting down just after accepting):
+        that end is the session's, reported as such by the caller, not a refusal.
         """
         settings = asyncio.ensure_future(session.wait_peer_settings(SETTINGS_TIMEOUT))
         closed = asyncio.ensure_future(session.wait_closed())
@@ -225,8 +217,8 @@ class AgentDialer:
         finally:
             settings.cancel()
             closed.cancel()
-        refused = session.closed or (
-            session.goaway_message is not None and not session.peer_settings_received)
+        refused = not session.peer_settings_received and (
+            session.closed or session.goaway_message is not None)
         if not refused:
             return True
         session.close("refused by the hub")
@@ -297,6 +289,7 @@ class HubFanout:
         self._tasks: set[asyncio.Task[None]] = set()
         self._changed = asyncio.Event()
         self._stopping = False
+        self._redial = RedialBackoff()  # shared: every dialer's dial has the same chance
 
     @property
     def connected(self) -> bool:
@@ -338,6 +331,21 @@ class HubFanout:
         if peers:
             return len(peers)
         return max((s.hub_instances for s in sessions), default=self.instances)
+
+    def search(self) -> Search:
+        """Which instances the dialers without a session are looking for."""
+        sessions = [s for s in self.sessions if not s.closed]
+        listed = {peer for s in sessions for peer in s.hub_peers}
+        held = set(self._served)
+        if listed:
+            missing = frozenset(listed - held)
+            return Search(len(listed | held), len(missing), True, missing)
+        announced = max(self._count(), len(held))
+        return Search(announced, announced - len(held), False)
+
+    def redial_delay(self) -> float:
+        """A dial reached an instance already held: how long to wait before the next one."""
+        return self._redial.missed(self.search())
 
     def observe(self, dialer: AgentDialer, session: TunnelSession) -> bool:
         """Called while ``dialer`` holds ``session``: follow the announced set (more dialers

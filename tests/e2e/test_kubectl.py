@@ -6,14 +6,17 @@ kubesim (impersonating the prefixed hub identity).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import select
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+import weakref
+from queue import Empty, Queue
 
 import pytest
 
@@ -24,17 +27,47 @@ USER = "cluster:hub:system:serviceaccount:demo:demo"
 
 
 def read_lines(proc: subprocess.Popen[str], want: int, timeout: float = 15) -> list[str]:
-    assert proc.stdout is not None
+    """Up to ``want`` more lines of ``proc``'s stdout within ``timeout`` (fewer at EOF).
+
+    A reader thread per process feeds a queue: polling the pipe with select() cannot work,
+    because one read of the file object takes every line the pipe holds (kubectl printing a
+    list, or a list and an event together on a slow machine) and select() knows nothing of the
+    lines left in its buffer: they were never returned.
+    """
+    queue = _stdout_lines(proc)
     lines: list[str] = []
     deadline = time.monotonic() + timeout
-    while len(lines) < want and time.monotonic() < deadline:
-        ready, _, _ = select.select([proc.stdout], [], [], 0.2)
-        if ready:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            lines.append(line.rstrip("\n"))
+    while len(lines) < want:
+        try:
+            line = queue.get(timeout=max(0.0, deadline - time.monotonic()))
+        except Empty:
+            break
+        if line is None:
+            queue.put(None)  # EOF stays EOF for the next call
+            break
+        lines.append(line.rstrip("\n"))
     return lines
+
+
+_readers: weakref.WeakKeyDictionary[subprocess.Popen[str], Queue[str | None]] = (
+    weakref.WeakKeyDictionary())
+
+
+def _stdout_lines(proc: subprocess.Popen[str]) -> Queue[str | None]:
+    if proc not in _readers:
+        stdout = proc.stdout
+        assert stdout is not None
+        lines: Queue[str | None] = Queue()
+
+        def pump() -> None:
+            with contextlib.suppress(ValueError, OSError):  # closed by stop()
+                for line in stdout:
+                    lines.put(line)
+            lines.put(None)
+
+        threading.Thread(target=pump, daemon=True).start()
+        _readers[proc] = lines
+    return _readers[proc]
 
 
 def stop(proc: subprocess.Popen[str]) -> None:

@@ -146,6 +146,33 @@ async def test_agent_reconnects_after_the_hub_restarts(pki: PKI) -> None:
         assert agent.connects >= 2
 
 
+class ClosingRegistry(SessionRegistry):
+    """A hub that accepts each session (its SETTINGS go out first) and closes it at once, as a
+    hub shutting down just after registering an agent does."""
+
+    def add(self, cluster, session) -> None:
+        super().add(cluster, session)
+        asyncio.get_running_loop().call_soon(session.close, "hub closing")
+
+
+async def test_a_session_the_hub_accepted_then_closed_is_a_connect_not_a_refusal(
+    pki: PKI, caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The hub's SETTINGS say it accepted us (a refusal is a TLS alert or a GOAWAY *instead of*
+    # SETTINGS), so an end that follows them is the session ending, not the hub refusing us:
+    # it counts as a connect and sets no refusal (which the agent's /readyz would show).
+    registry = ClosingRegistry()
+    listener = await start_tunnel_listener("127.0.0.1", 0, pki.hub_context(), registry)
+    try:
+        async with dialer(listener.port, lambda: pki.agent_context("c1")) as agent:
+            await eventually(lambda: agent.connects >= 3 or agent.last_refusal is not None)
+            assert agent.last_refusal is None
+    finally:
+        listener.close()
+        await listener.wait_closed()
+    assert "refused this agent" not in caplog.text
+
+
 async def test_goaway_drain_lets_in_flight_streams_finish(pki: PKI) -> None:
     async with hub(pki) as listener, dialer(listener.port, lambda: pki.agent_context("c1")):
         await eventually(lambda: bool(listener.registry.clusters()))
