@@ -115,6 +115,7 @@ class Exchange:
 
     __slots__ = (
         "_copy_views",
+        "_end_once_started",
         "_end_timer",
         "_ending",
         "_lost",
@@ -173,6 +174,7 @@ class Exchange:
         # Revocation (gateway.hub.revalidation): why the stream is ending, and its deadline.
         self._ending: Revoked | None = None
         self._end_timer: asyncio.TimerHandle | None = None
+        self._end_once_started: Revoked | None = None  # see end_once_started
         # A revalidated WebSocket: where the server's frames begin, and its subprotocol.
         self.ws: FrameBoundary | None = None
         self.ws_protocol = b""  # also the X-Stream-Protocol-Version of a SPDY stream
@@ -368,6 +370,9 @@ class Exchange:
             self.transport.write(raw + rest[:taken] if taken else raw)
             if taken < len(rest):
                 self._fail(502, "the cluster sent more than one response")
+                return
+            if self.streaming and self._state == _BODY:
+                self._end_if_leaving()
             # The agent's EOF ends the exchange.
 
     # --- gateway shutdown ----------------------------------------------------------------
@@ -378,6 +383,24 @@ class Exchange:
         through another instance), an exec/attach with a Status saying so; as a revocation
         does (:meth:`revoke`, the same boundaries and grace), and cancel the upstream request."""
         self.revoke(SHUTTING_DOWN)
+
+    def end_once_started(self, revoked: Revoked) -> None:
+        """End this watch or ``logs -f`` as :meth:`revoke` does, but only once its response
+        head has reached the client: what a door decides while the head is being relayed
+        (``response_started``) must not put the last chunk before the head."""
+        self._end_once_started = revoked
+
+    def _end_if_leaving(self) -> None:
+        """A watch or follow just started streaming. If the gateway is going away
+        (:meth:`end_once_started`), or its agent session announced DRAIN or GOAWAY while the
+        head was on its way -- too early for ``end_follow``, which ends only what streams --
+        it ends now, at its first chunk boundary, instead of being cut at the agent's drain
+        deadline."""
+        revoked = self._end_once_started
+        if revoked is None and getattr(self.admitted.session, "draining", False):
+            revoked = AGENT_LEAVING
+        if revoked is not None:
+            self.revoke(revoked)
 
     def end_follow(self, revoked: Revoked) -> None:
         """End a watch or ``logs -f`` (a streamed body, not an upgrade) as :meth:`end_stream`

@@ -44,7 +44,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gateway.hub.admission.chain import Admitted, Refusal, new_request_id, start_admission
-from gateway.hub.exchange import Exchange
+from gateway.hub.exchange import SHUTTING_DOWN, Exchange
 from gateway.hub.frontdoor_h2 import FrontDoorHost, H2FrontDoor
 from gateway.wire.http1 import (
     NO_BODY,
@@ -398,7 +398,7 @@ class FrontDoor(asyncio.Protocol):
             self.gw.audit_stream_start(self, exchange)
             self._slim(exchange)
             if self.gw.draining:  # started while the gateway shuts down: end it at once
-                exchange.end_stream()
+                exchange.end_once_started(SHUTTING_DOWN)
         if self.gw.leaving:
             # Shutting down (--shutdown-delay): this connection's next request would race the
             # close of its idle connection when the delay ends (an HTTP/1.1 client cannot tell

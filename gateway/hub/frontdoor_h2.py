@@ -56,7 +56,7 @@ from gateway.hub.admission.chain import (
     new_request_id,
     start_admission,
 )
-from gateway.hub.exchange import Exchange
+from gateway.hub.exchange import SHUTTING_DOWN, Exchange
 from gateway.ops.metrics import GatewayMetrics
 from gateway.wire.hpackfields import FieldEncoder
 from gateway.wire.http1 import HTTPError
@@ -647,7 +647,7 @@ class H2Request:
             # head and the identity metadata were only for the OPEN (answered: no replay).
             exchange.admitted.head = exchange.admitted.metadata = b""
             if self.gw.draining:  # started while the gateway shuts down: end it at once
-                exchange.end_stream()
+                exchange.end_once_started(SHUTTING_DOWN)
 
     def upgraded(self, exchange: Exchange) -> None:  # pragma: no cover - never over h2
         raise AssertionError("no upgrades over HTTP/2")
