@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import ssl
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -21,23 +20,14 @@ from tests.gateway.hub.test_frontdoor_harness import (
     FakeStream,
     Harness,
     Tls,
+    h2tls,  # noqa: F401 - the session fixture
     running,
     tls,  # noqa: F401 - the session fixture
 )
 
 
-@pytest.fixture(scope="module")
-def h2tls(tls: Tls) -> Tls:  # noqa: F811
-    # The harness' server context, offering h2 like front_tls does in production.
-    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    server.minimum_version = ssl.TLSVersion.TLSv1_2
-    tls.ca.issue_cert("localhost", "127.0.0.1").configure_cert(server)
-    server.set_alpn_protocols(["h2", "http/1.1"])
-    return Tls(tls.ca, server, tls.client, tls.ca_file)
-
-
 @pytest.fixture
-async def gw(h2tls: Tls) -> AsyncIterator[Harness]:
+async def gw(h2tls: Tls) -> AsyncIterator[Harness]:  # noqa: F811
     async with running(h2tls) as harness:
         harness.connect_cluster("c1")
         yield harness
@@ -131,7 +121,7 @@ async def test_body_without_content_length_is_forwarded_chunked(gw: Harness, cli
     assert ["transfer-encoding", "chunked"] in [[n.lower(), v] for n, v in echoed["headers"]]
 
 
-async def test_chunked_body_over_the_limit_is_413(h2tls: Tls) -> None:
+async def test_chunked_body_over_the_limit_is_413(h2tls: Tls) -> None:  # noqa: F811
     from gateway.hub.config import FrontDoorLimits
 
     async with running(h2tls, limits=FrontDoorLimits(max_request_body=1000)) as harness:
@@ -314,7 +304,7 @@ async def test_http1_still_served_and_counted(gw: Harness) -> None:
     assert gw.gateway.metrics.requests_h1 == 1 and gw.gateway.metrics.requests_h2 == 0
 
 
-async def test_rule1_revoked_token_ends_an_h2_watch_cleanly(h2tls: Tls) -> None:
+async def test_rule1_revoked_token_ends_an_h2_watch_cleanly(h2tls: Tls) -> None:  # noqa: F811
     """Revocation reaches watches that are streams of an HTTP/2 connection too: the watch ends
     with END_STREAM after its last whole event, the cluster's stream is reset, the connection
     carries on and the re-list gets 401."""

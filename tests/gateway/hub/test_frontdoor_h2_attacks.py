@@ -4,7 +4,6 @@ socket: refused, or bounded."""
 from __future__ import annotations
 
 import asyncio
-import ssl
 from collections.abc import AsyncIterator
 
 import hpack
@@ -27,19 +26,12 @@ from tests.gateway.hub.test_frontdoor_harness import (
     FakeStream,
     Harness,
     Tls,
+    h2tls,  # noqa: F401 - the session fixture
     running,
     tls,  # noqa: F401 - the session fixture
 )
 
 PROTOCOL_ERROR, FLOW_CONTROL_ERROR, ENHANCE_YOUR_CALM = 1, 3, 11
-
-
-@pytest.fixture(scope="module")
-def h2tls(tls: Tls) -> Tls:  # noqa: F811
-    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    tls.ca.issue_cert("localhost", "127.0.0.1").configure_cert(server)
-    server.set_alpn_protocols(["h2", "http/1.1"])
-    return Tls(tls.ca, server, tls.client, tls.ca_file)
 
 
 async def hold_agent(stream: FakeStream) -> None:
@@ -51,7 +43,7 @@ async def hold_agent(stream: FakeStream) -> None:
 
 
 @pytest.fixture
-async def gw(h2tls: Tls) -> AsyncIterator[Harness]:
+async def gw(h2tls: Tls) -> AsyncIterator[Harness]:  # noqa: F811
     async with running(h2tls, limits=FrontDoorLimits(max_h2_streams=8)) as harness:
         harness.connect_cluster("c1")
         harness.connect_cluster("hold", hold_agent)
@@ -346,7 +338,7 @@ async def test_rule2_no_header_injection_into_the_http1_request(
     assert gw.streams("c1") == []
 
 
-async def test_stalled_body_and_idle_connection_are_timed_out(h2tls: Tls) -> None:
+async def test_stalled_body_and_idle_connection_are_timed_out(h2tls: Tls) -> None:  # noqa: F811
     """A stream whose body never comes gets 408 after --idle-timeout (the cluster's stream is
     reset); a connection with no stream left is closed with GOAWAY after it too."""
     limits = FrontDoorLimits(idle_timeout=0.5)

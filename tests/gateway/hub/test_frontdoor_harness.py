@@ -265,6 +265,17 @@ def tls(tmp_path_factory: pytest.TempPathFactory) -> Tls:
     return Tls(ca, server, client, str(path))
 
 
+@pytest.fixture(scope="session")
+def h2tls(tls: Tls) -> Tls:
+    """The harness' server context offering ALPN h2 and http/1.1, as front_tls does in
+    production (the plain ``tls`` server offers no ALPN: HTTP/1.1 only)."""
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.minimum_version = ssl.TLSVersion.TLSv1_2
+    tls.ca.issue_cert("localhost", "127.0.0.1").configure_cert(server)
+    server.set_alpn_protocols(["h2", "http/1.1"])
+    return Tls(tls.ca, server, tls.client, tls.ca_file)
+
+
 async def echo_agent(stream: FakeStream) -> None:
     """Answers 200 with JSON describing what it received (head, body, target, metadata)."""
     head, body = await stream.request()

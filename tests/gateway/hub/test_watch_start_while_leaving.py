@@ -9,7 +9,6 @@ last chunk would reach the client before the head."""
 from __future__ import annotations
 
 import asyncio
-import ssl
 
 import pytest
 
@@ -22,6 +21,7 @@ from tests.gateway.hub.test_frontdoor_harness import (
     Harness,
     Tls,
     get,
+    h2tls,  # noqa: F401 - the session fixture
     read_response,
     running,
     tls,  # noqa: F401 - the session fixture
@@ -32,14 +32,6 @@ WATCH = "/c1/api/v1/namespaces/default/configmaps?watch=1"
 EVENT = b'{"type":"ADDED","object":{"kind":"ConfigMap"}}\n'
 CHUNKED_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
                 b"Transfer-Encoding: chunked\r\n\r\n")
-
-
-@pytest.fixture(scope="module")
-def h2tls(tls: Tls) -> Tls:  # noqa: F811
-    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    tls.ca.issue_cert("localhost", "127.0.0.1").configure_cert(server)
-    server.set_alpn_protocols(["h2", "http/1.1"])
-    return Tls(tls.ca, server, tls.client, tls.ca_file)
 
 
 def head_after(release: asyncio.Event) -> Agent:
@@ -65,7 +57,7 @@ async def leave(harness: Harness, who: str, release: asyncio.Event) -> None:
 
 
 @pytest.mark.parametrize("who", ["agent", "gateway"])
-async def test_watch_started_while_leaving_ends_cleanly_over_h1(h2tls: Tls, who: str) -> None:
+async def test_watch_started_while_leaving_ends_cleanly_over_h1(h2tls: Tls, who: str) -> None:  # noqa: F811
     release = asyncio.Event()
     async with running(h2tls) as harness:
         harness.connect_cluster("c1", head_after(release))
@@ -85,7 +77,7 @@ async def test_watch_started_while_leaving_ends_cleanly_over_h1(h2tls: Tls, who:
 
 
 @pytest.mark.parametrize("who", ["agent", "gateway"])
-async def test_watch_started_while_leaving_ends_cleanly_over_h2(h2tls: Tls, who: str) -> None:
+async def test_watch_started_while_leaving_ends_cleanly_over_h2(h2tls: Tls, who: str) -> None:  # noqa: F811
     release = asyncio.Event()
     async with running(h2tls) as harness:
         harness.connect_cluster("c1", head_after(release))
