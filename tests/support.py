@@ -21,11 +21,22 @@ from pathlib import Path
 LOOPBACK = "127.0.0.1"
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port(host: str = LOOPBACK) -> int:
-    """A TCP port that was free on loopback a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    """A TCP port that was free on loopback a moment ago, and that this process never handed
+    out before: once released, the kernel may give the same port to the next bind, so
+    ``front, tunnel = free_port(), free_port()`` could name one port twice (HAProxy then bound
+    both frontends to it with SO_REUSEPORT and split connections between them at random)."""
+    for _ in range(1000):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            port = int(sock.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+    raise RuntimeError("no loopback port left that was not handed out already")
 
 
 def wait_for_port(port: int, host: str = LOOPBACK, timeout: float = 15.0) -> None:
