@@ -311,6 +311,9 @@ class H2FrontDoor(asyncio.Protocol):
             self._flush_pending = True
             asyncio.get_running_loop().call_soon(self._flush_turn)
 
+    def flush_now(self) -> None:
+        self._flush()
+
     def _flush_turn(self) -> None:
         self._flush_pending = False
         self._flush()
@@ -669,7 +672,13 @@ class H2Request:
             else:
                 self.pending.append(item)
         self.send_pending()
-        self.door.flush_soon()
+        door = self.door
+        if self._data_ended and len(door.requests) == 1:
+            # The whole response of the connection's only stream: nothing else can join this
+            # write in this turn, so it leaves now (one loop turn less at c=1).
+            door.flush_now()
+        else:
+            door.flush_soon()
 
     def send_pending(self) -> None:
         """Send what the client's windows allow; pause the tunnel stream for the rest."""
