@@ -397,7 +397,7 @@ class Exchange:
         it ends now, at its first chunk boundary, instead of being cut at the agent's drain
         deadline."""
         revoked = self._end_once_started
-        if revoked is None and getattr(self.admitted.session, "draining", False):
+        if revoked is None and self.admitted.session.draining:
             revoked = AGENT_LEAVING
         if revoked is not None:
             self.revoke(revoked)

@@ -181,7 +181,7 @@ class H2FrontDoor(asyncio.Protocol):
         # Connection window = every stream's window: streams held back by a slow tunnel can
         # never use up the connection's window and stall the rest.
         conn.increment_flow_control_window(STREAM_WINDOW * self.max_streams - 65535)
-        self._flush()
+        self.flush_now()
         self._arm_idle()
 
     def data_received(self, data: bytes) -> None:
@@ -195,7 +195,7 @@ class H2FrontDoor(asyncio.Protocol):
             log.info("h2 connection from %s: protocol error: %s", self.client_ip,
                      type(exc).__name__)
             self.gw.metrics.h2_protocol_errors += 1
-            self._flush()
+            self.flush_now()
             self.close(goaway=False)
             return
         for event in events:
@@ -223,7 +223,7 @@ class H2FrontDoor(asyncio.Protocol):
         for request in list(self.requests.values()):
             request.resume_tunnel("client")
             request.send_pending()
-        self._flush()
+        self.flush_now()
 
     # --- events ------------------------------------------------------------------------------
 
@@ -280,7 +280,7 @@ class H2FrontDoor(asyncio.Protocol):
         log.info("h2 connection from %s closed: %s", self.client_ip, why)
         self.gw.metrics.h2_calmed += 1
         self.conn.close_connection(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
-        self._flush()
+        self.flush_now()
         self.close(goaway=False)
 
     def _request(self, event: h2.events.RequestReceived) -> None:
@@ -306,19 +306,16 @@ class H2FrontDoor(asyncio.Protocol):
         ``FLUSH_AT`` bytes of DATA at once: bodies must reach the transport as they come, so that
         its pause_writing holds the tunnel back before the buffer grows."""
         if self.queued >= FLUSH_AT:
-            self._flush()
+            self.flush_now()
         elif not self._flush_pending:
             self._flush_pending = True
             asyncio.get_running_loop().call_soon(self._flush_turn)
 
-    def flush_now(self) -> None:
-        self._flush()
-
     def _flush_turn(self) -> None:
         self._flush_pending = False
-        self._flush()
+        self.flush_now()
 
-    def _flush(self) -> None:
+    def flush_now(self) -> None:
         self.queued = 0
         data = self.conn.data_to_send()
         if data and not self.closed:
@@ -363,7 +360,7 @@ class H2FrontDoor(asyncio.Protocol):
         if self.closed or self._goaway_sent:
             return
         self._goaway_sent = True
-        self._flush()
+        self.flush_now()
         # Written beside h2's state machine: h2 would refuse to send DATA for the streams in
         # flight after its own GOAWAY, and those must finish.
         frame = GoAwayFrame(0)
@@ -381,7 +378,7 @@ class H2FrontDoor(asyncio.Protocol):
             self.conn.close_connection()
         # Always: after start_drain's GOAWAY, the last frames of the streams that finished
         # (a watch's END_STREAM) may still wait in h2's buffer.
-        self._flush()
+        self.flush_now()
         self.closed = True
         self._disarm()
         for request in list(self.requests.values()):
