@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import logging
+from collections.abc import Iterator
 
 import pytest
 
@@ -68,45 +69,47 @@ def test_rule5_filter_redacts_args_and_exception_text_on_a_handler() -> None:
     assert "failed" in text and "ValueError" in text
 
 
-def test_configure_pins_library_loggers_at_debug(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def configured_at_debug(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[logging.Handler]]:
+    """``diagnostics.configure("debug")`` on a bare root logger; yields the handlers it
+    installed (pytest adds its own to the root during the test). Every logger it touched is
+    put back afterwards, the muted ``debug`` included."""
     root = logging.getLogger()
     monkeypatch.setattr(root, "handlers", [])
     monkeypatch.setattr(root, "level", root.level)
     levels = {name: logging.getLogger(name).level for name in diagnostics.PINNED_LOGGERS}
     try:
         diagnostics.configure("debug")
-        assert root.level == logging.DEBUG
-        assert logging.getLogger("kubernetes_asyncio.client.rest").getEffectiveLevel() == \
-            logging.INFO
-        assert all(any(isinstance(f, RedactingFilter) for f in h.filters) for h in root.handlers)
-    finally:
-        for name, level in levels.items():
-            logging.getLogger(name).setLevel(level)
-
-
-def test_configure_mutes_hpack_debug_even_at_debug(monkeypatch: pytest.MonkeyPatch) -> None:
-    """hpack logs each header field (tokens included) at DEBUG: at --log-level debug, encoding
-    and decoding a block with a bearer token writes nothing, and costs no logging call."""
-    import hpack
-
-    root = logging.getLogger()
-    out = io.StringIO()
-    monkeypatch.setattr(root, "handlers", [])
-    monkeypatch.setattr(root, "level", root.level)
-    levels = {name: logging.getLogger(name).level for name in diagnostics.PINNED_LOGGERS}
-    try:
-        diagnostics.configure("debug")
-        root.handlers[0].setStream(out)  # type: ignore[attr-defined]
-        calls: list[object] = []
-        monkeypatch.setattr(logging.Logger, "isEnabledFor",
-                            lambda self, level: calls.append(self.name) or True)
-        block = hpack.Encoder().encode([(":path", "/c1/api"),
-                                        ("authorization", "Bearer opaque-token-123")])
-        assert dict(hpack.Decoder().decode(block))["authorization"] == "Bearer opaque-token-123"
-        assert not [name for name in calls if name.startswith("hpack")]
-        assert out.getvalue() == ""
+        yield list(root.handlers)
     finally:
         for name, level in levels.items():
             logging.getLogger(name).setLevel(level)
         for name in diagnostics.MUTED_DEBUG_LOGGERS:
             vars(logging.getLogger(name)).pop("debug", None)
+
+
+def test_configure_pins_library_loggers_at_debug(
+        configured_at_debug: list[logging.Handler]) -> None:
+    assert logging.getLogger().level == logging.DEBUG
+    assert logging.getLogger("kubernetes_asyncio.client.rest").getEffectiveLevel() == logging.INFO
+    assert configured_at_debug
+    assert all(any(isinstance(f, RedactingFilter) for f in h.filters)
+               for h in configured_at_debug)
+
+
+def test_configure_mutes_hpack_debug_even_at_debug(configured_at_debug: list[logging.Handler],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """hpack logs each header field (tokens included) at DEBUG: at --log-level debug, encoding
+    and decoding a block with a bearer token writes nothing, and costs no logging call."""
+    import hpack
+
+    out = io.StringIO()
+    configured_at_debug[0].setStream(out)  # type: ignore[attr-defined]
+    calls: list[object] = []
+    monkeypatch.setattr(logging.Logger, "isEnabledFor",
+                        lambda self, level: calls.append(self.name) or True)
+    block = hpack.Encoder().encode([(":path", "/c1/api"),
+                                    ("authorization", "Bearer opaque-token-123")])
+    assert dict(hpack.Decoder().decode(block))["authorization"] == "Bearer opaque-token-123"
+    assert not [name for name in calls if name.startswith("hpack")]
+    assert out.getvalue() == ""
