@@ -1,8 +1,9 @@
 """The front door over HTTP/2: one asyncio Protocol per client connection that chose ``h2``.
 
 :class:`gateway.hub.frontdoor.FrontDoor` hands a connection over here when TLS negotiated
-ALPN ``h2``. Framing, HPACK and flow-control bookkeeping are the ``h2`` library's (python-hyper,
-sans-IO); this module wires it to admission and the tunnel:
+ALPN ``h2``. Framing, HPACK and flow-control bookkeeping are
+:class:`gateway.wire.h2server.ServerConnection`'s (sans-IO; why not the ``h2`` library: see
+there); this module wires it to admission and the tunnel:
 
 * Each HTTP/2 stream is one request (:class:`H2Request`) with exactly the admission of an
   HTTP/1.1 request: its HEADERS become a :class:`gateway.wire.http1.RequestHead`
@@ -21,7 +22,7 @@ sans-IO); this module wires it to admission and the tunnel:
   that tunnel stream alone (the tunnel then holds back the agent's credit).
 * Bounds (DESIGN §6 rule 7, the known HTTP/2 attacks): ``SETTINGS_MAX_CONCURRENT_STREAMS``
   (``max_streams``; more open streams is a connection error), ``SETTINGS_MAX_HEADER_LIST_SIZE``
-  and the decoder's limit equal to the HTTP/1.1 head limit (HPACK bombs), the ``h2`` library's
+  and the decoder's limit equal to the HTTP/1.1 head limit (HPACK bombs), the connection's
   bound of 64 CONTINUATION frames per header block (CVE-2024-27316), a budget of client stream
   resets (rapid reset, CVE-2023-44487), a budget of frames that cost us an answer (PING,
   SETTINGS) and one of frames that only cost parsing (WINDOW_UPDATE, PRIORITY, unknown types):
@@ -41,14 +42,6 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
-import h2.config
-import h2.connection
-import h2.errors
-import h2.events
-import h2.exceptions
-import h2.settings
-from hyperframe.frame import GoAwayFrame
-
 from gateway.hub.admission.chain import (
     AdmissionContext,
     Admitted,
@@ -58,6 +51,17 @@ from gateway.hub.admission.chain import (
 )
 from gateway.hub.exchange import SHUTTING_DOWN, Exchange
 from gateway.ops.metrics import GatewayMetrics
+from gateway.wire import h2server
+from gateway.wire.h2server import (
+    CANCEL,
+    ENHANCE_YOUR_CALM,
+    INTERNAL_ERROR,
+    NO_ERROR,
+    PROTOCOL_ERROR,
+    H2ConnectionError,
+    ServerConnection,
+    StreamClosedError,
+)
 from gateway.wire.hpackfields import FieldEncoder
 from gateway.wire.http1 import HTTPError
 from gateway.wire.http2 import (
@@ -78,7 +82,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("hubproxy.gateway")
 
 STREAM_WINDOW = 65535  # per-stream receive window (the HTTP/2 default)
-FLUSH_AT = 64 * 1024  # DATA bytes queued in h2 that are written at once, not at the turn's end
+FLUSH_AT = 64 * 1024  # DATA bytes queued that are written at once, not at the turn's end
 RESET_BURST, RESET_RATE = 200, 50.0  # client RST_STREAMs: burst, then per second
 ANSWERED_BURST, ANSWERED_RATE = 200, 20.0  # PING and SETTINGS (each costs us an ACK)
 CHEAP_BURST, CHEAP_RATE = 5000, 1000.0  # WINDOW_UPDATE, PRIORITY, unknown frames
@@ -137,33 +141,25 @@ class H2FrontDoor(asyncio.Protocol):
         self.client_ip = client_ip
         self.transport: Any = None
         self.max_streams = self.limits.max_h2_streams
-        # Inbound heads are checked against RFC 9113 §8.2-8.3 in one pass by
-        # gateway.wire.http2.request_head_from_h2 (h2's own chain of generators cost a fifth
-        # of the CPU per request), cookies joined there too. Outbound fields come from
-        # gateway.wire.http2.response_fields (lower-case names, no connection-specific fields,
-        # values already checked by the HTTP/1.1 response parser): not checked twice.
-        config = h2.config.H2Configuration(client_side=False, header_encoding=None,
-                                           validate_inbound_headers=False,
-                                           normalize_inbound_headers=False,
-                                           validate_outbound_headers=False,
-                                           normalize_outbound_headers=False)
-        self.conn = h2.connection.H2Connection(config=config)
-        self.conn.encoder = FieldEncoder()  # no dynamic table, no Huffman: see there
-        self.conn.local_settings = h2.settings.Settings(client=False, initial_values={
-            h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: self.max_streams,
-            h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: self.limits.head.max_head_bytes,
-            h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
-            h2.settings.SettingCodes.ENABLE_PUSH: 0,
-        })
-        # The decoder enforces the list size itself (an HPACK bomb expands past it: refused).
-        self.conn.decoder.max_header_list_size = self.limits.head.max_head_bytes
+        # Inbound heads are checked against RFC 9113 §8.2-8.3 by
+        # gateway.wire.http2.request_head_from_h2, cookies joined there too. Outbound fields
+        # come from gateway.wire.http2.response_fields (lower-case names, no
+        # connection-specific fields, values already checked by the HTTP/1.1 response parser).
+        # Connection window = every stream's window: streams held back by a slow tunnel can
+        # never use up the connection's window and stall the rest. The header-list limit is
+        # the HTTP/1.1 head limit (an HPACK bomb expands past it: refused while decoding).
+        self.conn = ServerConnection(max_concurrent_streams=self.max_streams,
+                                     max_header_list_size=self.limits.head.max_head_bytes,
+                                     initial_window_size=STREAM_WINDOW,
+                                     connection_window=STREAM_WINDOW * self.max_streams,
+                                     encoder=FieldEncoder())
         self.requests: dict[int, H2Request] = {}
         self.streams_total = 0  # streams this connection opened (metrics: streams/connection)
         self.closed = False
         self._goaway_sent = False
         self._write_paused = False
         self._flush_pending = False  # a flush_soon() is scheduled for this loop turn
-        self.queued = 0  # DATA payload bytes handed to h2 since the last write
+        self.queued = 0  # DATA payload bytes queued since the last write
         self._timer: asyncio.TimerHandle | None = None
         self._resets = FrameBudget(RESET_BURST, RESET_RATE)
         self._answered = FrameBudget(ANSWERED_BURST, ANSWERED_RATE)
@@ -176,11 +172,7 @@ class H2FrontDoor(asyncio.Protocol):
         self.gw.connections.add(self)
         self.gw.metrics.h2_connections_total += 1
         transport.set_write_buffer_limits(high=self.limits.write_high_water)
-        conn = self.conn
-        conn.initiate_connection()
-        # Connection window = every stream's window: streams held back by a slow tunnel can
-        # never use up the connection's window and stall the rest.
-        conn.increment_flow_control_window(STREAM_WINDOW * self.max_streams - 65535)
+        self.conn.initiate()
         self.flush_now()
         self._arm_idle()
 
@@ -189,11 +181,11 @@ class H2FrontDoor(asyncio.Protocol):
             return
         try:
             events = self.conn.receive_data(data)
-        except h2.exceptions.ProtocolError as exc:
-            # h2 queued a GOAWAY with the error code (PROTOCOL_ERROR, FLOW_CONTROL_ERROR,
+        except H2ConnectionError as exc:
+            # GOAWAY with the error code is queued (PROTOCOL_ERROR, FLOW_CONTROL_ERROR,
             # ENHANCE_YOUR_CALM for oversized header lists and CONTINUATION floods, ...).
-            log.info("h2 connection from %s: protocol error: %s", self.client_ip,
-                     type(exc).__name__)
+            log.info("h2 connection from %s: protocol error %d: %s", self.client_ip, exc.code,
+                     exc)
             self.gw.metrics.h2_protocol_errors += 1
             self.flush_now()
             self.close(goaway=False)
@@ -227,30 +219,30 @@ class H2FrontDoor(asyncio.Protocol):
 
     # --- events ------------------------------------------------------------------------------
 
-    def _event(self, event: h2.events.Event) -> None:
-        if isinstance(event, h2.events.RequestReceived):
+    def _event(self, event: h2server.Event) -> None:
+        if isinstance(event, h2server.RequestReceived):
             self._request(event)
-        elif isinstance(event, h2.events.DataReceived):
+        elif isinstance(event, h2server.DataReceived):
             request = self.requests.get(event.stream_id)
             if request is None:  # answered already: keep the connection window open
                 self.conn.acknowledge_received_data(event.flow_controlled_length,
                                                     event.stream_id)
             else:
                 request.body(event.data, event.flow_controlled_length)
-        elif isinstance(event, h2.events.StreamEnded):
+        elif isinstance(event, h2server.StreamEnded):  # TrailersReceived too: not forwarded
             request = self.requests.get(event.stream_id)
             if request is not None:
                 request.body_ended()
-        elif isinstance(event, h2.events.StreamReset):
+        elif isinstance(event, h2server.StreamReset):
             request = self.requests.pop(event.stream_id, None)
             if request is not None:
                 request.abandon()
                 self._maybe_idle()
-            if not event.remote_reset:
-                return
+            # The client reset it, or broke a stream rule and we did: both are the client's
+            # doing, and both cost a stream (rapid reset, CVE-2023-44487).
             if not self._resets.spend():
                 self._calm("rapid reset")
-        elif isinstance(event, h2.events.WindowUpdated):
+        elif isinstance(event, h2server.WindowUpdated):
             if not self._cheap.spend():
                 self._calm("WINDOW_UPDATE flood")
                 return
@@ -261,37 +253,43 @@ class H2FrontDoor(asyncio.Protocol):
             else:
                 for request in list(self.requests.values()):
                     request.send_pending()
-        elif isinstance(event, (h2.events.PingReceived, h2.events.RemoteSettingsChanged)):
+        elif isinstance(event, (h2server.PingReceived, h2server.SettingsChanged)):
             if not self._answered.spend():
                 self._calm("PING or SETTINGS flood")
                 return
-            if isinstance(event, h2.events.RemoteSettingsChanged):
+            if isinstance(event, h2server.SettingsChanged):
                 for request in list(self.requests.values()):
                     request.send_pending()
-        elif isinstance(event, h2.events.ConnectionTerminated):
+        elif isinstance(event, h2server.ConnectionTerminated):
             self.close(goaway=False)
-        elif (isinstance(event, (h2.events.PriorityUpdated, h2.events.UnknownFrameReceived))
-              and not self._cheap.spend()):
-            self._calm("PRIORITY or unknown frame flood")
-        # TrailersReceived (ignored: HTTP/1.1 requests to the agent carry none), StreamEnded
-        # follows it; SettingsAcknowledged, PingAckReceived: nothing to do.
+        elif isinstance(event, h2server.FrameIgnored) and not self._cheap.spend():
+            self._calm("flood of PRIORITY, unknown or ignored frames")
 
     def _calm(self, why: str) -> None:
         log.info("h2 connection from %s closed: %s", self.client_ip, why)
         self.gw.metrics.h2_calmed += 1
-        self.conn.close_connection(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
+        self.conn.close_connection(ENHANCE_YOUR_CALM)
         self.flush_now()
         self.close(goaway=False)
 
-    def _request(self, event: h2.events.RequestReceived) -> None:
+    def broken(self, why: str) -> None:
+        """A request broke HTTP/2's message rules in a way that could smuggle bytes (RFC 9113
+        §8.1.1): the connection ends with PROTOCOL_ERROR, as it did under ``h2``."""
+        log.info("h2 connection from %s: protocol error: %s", self.client_ip, why)
+        self.gw.metrics.h2_protocol_errors += 1
+        self.conn.close_connection(PROTOCOL_ERROR)
+        self.flush_now()
+        self.close(goaway=False)
+
+    def _request(self, event: h2server.RequestReceived) -> None:
         sid = event.stream_id
         self.streams_total += 1
         self._disarm()
-        ended = event.stream_ended is not None
+        ended = event.stream_ended
         request = H2Request(self, sid)
         self.requests[sid] = request
         try:
-            head = request_head_from_h2(list(event.headers), self.limits.head, end_stream=ended)
+            head = request_head_from_h2(event.headers, self.limits.head, end_stream=ended)
         except H2RequestError as exc:
             request.refuse(exc.status, str(exc))
             return
@@ -360,13 +358,8 @@ class H2FrontDoor(asyncio.Protocol):
         if self.closed or self._goaway_sent:
             return
         self._goaway_sent = True
+        self.conn.close_connection(NO_ERROR)  # the streams in flight still finish
         self.flush_now()
-        # Written beside h2's state machine: h2 would refuse to send DATA for the streams in
-        # flight after its own GOAWAY, and those must finish.
-        frame = GoAwayFrame(0)
-        frame.last_stream_id = self.conn.highest_inbound_stream_id
-        frame.error_code = 0
-        self.transport.write(frame.serialize())
         self._maybe_idle()
 
     def close(self, *, goaway: bool = True) -> None:
@@ -377,7 +370,7 @@ class H2FrontDoor(asyncio.Protocol):
             self._goaway_sent = True
             self.conn.close_connection()
         # Always: after start_drain's GOAWAY, the last frames of the streams that finished
-        # (a watch's END_STREAM) may still wait in h2's buffer.
+        # (a watch's END_STREAM) may still wait in the connection's buffer.
         self.flush_now()
         self.closed = True
         self._disarm()
@@ -558,6 +551,9 @@ class H2Request:
         head = self.head
         assert head is not None
         self.body_bytes += len(data)
+        if head.content_length is not None and self.body_bytes > head.content_length:
+            self.door.broken("DATA past the request's Content-Length")  # never forwarded
+            return
         if head.chunked and self.body_bytes > self.door.limits.max_request_body:
             limit = self.door.limits.max_request_body
             self._fail_body(413, f"the request body is larger than the gateway's limit of "
@@ -582,6 +578,11 @@ class H2Request:
 
     def body_ended(self) -> None:
         self.client_ended = True
+        head = self.head
+        if head is not None and head.content_length is not None \
+                and self.body_bytes < head.content_length and self.phase != _ANSWERED:
+            self.door.broken("the request body ended short of its Content-Length")
+            return
         exchange = self.exchange
         if self.phase != _OPEN or exchange is None or exchange.done:
             return
@@ -606,7 +607,7 @@ class H2Request:
         exchange = self.exchange
         if exchange is not None:
             if exchange.head_sent:
-                self._reset(h2.errors.ErrorCodes.CANCEL)
+                self._reset(CANCEL)
                 return
             self.exchange = None
             exchange.client_gone()
@@ -660,7 +661,7 @@ class H2Request:
         try:
             items = translator.feed(data)
         except HTTPError:
-            self._reset(h2.errors.ErrorCodes.INTERNAL_ERROR)
+            self._reset(INTERNAL_ERROR)
             return
         conn = self.door.conn
         for item in items:
@@ -702,7 +703,7 @@ class H2Request:
                     pending[0] = piece[room:]
                     conn.send_data(sid, piece[:room])
                     self.door.queued += room
-        except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
+        except StreamClosedError:
             self.abandon()
             return
         if pending:
@@ -741,7 +742,7 @@ class H2Request:
                      stream=exchange.streaming)
         self._release()
         if translator is None or not translator.complete:
-            self._reset(h2.errors.ErrorCodes.INTERNAL_ERROR)  # truncated: never end it cleanly
+            self._reset(INTERNAL_ERROR)  # truncated: never end it cleanly
             return
         self._finished = True
         self.send_pending()
@@ -790,7 +791,7 @@ class H2Request:
         self.early = _NO_EARLY
         if self.unacked and not self.door.closed:
             n, self.unacked = self.unacked, 0
-            with contextlib.suppress(h2.exceptions.ProtocolError):
+            with contextlib.suppress(StreamClosedError):
                 self.door.conn.acknowledge_received_data(n, self.stream_id)
 
     def _end_stream(self) -> None:
@@ -804,15 +805,15 @@ class H2Request:
             if not self.client_ended:
                 # Answered before the body ended (a refusal, an early response): no more of
                 # it is wanted (RFC 9113 §8.1).
-                conn.reset_stream(self.stream_id, h2.errors.ErrorCodes.NO_ERROR)
-        except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
+                conn.reset_stream(self.stream_id, NO_ERROR)
+        except StreamClosedError:
             pass
         self.door.finished(self)
 
     def _reset(self, code: int) -> None:
         if not self.response_ended:
             self.response_ended = True
-            with contextlib.suppress(h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
+            with contextlib.suppress(StreamClosedError):
                 self.door.conn.reset_stream(self.stream_id, code)
         self.abandon()
         self.door.finished(self)
