@@ -89,6 +89,26 @@ async def test_rule2_authorization_and_forwarding_headers_never_cross(gw: Harnes
     assert b"x-forwarded-for: 127.0.0.1" in sent
 
 
+@pytest.mark.parametrize("where", ["query", "path", "header"])
+async def test_rule2_a_token_copied_outside_authorization_never_crosses(gw: Harness, where: str
+                                                                       ) -> None:
+    """A client that also puts its hub token in the query (``?access_token=``), the path or
+    another header would hand it to the managed cluster: refused, nothing forwarded."""
+    target, extra = {
+        "query": (f"/c1/api/v1/pods?access_token={HUB_TOKEN}", ""),
+        "path": (f"/c1/api/v1/namespaces/{HUB_TOKEN}/pods", ""),
+        "header": ("/c1/api/v1/pods", f"X-Api-Key: {HUB_TOKEN}\r\n"),
+    }[where]
+    status, _, body = parse_raw(await gw.exchange(get(target, extra=extra, close=True)))
+    assert status == 400
+    assert "Authorization" in json.loads(body)["message"]
+    assert HUB_TOKEN.encode() not in body
+    assert gw.streams() == []
+    # The same request without the copy goes through.
+    status, _, _ = parse_raw(await gw.exchange(get("/c1/api/v1/pods", close=True)))
+    assert status == 200 and len(gw.streams()) == 1
+
+
 async def test_rule2_connection_cannot_nominate_security_headers(gw: Harness) -> None:
     raw = get("/c1/api", extra="Connection: Authorization\r\n", close=True)
     status, _, _ = parse_raw(await gw.exchange(raw))

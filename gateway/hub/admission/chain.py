@@ -191,7 +191,25 @@ def prepare(head: RequestHead, client_ip: str,
         raise Refusal(exc.status, str(exc)) from None
     if bearer.token is None:
         raise Refusal(401, "a bearer token is required")
+    if carries_token(bearer.token, head.target, headers):
+        raise Refusal(400, "the request carries its bearer token outside the Authorization "
+                           "header (in its path, query or another header); it would reach the "
+                           "managed cluster, so it is refused: send the token only as "
+                           "'Authorization: Bearer'")
     return Prepared(cluster_route, upgrade, bearer, bearer.token, headers)
+
+
+MIN_TOKEN_TO_SEARCH = 16  # shorter "tokens" could match by chance; real ones are far longer
+
+
+def carries_token(token: str, target: bytes, headers: Headers) -> bool:
+    """Whether the hub token also sits where it would be forwarded: the target (a
+    ``?access_token=`` or ``?token=`` by mistake) or a header other than the ones stripped.
+    Hub tokens never reach managed clusters, whatever the client does with them."""
+    if len(token) < MIN_TOKEN_TO_SEARCH:
+        return False
+    raw = token.encode()
+    return raw in target or any(raw in value for _, value in headers)
 
 
 def admit_cached(gw: AdmissionContext, head: RequestHead, prepared: Prepared, request_id: str
