@@ -344,8 +344,12 @@ class ServerConnection:
             self._reset.discard(self._reset_order.popleft())
 
     @staticmethod
-    def _unpad(payload: bytes) -> bytes:
-        if not payload or payload[0] >= len(payload):
+    def _unpad(payload: bytes, fixed: int = 0) -> bytes:
+        """``payload`` without its pad length and padding. ``fixed``: the bytes after the pad
+        length that padding may not take (HEADERS' priority fields, §6.2)."""
+        if fixed and len(payload) <= fixed:
+            raise H2ConnectionError(FRAME_SIZE_ERROR, "frame too short for its fields")
+        if not payload or payload[0] >= len(payload) - fixed:
             raise H2ConnectionError(PROTOCOL_ERROR, "padding longer than the frame")
         return payload[1:len(payload) - payload[0]]
 
@@ -385,7 +389,7 @@ class ServerConnection:
         if stream_id == 0 or not stream_id & 1:
             raise H2ConnectionError(PROTOCOL_ERROR, "HEADERS on stream 0 or an even stream")
         if flags & PADDED:
-            payload = self._unpad(payload)
+            payload = self._unpad(payload, 5 if flags & PRIORITY_FLAG else 0)
         if flags & PRIORITY_FLAG:
             if len(payload) < 5:
                 raise H2ConnectionError(FRAME_SIZE_ERROR, "HEADERS too short for its priority")
