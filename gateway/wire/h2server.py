@@ -474,7 +474,8 @@ class ServerConnection:
         if self.streams.pop(stream_id, None) is None:
             events.append(_IGNORED)
             return
-        self._remember_reset(stream_id)
+        # Not remembered as one we reset: what the client sends on it after its own RST_STREAM
+        # is a stream error STREAM_CLOSED (§5.1), answered once (then it is one we reset).
         events.append(StreamReset(stream_id, int.from_bytes(payload, "big"), True))
 
     def _on_settings(self, flags: int, stream_id: int, payload: bytes,
