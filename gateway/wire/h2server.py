@@ -625,7 +625,10 @@ class ServerConnection:
         ``max_outbound_frame_size``."""
         stream = self._sending(stream_id)
         n = len(data)
-        if n > self._send_window or n > stream.send_window or n > self.max_outbound_frame_size:
+        # An empty frame (END_STREAM alone) takes no window: it goes even when a SETTINGS
+        # change made the stream's window negative (§6.9.2).
+        if n and (n > self._send_window or n > stream.send_window
+                  or n > self.max_outbound_frame_size):
             raise ValueError(f"{n} bytes do not fit the client's windows or frame size")
         self._send_window -= n
         stream.send_window -= n
