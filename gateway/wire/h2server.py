@@ -344,8 +344,12 @@ class ServerConnection:
             self._reset.discard(self._reset_order.popleft())
 
     @staticmethod
-    def _unpad(payload: bytes) -> bytes:
-        if not payload or payload[0] >= len(payload):
+    def _unpad(payload: bytes, fixed: int = 0) -> bytes:
+        """``payload`` without its pad length and padding. ``fixed``: the bytes after the pad
+        length that padding may not take (HEADERS' priority fields, §6.2)."""
+        if fixed and len(payload) <= fixed:
+            raise H2ConnectionError(FRAME_SIZE_ERROR, "frame too short for its fields")
+        if not payload or payload[0] >= len(payload) - fixed:
             raise H2ConnectionError(PROTOCOL_ERROR, "padding longer than the frame")
         return payload[1:len(payload) - payload[0]]
 
@@ -385,7 +389,7 @@ class ServerConnection:
         if stream_id == 0 or not stream_id & 1:
             raise H2ConnectionError(PROTOCOL_ERROR, "HEADERS on stream 0 or an even stream")
         if flags & PADDED:
-            payload = self._unpad(payload)
+            payload = self._unpad(payload, 5 if flags & PRIORITY_FLAG else 0)
         if flags & PRIORITY_FLAG:
             if len(payload) < 5:
                 raise H2ConnectionError(FRAME_SIZE_ERROR, "HEADERS too short for its priority")
@@ -470,7 +474,8 @@ class ServerConnection:
         if self.streams.pop(stream_id, None) is None:
             events.append(_IGNORED)
             return
-        self._remember_reset(stream_id)
+        # Not remembered as one we reset: what the client sends on it after its own RST_STREAM
+        # is a stream error STREAM_CLOSED (§5.1), answered once (then it is one we reset).
         events.append(StreamReset(stream_id, int.from_bytes(payload, "big"), True))
 
     def _on_settings(self, flags: int, stream_id: int, payload: bytes,
@@ -620,7 +625,10 @@ class ServerConnection:
         ``max_outbound_frame_size``."""
         stream = self._sending(stream_id)
         n = len(data)
-        if n > self._send_window or n > stream.send_window or n > self.max_outbound_frame_size:
+        # An empty frame (END_STREAM alone) takes no window: it goes even when a SETTINGS
+        # change made the stream's window negative (§6.9.2).
+        if n and (n > self._send_window or n > stream.send_window
+                  or n > self.max_outbound_frame_size):
             raise ValueError(f"{n} bytes do not fit the client's windows or frame size")
         self._send_window -= n
         stream.send_window -= n
