@@ -20,9 +20,11 @@ code and raises :class:`H2ConnectionError`; a *stream error* queues RST_STREAM a
   (PING 8, WINDOW_UPDATE and RST_STREAM 4, PRIORITY 5, SETTINGS a multiple of 6).
 * Streams are opened by the client only, on odd, increasing ids (§5.1.1); a HEADERS frame on a
   stream that is closed is STREAM_CLOSED, on an even id PROTOCOL_ERROR; frames other than
-  HEADERS and PRIORITY on an idle stream are PROTOCOL_ERROR. More open streams than
-  ``max_concurrent_streams`` is PROTOCOL_ERROR (a connection error: a client that ignores the
-  limit it was told gets no second chance). PUSH_PROMISE from a client is PROTOCOL_ERROR.
+  HEADERS and PRIORITY on an idle stream are PROTOCOL_ERROR. A stream past
+  ``max_concurrent_streams`` is refused alone (§5.1.2), as Go's server does: REFUSED_STREAM
+  (safe to retry) while our SETTINGS are not acknowledged, so the client may not know the
+  limit yet, PROTOCOL_ERROR after; either costs the client a reset from the front door's
+  budget. PUSH_PROMISE from a client is PROTOCOL_ERROR.
 * Header blocks: HEADERS and its CONTINUATION frames must follow each other with nothing in
   between (§6.10); a block longer than the header-list limit or spread over more than
   ``MAX_CONTINUATIONS`` frames is ENHANCE_YOUR_CALM (CVE-2024-27316), before it is decoded. A
@@ -250,6 +252,7 @@ class ServerConnection:
         self._block_flags = 0
         self._block_frames = 0
         self._goaway_last: int | None = None  # last stream id of our GOAWAY
+        self._settings_acked = False  # the client acknowledged our SETTINGS (knows our limits)
         self._broken = False
         self._reset_order: deque[int] = deque()
         self._reset: set[int] = set()
@@ -449,7 +452,9 @@ class ServerConnection:
                                else PROTOCOL_ERROR, events)
             return
         if len(self.streams) >= self.max_concurrent_streams:
-            raise H2ConnectionError(PROTOCOL_ERROR, "more streams than SETTINGS allow")
+            self._stream_error(stream_id, PROTOCOL_ERROR if self._settings_acked
+                               else REFUSED_STREAM, events)
+            return
         self.streams[stream_id] = _Stream(self._peer_initial_window, self._initial_window,
                                           not end_stream)
         events.append(RequestReceived(stream_id, headers, end_stream))
@@ -485,6 +490,7 @@ class ServerConnection:
         if flags & ACK:
             if payload:
                 raise H2ConnectionError(FRAME_SIZE_ERROR, "SETTINGS ACK with a payload")
+            self._settings_acked = True
             events.append(_IGNORED)
             return
         if len(payload) % 6:

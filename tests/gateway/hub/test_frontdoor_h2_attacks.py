@@ -31,7 +31,7 @@ from tests.gateway.hub.test_frontdoor_harness import (
     tls,  # noqa: F401 - the session fixture
 )
 
-PROTOCOL_ERROR, FLOW_CONTROL_ERROR, ENHANCE_YOUR_CALM = 1, 3, 11
+PROTOCOL_ERROR, FLOW_CONTROL_ERROR, REFUSED_STREAM, ENHANCE_YOUR_CALM = 1, 3, 7, 11
 
 
 async def hold_agent(stream: FakeStream) -> None:
@@ -169,15 +169,39 @@ async def test_window_update_flood_is_bounded(gw: Harness, raw: RawH2) -> None:
 
 
 async def test_stream_count_is_limited(gw: Harness, raw: RawH2) -> None:
-    """SETTINGS_MAX_CONCURRENT_STREAMS (8 here): a ninth open stream is refused; never opened."""
+    """SETTINGS_MAX_CONCURRENT_STREAMS (8 here): a ninth open stream is refused alone (RST_STREAM,
+    never opened) and the eight go on; a client that keeps opening past the limit spends its
+    reset budget and is disconnected."""
     await warm_token(gw)
     settings = await_settings(raw)
-    for i in range(9):
+    for i in range(8):
         raw.headers(1 + 2 * i, raw.headers_block("/hold/api/v1/pods?watch=1", HUB_TOKEN))
-    await raw.wait_closed()
+    await raw.wait_for(lambda: len(gw.streams("hold")) == 8)
+    raw.headers(17, raw.headers_block("/hold/api/v1/pods?watch=1", HUB_TOKEN))
+    await raw.wait_for(lambda: raw.frames_of(RstStreamFrame, 17))
     assert (await settings)[SettingsFrame.MAX_CONCURRENT_STREAMS] == 8
-    assert raw.goaway is not None and raw.goaway.error_code == PROTOCOL_ERROR
-    assert len(gw.streams("hold")) <= 8
+    assert raw.frames_of(RstStreamFrame, 17)[0].error_code in (PROTOCOL_ERROR, REFUSED_STREAM)
+    assert raw.goaway is None and len(gw.streams("hold")) == 8
+    assert not any(s.closed for s in gw.streams("hold"))
+    sid = 19
+    for _ in range(20):  # bounded: 20 batches of 100 streams past the limit
+        batch = b"".join(_headers_frame(raw, sid + 2 * i) for i in range(100))
+        sid += 200
+        raw.send(batch)
+        await asyncio.sleep(0)
+        if raw.closed.is_set():
+            break
+    await raw.wait_closed()
+    assert raw.goaway is not None and raw.goaway.error_code == ENHANCE_YOUR_CALM
+    assert len(gw.streams("hold")) == 8
+
+
+def _headers_frame(raw: RawH2, sid: int) -> bytes:
+    frame = HeadersFrame(sid)
+    frame.data = raw.headers_block("/hold/api/v1/pods?watch=1", HUB_TOKEN)
+    frame.flags.add("END_STREAM")
+    frame.flags.add("END_HEADERS")
+    return frame.serialize()
 
 
 async def await_settings(raw: RawH2) -> dict[int, int]:

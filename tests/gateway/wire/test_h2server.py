@@ -572,11 +572,19 @@ def test_skipped_ids_are_allowed() -> None:
 
 # --- §5.1.2: concurrency ----------------------------------------------------------------------
 
-def test_more_streams_than_max_concurrent_streams_is_protocol_error() -> None:
+def test_a_stream_past_max_concurrent_streams_is_refused_alone() -> None:
+    """Before the client acknowledged our SETTINGS it may not know the limit: REFUSED_STREAM
+    (it may retry); after, PROTOCOL_ERROR. Never opened, and the connection goes on."""
     client = Client(max_concurrent_streams=2)
     client.open(1, end_stream=True)  # half-closed (remote): still counts
     client.open(3)
-    client.connection_error(client.headers(5), PROTOCOL_ERROR)
+    client.stream_error(client.headers(5), 5, REFUSED_STREAM)
+    assert client.send(raw(T_SETTINGS, F_ACK, 0)) == [("FrameIgnored",)]
+    client.stream_error(client.headers(7), 7, PROTOCOL_ERROR)
+    assert sorted(client.server.streams) == [1, 3]
+    client.server.reset_stream(3, CANCEL)
+    client.out()
+    client.open(9)  # a place came free: the next stream opens
 
 
 def test_a_closed_stream_frees_its_place() -> None:
