@@ -213,6 +213,7 @@ class Decoder:
         """The fields of one complete header block, in order. Raises :class:`HPACKDecodeError`
         or :class:`HeaderListTooLarge` (see the module docstring)."""
         fields, sizes = self._fields, self._sizes
+        count = len(fields)  # indices below this are in a table
         limit = self.max_header_list_size
         out: list[Field] = []
         size = 0  # of the header list so far (RFC 9113 §6.5.2)
@@ -224,13 +225,13 @@ class Decoder:
                 index = byte & 0x7F
                 if index == 0x7F:
                     index, pos = _integer(block, pos, index)
-                if not 0 < index < len(fields):
-                    raise HPACKDecodeError(f"index {index} is in no table")
-                out.append(fields[index])  # type: ignore[arg-type]
-                size += sizes[index]
-                if size > limit:
-                    raise HeaderListTooLarge(f"header list over {limit} bytes")
-                continue
+                if 0 < index < count:
+                    out.append(fields[index])  # type: ignore[arg-type]
+                    size += sizes[index]
+                    if size > limit:
+                        raise HeaderListTooLarge(f"header list over {limit} bytes")
+                    continue
+                raise HPACKDecodeError(f"index {index} is in no table")
             if byte & 0x40:  # literal with incremental indexing (§6.2.1)
                 index = byte & 0x3F
                 if index == 0x3F:
@@ -245,13 +246,14 @@ class Decoder:
                     raise HPACKDecodeError(f"table size {index} over {self.max_table_size}")
                 self.table_limit = index
                 self._evict(index)
+                count = len(fields)
                 continue
             else:  # literal without indexing or never indexed (§6.2.2, §6.2.3)
                 index = byte & 0x0F
                 if index == 0x0F:
                     index, pos = _integer(block, pos, index)
             if index:
-                if index >= len(fields):
+                if index >= count:
                     raise HPACKDecodeError(f"name index {index} is in no table")
                 name = fields[index][0]  # type: ignore[index]
             else:
@@ -265,6 +267,7 @@ class Decoder:
             out.append(field)
             if byte & 0x40:
                 self._insert(field, field_size)
+                count = len(fields)
         return out
 
     def _string(self, block: bytes, pos: int, repeatable: bool) -> tuple[bytes, int]:
