@@ -325,3 +325,35 @@ def test_literal_floods_stop_at_the_limit() -> None:
         Decoder(8192).decode(field * 8 + b"\x80")
     with pytest.raises(HPACKDecodeError, match="index 0"):  # 7 fit
         Decoder(8192).decode(field * 7 + b"\x80")
+
+
+def test_damaged_blocks_decode_as_hpack_decodes_them_or_are_refused() -> None:
+    """Valid blocks with a few bytes changed, and random bytes (seeded, 3000 of them): our
+    result is hpack's (the same fields, or a refusal where it refuses), and a refusal is always
+    an HPACKDecodeError, never another exception."""
+    rng = random.Random(11)
+    valid = [hpack.Encoder().encode([(b":path", b"/x%d" % n), (b"x-a", rng.randbytes(20)),
+                                     (b"authorization", b"Bearer t%d" % n), (b":path", b"/x%d" % n)])
+             for n in range(50)]  # the last field is an index into the dynamic table
+    outcomes: dict[str, int] = {}
+    for _ in range(3000):
+        data = bytearray(rng.choice(valid) if rng.random() < 0.7 else
+                         rng.randbytes(rng.randint(0, 40)))
+        for _ in range(rng.randint(0, 4) if data else 0):
+            data[rng.randrange(len(data))] = rng.randrange(256)
+        try:
+            ours: object = Decoder(4096).decode(bytes(data))
+        except HeaderListTooLarge:
+            ours = "too large"
+        except HPACKDecodeError:
+            ours = "refused"
+        try:
+            theirs: object = [tuple(f) for f in hpack.Decoder(4096).decode(bytes(data), raw=True)]
+        except hpack.OversizedHeaderListError:
+            theirs = "too large"
+        except hpack.HPACKError:
+            theirs = "refused"
+        assert ours == theirs, bytes(data).hex()
+        outcome = ours if isinstance(ours, str) else "decoded"
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+    assert min(outcomes["decoded"], outcomes["refused"]) > 300, outcomes  # both were tried
