@@ -168,18 +168,17 @@ def huffman_decode(data: bytes) -> bytes:
 def _integer(block: bytes, pos: int, value: int) -> tuple[int, int]:
     """An integer whose prefix was all ones (``value``), continued from ``pos`` (§5.1): the
     integer and the position after it."""
-    shift = 0
-    for pos in range(pos, pos + MAX_INTEGER_BYTES):  # noqa: B020 - the loop moves pos on
+    for shift in range(0, 7 * MAX_INTEGER_BYTES, 7):
         try:
             byte = block[pos]
         except IndexError:
             raise HPACKDecodeError("integer cut off by the end of the block") from None
+        pos += 1
         value += (byte & 0x7F) << shift
         if not byte & 0x80:
             if value > MAX_INTEGER:
                 raise HPACKDecodeError("integer too large")
-            return value, pos + 1
-        shift += 7
+            return value, pos
     raise HPACKDecodeError("integer with too many continuation bytes")
 
 
@@ -198,8 +197,9 @@ class Decoder:
         self.max_table_size = max_table_size
         self.table_limit = max_table_size  # the dynamic table's maximum size now (§4.2)
         self.table_size = 0  # what its entries take (§4.1)
-        # Index i of the index space (§2.3.3), and that field's size (§4.1).
-        self._fields: list[Field | None] = [None, *_STATIC]
+        # Index i of the index space (§2.3.3), and that field's size (§4.1). Index 0 is no
+        # field: a placeholder there keeps the list's type simple, decode() never reads it.
+        self._fields: list[Field] = [(b"", b""), *_STATIC]
         self._sizes: list[int] = [0, *(len(n) + len(v) + 32 for n, v in _STATIC)]
         # The last Huffman-coded value of a literal not indexed, coded and decoded.
         self._repeat: tuple[bytes, bytes] = (b"", b"")
@@ -207,7 +207,7 @@ class Decoder:
     @property
     def dynamic_table(self) -> list[Field]:
         """The dynamic table's entries, newest first (for tests and diagnostics)."""
-        return self._fields[_DYNAMIC:]  # type: ignore[return-value]
+        return self._fields[_DYNAMIC:]
 
     def decode(self, block: bytes) -> list[Field]:
         """The fields of one complete header block, in order. Raises :class:`HPACKDecodeError`
@@ -226,7 +226,7 @@ class Decoder:
                 if index == 0x7F:
                     index, pos = _integer(block, pos, index)
                 if 0 < index < count:
-                    out.append(fields[index])  # type: ignore[arg-type]
+                    out.append(fields[index])
                     size += sizes[index]
                     if size > limit:
                         raise HeaderListTooLarge(f"header list over {limit} bytes")
@@ -255,7 +255,7 @@ class Decoder:
             if index:
                 if index >= count:
                     raise HPACKDecodeError(f"name index {index} is in no table")
-                name = fields[index][0]  # type: ignore[index]
+                name = fields[index][0]
             else:
                 name, pos = self._string(block, pos, False)
             value, pos = self._string(block, pos, not byte & 0x40)
