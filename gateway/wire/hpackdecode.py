@@ -3,11 +3,11 @@
 The HTTP/2 front door's server core (:mod:`gateway.wire.h2server`) decodes every request's
 header block. ``hpack``'s decoder cost about 1.3 µs per indexed field and Huffman-decoded a
 never-indexed credential (nghttp2 and curl send ``authorization`` that way on every request)
-half a bit at a time; this one is built for that path:
+a nibble at a time, every time; this one is built for that path:
 
-* one list holds the whole index space: slot 0 empty, 1-61 the static table, 62 onwards the
-  dynamic table newest first, so an indexed field is one list lookup (its size, for the
-  header-list bound, is one lookup in a parallel list);
+* one list holds the whole index space: a placeholder at 0, the static table at 1-61, the
+  dynamic table from 62 on, newest first; so an indexed field is one list lookup (its size, for
+  the header-list bound, is one lookup in a parallel list);
 * Huffman strings are decoded a byte at a time, by table lookups (:class:`_HuffmanAutomaton`),
   and the value of a never-indexed or unindexed literal that repeats the previous one's coded
   bytes (the same credential, request after request) is not decoded again.
@@ -87,8 +87,8 @@ class _HuffmanAutomaton:
     since the last symbol), its row says, for each next byte, the row of the state after it
     and the symbols that byte completed.
 
-    The code tree and its nibble steps (256 states x 16) are built at import, in a millisecond
-    or two; a byte row (two nibble steps composed, 256 entries) is built the first time a
+    The code tree and its nibble steps (256 states x 16) are built at import, in a few
+    milliseconds; a byte row (two nibble steps composed, 256 entries) is built the first time a
     string reaches its state. Strings of the usual characters visit a few dozen of the 257
     states; all of them together take about 6 MB, once per process. A string that holds EOS
     goes to a dead state that reads everything and never accepts."""
@@ -138,10 +138,14 @@ class _HuffmanAutomaton:
         self.accepting = frozenset(map(id, accepting))
 
     def fill(self, row: _Row) -> None:
-        """Build the (empty) ``row``."""
+        """Build the (empty) ``row``: whole, in one slice assignment, so that a reader never
+        sees part of it (were two threads to decode at once, both would build the same row)."""
         rows, nibbles = self.rows, self.nibbles
-        for middle, first in nibbles[self.state_of[id(row)]]:
-            row.extend([(rows[end], first + second) for end, second in nibbles[middle]])
+        built = [(rows[end], first + second)
+                 for middle, first in nibbles[self.state_of[id(row)]]
+                 for end, second in nibbles[middle]]
+        if not row:
+            row[:] = built
 
 
 _HUFFMAN = _HuffmanAutomaton()
