@@ -189,6 +189,26 @@ def test_round_trips_against_hpack_with_table_churn_and_size_updates(seed: int) 
         assert decoder.table_limit == reference.header_table_size
 
 
+@pytest.mark.parametrize("huffman_coded", [False, True])
+def test_round_trips_at_the_integer_boundaries(huffman_coded: bool) -> None:
+    """String lengths and indices on each side of the prefix and continuation-byte limits."""
+    encoder, reference, decoder = hpack.Encoder(), hpack.Decoder(2**20), Decoder(2**20)
+    lengths = [0, 1, 126, 127, 128, 254, 255, 256, 16382, 16383, 16384, 16385]
+    fields = [(b"x-%d" % n, bytes(range(256)) * (n // 256) + bytes(range(n % 256)))
+              for n in lengths]
+    fields += [(b"n" * n, b"v") for n in (126, 127, 128)]
+    for start in range(0, len(fields), 3):  # enough churn to reach indices past 127
+        chunk = fields[start:start + 3]
+        data = encoder.encode(chunk + fields[:start][-3:], huffman=huffman_coded)
+        assert decoder.decode(data) == [tuple(f) for f in reference.decode(data, raw=True)]
+    many = [(b"k%d" % n, b"v") for n in range(100, 200)]  # 100 entries, 3700 bytes
+    data = encoder.encode(many, huffman=huffman_coded)
+    assert decoder.decode(data) == many
+    data = encoder.encode(many[::-1], huffman=huffman_coded)  # all indexed, 62 to 161
+    assert len(data) == 65 + 35 * 2 and data.endswith(bytes([0xFF, 161 - 127]))  # 62-126, 127-161
+    assert decoder.decode(data) == many[::-1]
+
+
 def test_never_indexed_and_unindexed_literals_are_not_inserted() -> None:
     decoder = Decoder(LIMIT)
     never = b"\x10" + bytes([0x80 | len(huffman(b"x-token"))]) + huffman(b"x-token") \
