@@ -10,6 +10,7 @@ BENCHMARKS = {
     "gateway": "bench.gateway",
     "fairness": "bench.fairness",  # issue 14: one identity flooding, another's p99
     "ha": "bench.ha",  # issue 13: rollouts, scaling, crashes and a hub outage behind HAProxy
+    "hpackdecode": "bench.hpackdecode",  # HPACK decoding, ours against hpack's
 }
 
 
