@@ -13,8 +13,8 @@ control are the ``h2`` library's):
   ``Upgrade``, and ``TE`` unless it is ``trailers``). Upgrades never come here (they stay on
   HTTP/1.1 connections); a request that asks for one is a caller bug (ValueError).
 * :class:`RequestBody` yields the payload of the request body from its HTTP/1.1 framing
-  (``Content-Length`` bytes as they are; ``chunked`` de-chunked), and says when it has ended.
-  The exchange has already validated the framing byte for byte; this only strips it.
+  (``Content-Length`` bytes as they are; ``chunked`` de-chunked by the one de-chunker,
+  :class:`gateway.wire.http1.ChunkedBody`), and says when it has ended.
 * :func:`response_head` turns the response's HEADERS block into an HTTP/1.1 response head,
   checking it itself (``h2``'s own inbound validation is off: it cost more than the rest of
   the response path): the block must be well-formed HTTP/2 (RFC 9113 §8.3.2 and §8.2) and
@@ -28,7 +28,15 @@ from __future__ import annotations
 
 from http import HTTPStatus
 
-from gateway.wire.http1 import HTTPError, RequestHead, serialize_response_head
+from gateway.wire.http1 import (
+    NO_BODY,
+    ChunkedBody,
+    ContentLengthBody,
+    HTTPError,
+    NoBody,
+    RequestHead,
+    serialize_response_head,
+)
 from gateway.wire.http2 import CONNECTION_SPECIFIC, LOWER_TCHAR
 
 Headers = list[tuple[bytes, bytes]]
@@ -60,62 +68,43 @@ def request_fields(head: RequestHead, scheme: bytes = b"https") -> Headers:
 
 
 
-# RequestBody states
-_SIZE, _DATA, _CRLF, _TRAILER, _DONE = range(5)
-
-
 class RequestBody:
-    """Payload bytes of an HTTP/1.1 request body, from its framing (already validated)."""
+    """Payload of an HTTP/1.1 request body, from its framing.
 
-    __slots__ = ("_line", "_remaining", "_state", "chunked")
+    A chunked body is de-chunked by :class:`gateway.wire.http1.ChunkedBody`, with the same
+    rules and limits as the exchange's own tracker (which already checked these bytes, so
+    nothing it let through is refused here; what it would refuse raises :class:`HTTPError` 400).
+    """
+
+    __slots__ = ("_chunks", "_tracker", "chunked")
 
     def __init__(self, head: RequestHead) -> None:
         self.chunked = head.chunked
-        self._line = bytearray()
-        if head.chunked:
-            self._state, self._remaining = _SIZE, 0
+        self._chunks = ChunkedBody(error_status=400) if head.chunked else None
+        self._tracker: ChunkedBody | ContentLengthBody | NoBody
+        if self._chunks is not None:
+            self._tracker = self._chunks
         elif head.content_length:
-            self._state, self._remaining = _DATA, head.content_length
+            self._tracker = ContentLengthBody(head.content_length)
         else:
-            self._state, self._remaining = _DONE, 0
+            self._tracker = NO_BODY
 
     @property
     def complete(self) -> bool:
-        return self._state == _DONE
+        return self._tracker.complete
 
-    def feed(self, data: bytes | bytearray | memoryview) -> list[bytes]:
-        """The payload in ``data`` (possibly several pieces); bytes past the end are ignored."""
-        out: list[bytes] = []
-        view = memoryview(data)
-        pos, n = 0, len(view)
-        while pos < n and self._state != _DONE:
-            state = self._state
-            if state == _DATA:
-                take = min(n - pos, self._remaining)
-                out.append(bytes(view[pos:pos + take]))
-                pos += take
-                self._remaining -= take
-                if not self._remaining:
-                    self._state = _CRLF if self.chunked else _DONE
-                continue
-            # a size line, the CRLF after chunk data, or a trailer line: each ends at LF
-            i = bytes(view[pos:]).find(b"\n")
-            if i < 0:
-                self._line += view[pos:]
-                if len(self._line) > 64 * 1024:
-                    raise HTTPError("chunk line too long", 400)
-                break
-            line = bytes(self._line) + bytes(view[pos:pos + i])
-            self._line.clear()
-            pos += i + 1
-            if state == _CRLF:
-                self._state = _SIZE
-            elif state == _SIZE:
-                size = int(line.rstrip(b"\r").partition(b";")[0].strip(b" \t") or b"0", 16)
-                self._state, self._remaining = (_DATA, size) if size else (_TRAILER, 0)
-            elif line.rstrip(b"\r") == b"":  # the blank line that ends the trailer section
-                self._state = _DONE
-        return out
+    def feed(self, data: bytes | bytearray | memoryview) -> list[memoryview]:
+        """The payload in ``data`` (possibly several pieces); bytes past the end are ignored.
+
+        The pieces are views of ``data`` (no copy): use or copy them before ``data`` changes.
+        """
+        chunks = self._chunks
+        if chunks is not None:
+            pieces: list[memoryview] = []
+            chunks.feed(data, payload=pieces)
+            return pieces
+        n = self._tracker.feed(data)
+        return [memoryview(data)[:n]] if n else []
 
 
 def response_head(fields: Headers, request_method: bytes) -> tuple[bytes, bool]:

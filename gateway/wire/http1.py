@@ -36,7 +36,9 @@ Body framing: :func:`framing_for_request` / :func:`framing_for_response` pick a 
 sets ``tracker.complete`` exactly when its last byte was fed; bytes past that belong to the next
 message. ``feed_eof()`` says the peer closed: fine for a close-delimited body, otherwise
 :class:`HTTPError` (truncated message). HEAD, 1xx, 204 and 304 responses have no body; CONNECT is
-refused (405), this gateway is not a forward proxy.
+refused (405), this gateway is not a forward proxy. :class:`ChunkedBody` is also the one
+de-chunker (``feed(data, payload=pieces)``), for where HTTP/2 is on one side and the payload
+has to leave its chunk framing (the agent's HTTP/2 upstream, the HTTP/2 front door).
 
 Speed: this is the hot path. Parsing works on whole lines with ``bytes.split``/``partition`` and
 validates with ``bytes.translate`` (one C-level pass per field, no regex per header). A
@@ -46,6 +48,7 @@ validates with ``bytes.translate`` (one C-level pass per field, no regex per hea
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import NoReturn
 
@@ -440,10 +443,15 @@ class CloseDelimitedBody:
 
 # ChunkedBody states
 _SIZE, _DATA, _DATA_CR, _DATA_LF, _TRAILER, _DONE = range(6)
+_NO_VIEW = memoryview(b"")
+# A whole chunk-size or trailer line and its CRLF. One C call finds and copies the line, on
+# bytes, bytearray and memoryview alike (memoryview has no find()); a line that does not match
+# (split across feeds, bare LF, too long) takes the slow path that says which.
+_CRLF_LINE = re.compile(rb"([^\n]*)\r\n")
 
 
 class ChunkedBody:
-    """Tracks ``Transfer-Encoding: chunked`` without buffering the payload.
+    """Tracks ``Transfer-Encoding: chunked`` without buffering the payload, and de-chunks it.
 
     Checks every chunk-size line (1-16 hex digits, optional extensions without control
     characters, CRLF), the CRLF after each chunk's data, and the trailer section (field lines
@@ -452,6 +460,12 @@ class ChunkedBody:
     ``error_status`` is 400 for request bodies, 502 for response bodies. ``max_body`` (request
     bodies): once the chunk sizes declared so far add up to more, :class:`HTTPError` 413 is
     raised at that chunk's size line, before any of its data is taken.
+
+    This is the one de-chunker: ``feed(data, payload=pieces)`` also appends the payload among
+    the bytes it takes to ``pieces``, as memoryview slices of ``data`` (never a copy: the
+    HTTP/2 front door de-chunks every chunked response with it). They are views, valid while
+    ``data`` is: a caller that keeps a piece past its own use of ``data`` copies it. The
+    trailer fields are checked and kept in :attr:`trailers`, never in the payload.
     """
 
     __slots__ = (
@@ -490,71 +504,90 @@ class ChunkedBody:
     def _take_line(
         self, data: bytes | bytearray | memoryview, pos: int
     ) -> tuple[bytes | None, int]:
-        """The next CRLF-terminated line from ``pos`` (joined with a kept partial), or None.
+        """The next CRLF-terminated line from ``pos`` (joined with a kept partial), without its
+        CRLF, and the position after it; or None when ``data`` ends first (the partial is kept).
 
         Only the line itself is copied (bounded by ``max_line``), never the payload around it.
         """
-        n = len(data)
-        end = min(n, pos + self.max_line + 2 - len(self._line))
-        if isinstance(data, memoryview):
-            # memoryview has no find(): copy a small window first (size lines are short).
-            short = min(end, pos + 32)
-            i = data[pos:short].tobytes().find(b"\n")
-            if i < 0 and short < end:
-                i = data[pos:end].tobytes().find(b"\n")
-            i = i + pos if i >= 0 else -1
-        else:
-            i = data.find(b"\n", pos, end)
+        kept = self._line
+        room = self.max_line + 2 - len(kept)  # what the line may still take, CRLF included
+        if not kept:  # the common case: the whole line is here
+            found = _CRLF_LINE.match(data, pos, pos + room)
+            if found is not None:
+                return found.group(1), found.end()
+        end = min(len(data), pos + room)
+        window = bytes(data[pos:end])  # at most max_line + 2 bytes
+        i = window.find(b"\n")
         if i < 0:
-            if end - pos >= self.max_line + 2 - len(self._line):
+            if end - pos >= room:
                 raise self._fail("chunk size or trailer line too long")
-            self._line += data[pos:end]
-            return None, n
-        piece = bytes(data[pos : i + 1])
-        line = bytes(self._line) + piece if self._line else piece
-        self._line.clear()
+            kept += window
+            return None, end
+        line = bytes(kept) + window[: i + 1]
+        kept.clear()
         if len(line) < 2 or line[-2] != 13:
             raise self._fail("bare LF in chunked body")
-        return line[:-2], i + 1
+        return line[:-2], pos + i + 1
 
     @property
     def at_boundary(self) -> bool:
         """Between two chunks: a terminating ``0`` chunk written now ends the body cleanly."""
         return self._state == _SIZE and not self._line
 
-    def feed(self, data: bytes | bytearray | memoryview, *, until_boundary: bool = False) -> int:
+    def feed(
+        self, data: bytes | bytearray | memoryview, *, until_boundary: bool = False,
+        payload: list[memoryview] | None = None,
+    ) -> int:
         """Bytes of ``data`` that belong to the body. With ``until_boundary``, stop right after
-        the chunk in progress (see :attr:`at_boundary`; 0 when there is none)."""
+        the chunk in progress (see :attr:`at_boundary`; 0 when there is none). With
+        ``payload``, the chunk data among those bytes is appended to it (see the class)."""
         if until_boundary and self.at_boundary:
             return 0
+        view = _NO_VIEW if payload is None else memoryview(data)
         pos = 0
         n = len(data)
-        while pos < n and self._state != _DONE:
+        while pos < n:
             state = self._state
             if state == _DATA:
-                take = min(n - pos, self.remaining)
+                remaining = self.remaining
+                take = n - pos if n - pos < remaining else remaining
+                if payload is not None:
+                    payload.append(view[pos : pos + take])
                 pos += take
-                self.remaining -= take
-                if self.remaining == 0:
+                self.remaining = remaining = remaining - take
+                if not remaining:
                     self._state = _DATA_CR
-            elif state in (_DATA_CR, _DATA_LF):
-                expected = 13 if state == _DATA_CR else 10
-                if data[pos] != expected:
-                    raise self._fail("missing CRLF after chunk data")
-                pos += 1
-                self._state = _DATA_LF if state == _DATA_CR else _SIZE
-                if until_boundary and self._state == _SIZE:
-                    break
             elif state == _SIZE:
                 line, pos = self._take_line(data, pos)
                 if line is None:
                     break
                 self._chunk_size(line)
-            else:  # _TRAILER
+            elif state == _DATA_CR:
+                if data[pos] != 13:
+                    raise self._fail("missing CRLF after chunk data")
+                if pos + 1 == n:
+                    self._state = _DATA_LF
+                    return n
+                if data[pos + 1] != 10:
+                    raise self._fail("missing CRLF after chunk data")
+                pos += 2
+                self._state = _SIZE
+                if until_boundary:
+                    break
+            elif state == _DATA_LF:
+                if data[pos] != 10:
+                    raise self._fail("missing CRLF after chunk data")
+                pos += 1
+                self._state = _SIZE
+                if until_boundary:
+                    break
+            elif state == _TRAILER:
                 line, pos = self._take_line(data, pos)
                 if line is None:
                     break
                 self._trailer(line)
+            else:  # _DONE: the rest belongs to the next message
+                break
         return pos
 
     def _chunk_size(self, line: bytes) -> None:

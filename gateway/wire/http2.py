@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from gateway.wire.http1 import (
     NO_BODY,
     BodyTracker,
-    HTTPError,
+    ChunkedBody,
     Limits,
     RequestHead,
     ResponseHead,
@@ -211,8 +211,6 @@ class ResponseStart:
 # Translator states
 _HEAD, _BODY, _DONE = range(3)
 _RESPONSE_LIMITS = Limits(256 * 1024, 64 * 1024, 64 * 1024, 512)
-# Dechunker states
-_SIZE, _DATA, _CRLF, _TRAILER = range(4)
 
 
 class ResponseTranslator:
@@ -221,16 +219,16 @@ class ResponseTranslator:
     ``feed`` returns what to send, in order: a :class:`ResponseStart` and/or ``bytes`` chunks of
     payload. The input is what the Exchange relays, so framing errors here are the agent's
     (raised as :class:`HTTPError` 502). ``complete`` is set when the body has ended by its own
-    framing; a close-delimited body completes at :meth:`feed_eof`.
+    framing; a close-delimited body completes at :meth:`feed_eof`. A chunked body is checked
+    and de-chunked in one pass by its tracker (:class:`gateway.wire.http1.ChunkedBody`); the
+    payload pieces are copied to ``bytes`` because the front door may keep them (flow control)
+    after the buffer they came in is reused.
     """
 
     __slots__ = (
         "_buf",
-        "_chunked",
-        "_dstate",
-        "_line",
+        "_chunks",
         "_primed",
-        "_remaining",
         "_state",
         "complete",
         "method",
@@ -241,20 +239,17 @@ class ResponseTranslator:
         self.method = method
         self._state = _HEAD
         self._buf = bytearray()
-        self._chunked = False
         self.tracker: BodyTracker = NO_BODY
+        self._chunks: ChunkedBody | None = None  # the tracker, when it is the de-chunker
         self.complete = False
-        self._dstate = _SIZE
-        self._line = bytearray()
-        self._remaining = 0
-        self._primed: tuple[ResponseStart, BodyTracker, bool] | None = None
+        self._primed: tuple[ResponseStart, BodyTracker] | None = None
 
     def expect(self, head: ResponseHead) -> None:
         """The next head in the bytes is ``head``, already parsed (and checked) by the
         Exchange: skip it instead of parsing it again (a small GET's response head was
         parsed twice per request)."""
         self._primed = (ResponseStart(head.status, response_fields(head)),
-                        framing_for_response(head, self.method), head.chunked)
+                        framing_for_response(head, self.method))
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[ResponseStart | bytes]:
         out: list[ResponseStart | bytes] = []
@@ -268,7 +263,7 @@ class ResponseTranslator:
                 primed = self._primed
                 if primed is not None:
                     self._primed = None
-                    start, self.tracker, self._chunked = primed
+                    start, self.tracker = primed
                     rest = bytes(self._buf[end:])
                     del self._buf[:]
                 else:
@@ -279,24 +274,28 @@ class ResponseTranslator:
                         self._buf += rest
                         continue  # 1xx: HTTP/2 clients do without them here; 101 never comes
                     self.tracker = framing_for_response(head, self.method)
-                    self._chunked = head.chunked
                     # The head goes out with the ResponseStart and is not kept: a watch keeps
                     # its translator for hours.
                     start = ResponseStart(head.status, response_fields(head))
                 out.append(start)
                 self._state = _BODY
-                if self.tracker is NO_BODY:
+                tracker = self.tracker
+                self._chunks = tracker if isinstance(tracker, ChunkedBody) else None
+                if tracker is NO_BODY:
                     self._state, self.complete = _DONE, True
                 data = rest
         if self._state != _BODY or not data:
             return out
         tracker = self.tracker
-        n = tracker.feed(data)
-        body = memoryview(data)[:n]
-        if self._chunked:
-            self._dechunk(body, out)
-        elif n:
-            out.append(bytes(body))
+        chunks = self._chunks
+        if chunks is not None:
+            pieces: list[memoryview] = []
+            chunks.feed(data, payload=pieces)
+            out += map(bytes, pieces)
+        else:
+            n = tracker.feed(data)
+            if n:
+                out.append(bytes(memoryview(data)[:n]))
         if tracker.complete:
             self._state, self.complete = _DONE, True
         return out
@@ -305,38 +304,3 @@ class ResponseTranslator:
         if self._state == _BODY:
             self.tracker.feed_eof()  # raises unless close-delimited
             self._state, self.complete = _DONE, True
-
-    def _dechunk(self, data: memoryview, out: list[ResponseStart | bytes]) -> None:
-        """Payload of already-validated chunked bytes (the Exchange's tracker checked them)."""
-        pos, n = 0, len(data)
-        while pos < n:
-            state = self._dstate
-            if state == _DATA:
-                take = min(n - pos, self._remaining)
-                out.append(bytes(data[pos:pos + take]))
-                pos += take
-                self._remaining -= take
-                if not self._remaining:
-                    self._dstate = _CRLF
-                    self._line.clear()
-                continue
-            # size line, CRLF after data, or trailer lines: all end at LF
-            i = bytes(data[pos:]).find(b"\n")
-            if i < 0:
-                self._line += data[pos:]
-                if len(self._line) > 64 * 1024:
-                    raise HTTPError("chunk line too long", 502)
-                return
-            line = bytes(self._line) + bytes(data[pos:pos + i])
-            self._line.clear()
-            pos += i + 1
-            if state == _CRLF:
-                self._dstate = _SIZE
-            elif state == _SIZE:
-                size = int(line.rstrip(b"\r").partition(b";")[0].strip(b" \t") or b"0", 16)
-                if size:
-                    self._dstate, self._remaining = _DATA, size
-                else:
-                    self._dstate = _TRAILER
-            elif line.rstrip(b"\r") == b"":  # end of the trailer section
-                return

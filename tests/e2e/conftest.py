@@ -40,7 +40,13 @@ from gateway.demo import (
     write_private,
 )
 from kubesim.testing import RunningKubeSim, run_kubesim_in_thread
-from tests.support import BackgroundProcess, ProcessGroup, free_port, wait_for_port
+from tests.support import (
+    BackgroundProcess,
+    ProcessGroup,
+    free_port,
+    run_kubectl,
+    wait_for_port,
+)
 
 KUBECTL = shutil.which("kubectl") or "kubectl"
 CURL = shutil.which("curl") or "curl"
@@ -104,8 +110,10 @@ class System:
     def kubectl(self, *args: str, context: str = "cluster1", timeout: float = 60,
                 env: dict[str, str] | None = None,
                 input: str | None = None) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([KUBECTL, "--context", context, *args], env=env or self.env(),
-                              capture_output=True, text=True, timeout=timeout, input=input)
+        # exec and attach are run again when kubectl hit client-go's exec demux race (see
+        # tests.support.CLIENT_GO_DEMUX_RACE): a kubectl flake, not the gateway's.
+        return run_kubectl([KUBECTL, "--context", context, *args], env=env or self.env(),
+                           timeout=timeout, input=input)
 
     def kubectl_popen(self, *args: str, context: str = "cluster1",
                       env: dict[str, str] | None = None) -> subprocess.Popen[str]:

@@ -86,6 +86,27 @@ def test_request_body_dechunks_byte_by_byte() -> None:
     assert b"".join(out) == b"hello" + b"z" * 26 and split.complete
 
 
+def test_request_body_pieces_are_views_of_what_was_fed() -> None:
+    # h2pool copies them into its send buffer at once: the de-chunker copies nothing itself.
+    framed = head(b"POST /x HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n")
+    data = bytearray(b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n")
+    pieces = RequestBody(framed).feed(data)
+    assert [bytes(p) for p in pieces] == [b"abc", b"de"]
+    assert all(isinstance(p, memoryview) and p.obj is data for p in pieces)
+    length = head(b"PUT /x HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\n\r\n")
+    [piece] = RequestBody(length).feed(data)
+    assert piece.obj is data and bytes(piece) == b"3\r\n"
+
+
+@pytest.mark.parametrize("wire", [b"x\r\n", b"5\nhello", b"3\r\nabcX", b"0\r\nbad\r\n"])
+def test_request_body_refuses_what_the_exchange_refuses(wire: bytes) -> None:
+    # The same rules as the agent exchange's own tracker (which sees these bytes first).
+    framed = head(b"POST /x HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n")
+    with pytest.raises(HTTPError) as info:
+        RequestBody(framed).feed(wire)
+    assert info.value.status == 400
+
+
 def test_response_head_with_length_is_plain() -> None:
     raw, chunked = response_head([(b":status", b"200"), (b"content-type", b"application/json"),
                                   (b"content-length", b"12")], b"GET")

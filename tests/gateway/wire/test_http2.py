@@ -162,6 +162,29 @@ def test_response_translated() -> None:
     assert payload == b":1}" and t.complete
 
 
+def test_response_payload_is_owned_bytes_one_piece_per_chunk() -> None:
+    # The front door may hold a piece for the client's flow-control window after the buffer
+    # it came in (a tunnel read) is reused: pieces are bytes, not views.
+    t = ResponseTranslator(b"GET")
+    t.feed(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+    buf = bytearray(b"".join(b"2\r\n%02d\r\n" % i for i in range(64)) + b"0\r\n\r\n")
+    out = t.feed(memoryview(buf))
+    assert t.complete
+    assert out == [b"%02d" % i for i in range(64)] and all(type(p) is bytes for p in out)
+    buf[:] = b"x" * len(buf)  # reuse (and resizing) of the input buffer changes nothing
+    buf += b"more"
+    assert out[0] == b"00" and out[63] == b"63"
+
+
+@pytest.mark.parametrize("body", [b"g\r\n", b"2\nab\r\n", b"2\r\nabX", b"0\r\nT\r\n\r\n"])
+def test_malformed_chunked_response_is_the_agents_fault(body: bytes) -> None:
+    t = ResponseTranslator(b"GET")
+    t.feed(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+    with pytest.raises(HTTPError) as info:
+        t.feed(body)
+    assert info.value.status == 502 and not t.complete
+
+
 def test_response_content_length_and_close_delimited() -> None:
     t = ResponseTranslator(b"GET")
     assert t.feed(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nab")[1:] == [b"ab"]
