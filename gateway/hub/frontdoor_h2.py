@@ -20,18 +20,20 @@ there); this module wires it to admission and the tunnel:
   window times the stream limit, so streams whose tunnel is slow can never use it up and stall
   the others. Response bytes are sent as the client's windows allow; what does not fit pauses
   that tunnel stream alone (the tunnel then holds back the agent's credit).
-* Bounds (DESIGN §6 rule 7, the known HTTP/2 attacks): ``SETTINGS_MAX_CONCURRENT_STREAMS``
-  (``max_streams``; more open streams is a connection error), ``SETTINGS_MAX_HEADER_LIST_SIZE``
-  and the decoder's limit equal to the HTTP/1.1 head limit (HPACK bombs), the connection's
-  bound of 64 CONTINUATION frames per header block (CVE-2024-27316), a budget of client stream
-  resets (rapid reset, CVE-2023-44487), a budget of frames that cost us an answer (PING,
-  SETTINGS) and one of frames that only cost parsing (WINDOW_UPDATE, PRIORITY, unknown types):
-  past a budget the connection ends with GOAWAY ENHANCE_YOUR_CALM. A client that does not read
+* Bounds (DESIGN §6 rule 7, the known HTTP/2 attacks), enforced by the connection frame by
+  frame (see :mod:`gateway.wire.h2server`): ``SETTINGS_MAX_CONCURRENT_STREAMS``
+  (``max_streams``; a stream past it is refused alone), ``SETTINGS_MAX_HEADER_LIST_SIZE``
+  and the decoder's limit equal to the HTTP/1.1 head limit (HPACK bombs), 64 CONTINUATION
+  frames per header block (CVE-2024-27316), a budget of stream resets (rapid reset,
+  CVE-2023-44487), a budget of frames that cost us an answer (PING, SETTINGS) and one of
+  frames that only cost parsing (WINDOW_UPDATE, PRIORITY, unknown types): past a budget the
+  connection ends with GOAWAY ENHANCE_YOUR_CALM. A client that does not read
   cannot grow our write buffer past ``4 x write_high_water`` (then it is aborted). DATA beyond
   a ``Content-Length`` is a protocol error before a byte of it is forwarded; a body without one
   is counted against ``max_request_body`` (413).
 * Drain: the gateway sends GOAWAY (last stream id) when it starts shutting down; streams in
-  flight finish, new ones get 503, and the connection closes when the last one ends.
+  flight finish, later ones are refused (REFUSED_STREAM), and the connection closes when the
+  last one ends.
 """
 
 from __future__ import annotations
@@ -83,9 +85,6 @@ log = logging.getLogger("hubproxy.gateway")
 
 STREAM_WINDOW = 65535  # per-stream receive window (the HTTP/2 default)
 FLUSH_AT = 64 * 1024  # DATA bytes queued that are written at once, not at the turn's end
-RESET_BURST, RESET_RATE = 200, 50.0  # client RST_STREAMs: burst, then per second
-ANSWERED_BURST, ANSWERED_RATE = 200, 20.0  # PING and SETTINGS (each costs us an ACK)
-CHEAP_BURST, CHEAP_RATE = 5000, 1000.0  # WINDOW_UPDATE, PRIORITY, unknown frames
 
 
 class FrontDoorHost(AdmissionContext, Protocol):
@@ -108,26 +107,6 @@ class FrontDoorHost(AdmissionContext, Protocol):
                      protocol: str = "h1") -> None: ...
 
     def request_released(self) -> None: ...
-
-
-class FrameBudget:
-    """A token bucket: ``spend()`` is False once the peer went past ``burst`` + ``rate``/s."""
-
-    __slots__ = ("burst", "rate", "stamp", "tokens")
-
-    def __init__(self, burst: float, rate: float) -> None:
-        self.burst = self.tokens = burst
-        self.rate = rate
-        self.stamp = time.monotonic()
-
-    def spend(self) -> bool:
-        now = time.monotonic()
-        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
-        self.stamp = now
-        if self.tokens < 1:
-            return False
-        self.tokens -= 1
-        return True
 
 
 class H2FrontDoor(asyncio.Protocol):
@@ -161,9 +140,6 @@ class H2FrontDoor(asyncio.Protocol):
         self._flush_pending = False  # a flush_soon() is scheduled for this loop turn
         self.queued = 0  # DATA payload bytes queued since the last write
         self._timer: asyncio.TimerHandle | None = None
-        self._resets = FrameBudget(RESET_BURST, RESET_RATE)
-        self._answered = FrameBudget(ANSWERED_BURST, ANSWERED_RATE)
-        self._cheap = FrameBudget(CHEAP_BURST, CHEAP_RATE)
 
     # --- asyncio.Protocol --------------------------------------------------------------------
 
@@ -182,11 +158,16 @@ class H2FrontDoor(asyncio.Protocol):
         try:
             events = self.conn.receive_data(data)
         except H2ConnectionError as exc:
-            # GOAWAY with the error code is queued (PROTOCOL_ERROR, FLOW_CONTROL_ERROR,
-            # ENHANCE_YOUR_CALM for oversized header lists and CONTINUATION floods, ...).
-            log.info("h2 connection from %s: protocol error %d: %s", self.client_ip, exc.code,
-                     exc)
-            self.gw.metrics.h2_protocol_errors += 1
+            # GOAWAY with the error code is queued: ENHANCE_YOUR_CALM for floods past a frame
+            # budget, oversized header lists and CONTINUATION floods; PROTOCOL_ERROR,
+            # FLOW_CONTROL_ERROR, ... for broken rules.
+            if exc.code == ENHANCE_YOUR_CALM:
+                log.info("h2 connection from %s closed: %s", self.client_ip, exc)
+                self.gw.metrics.h2_calmed += 1
+            else:
+                log.info("h2 connection from %s: protocol error %d: %s", self.client_ip,
+                         exc.code, exc)
+                self.gw.metrics.h2_protocol_errors += 1
             self.flush_now()
             self.close(goaway=False)
             return
@@ -238,14 +219,7 @@ class H2FrontDoor(asyncio.Protocol):
             if request is not None:
                 request.abandon()
                 self._maybe_idle()
-            # The client reset it, or broke a stream rule and we did: both are the client's
-            # doing, and both cost a stream (rapid reset, CVE-2023-44487).
-            if not self._resets.spend():
-                self._calm("rapid reset")
         elif isinstance(event, h2server.WindowUpdated):
-            if not self._cheap.spend():
-                self._calm("WINDOW_UPDATE flood")
-                return
             if event.stream_id:
                 request = self.requests.get(event.stream_id)
                 if request is not None:
@@ -253,24 +227,13 @@ class H2FrontDoor(asyncio.Protocol):
             else:
                 for request in list(self.requests.values()):
                     request.send_pending()
-        elif isinstance(event, (h2server.PingReceived, h2server.SettingsChanged)):
-            if not self._answered.spend():
-                self._calm("PING or SETTINGS flood")
-                return
-            if isinstance(event, h2server.SettingsChanged):
-                for request in list(self.requests.values()):
-                    request.send_pending()
+        elif isinstance(event, h2server.SettingsChanged):
+            for request in list(self.requests.values()):
+                request.send_pending()
         elif isinstance(event, h2server.ConnectionTerminated):
             self.close(goaway=False)
-        elif isinstance(event, h2server.FrameIgnored) and not self._cheap.spend():
-            self._calm("flood of PRIORITY, unknown or ignored frames")
-
-    def _calm(self, why: str) -> None:
-        log.info("h2 connection from %s closed: %s", self.client_ip, why)
-        self.gw.metrics.h2_calmed += 1
-        self.conn.close_connection(ENHANCE_YOUR_CALM)
-        self.flush_now()
-        self.close(goaway=False)
+        # PingReceived (answered by the connection), FrameIgnored: nothing to do. Their
+        # floods, and rapid resets, are bounded by the connection's frame budgets.
 
     def broken(self, why: str) -> None:
         """A request broke HTTP/2's message rules in a way that could smuggle bytes (RFC 9113

@@ -43,14 +43,19 @@ code and raises :class:`H2ConnectionError`; a *stream error* queues RST_STREAM a
 * After our GOAWAY, new streams are refused with RST_STREAM REFUSED_STREAM (the client may
   retry them elsewhere) while the streams in flight finish.
 
-The budgets that bound floods (rapid reset, PING, SETTINGS, WINDOW_UPDATE, PRIORITY, unknown
-frames) are the front door's: every frame that costs more than parsing is reported as an
-event, and :class:`FrameIgnored` reports those that cost only parsing.
+Floods are bounded here too, frame by frame, by three token buckets (:class:`FrameBudget`):
+stream resets, the client's or ours for its broken stream rules (rapid reset,
+CVE-2023-44487); frames that cost us an answer (PING, SETTINGS), spent before the answer is
+queued; frames that cost only parsing (WINDOW_UPDATE, PRIORITY, unknown types, ACKs, frames
+for closed streams). Past a budget: connection error ENHANCE_YOUR_CALM. Checking them here,
+not on the events afterwards, means a read holding a hundred PINGs past the budget queues no
+hundred PONGs first.
 """
 
 from __future__ import annotations
 
 import struct
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
 
@@ -78,6 +83,9 @@ MAX_WINDOW = 2**31 - 1
 FRAME_LIMIT = 16384  # our SETTINGS_MAX_FRAME_SIZE: the default, so never announced
 MAX_CONTINUATIONS = 64  # CONTINUATION frames per header block (as the h2 library allowed)
 RECENT_RESETS = 1024  # streams we reset whose late frames are still ignored, not errors
+RESET_BURST, RESET_RATE = 200, 50.0  # stream resets: burst, then per second
+ANSWERED_BURST, ANSWERED_RATE = 200, 20.0  # PING and SETTINGS (each costs us an ACK)
+CHEAP_BURST, CHEAP_RATE = 5000, 1000.0  # WINDOW_UPDATE, PRIORITY, unknown and ignored frames
 
 _FRAME_HEAD = struct.Struct(">BHBBL")  # length (24 bits, as 8 + 16), type, flags, stream id
 _SETTING = struct.Struct(">HL")
@@ -90,6 +98,26 @@ def frame(ftype: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes
     """One frame's bytes."""
     n = len(payload)
     return _pack_head(n >> 16, n & 0xFFFF, ftype, flags, stream_id) + payload
+
+
+class FrameBudget:
+    """A token bucket: ``spend()`` is False once the peer went past ``burst`` + ``rate``/s."""
+
+    __slots__ = ("burst", "rate", "stamp", "tokens")
+
+    def __init__(self, burst: float, rate: float) -> None:
+        self.burst = self.tokens = burst
+        self.rate = rate
+        self.stamp = time.monotonic()
+
+    def spend(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
 
 
 # --- events -----------------------------------------------------------------------------------
@@ -222,12 +250,19 @@ class ServerConnection:
 
     ``max_concurrent_streams`` and ``max_header_list_size`` are announced in our SETTINGS and
     enforced from the first frame; ``initial_window_size`` is each stream's receive window and
-    ``connection_window`` the connection's."""
+    ``connection_window`` the connection's. The budgets default to the front door's."""
 
     def __init__(self, *, max_concurrent_streams: int, max_header_list_size: int,
                  initial_window_size: int = DEFAULT_WINDOW,
                  connection_window: int = DEFAULT_WINDOW,
-                 encoder: FieldEncoder | None = None) -> None:
+                 encoder: FieldEncoder | None = None,
+                 resets: FrameBudget | None = None,
+                 answered: FrameBudget | None = None,
+                 cheap: FrameBudget | None = None) -> None:
+        self._resets = resets if resets is not None else FrameBudget(RESET_BURST, RESET_RATE)
+        self._answered = (answered if answered is not None
+                          else FrameBudget(ANSWERED_BURST, ANSWERED_RATE))
+        self._cheap = cheap if cheap is not None else FrameBudget(CHEAP_BURST, CHEAP_RATE)
         self.max_concurrent_streams = max_concurrent_streams
         self.max_header_list_size = max_header_list_size
         self.streams: dict[int, _Stream] = {}
@@ -317,7 +352,7 @@ class ServerConnection:
                 if ftype < 10:
                     handlers[ftype](flags, stream_id, payload, events)
                 else:
-                    events.append(_IGNORED)  # unknown frame types are ignored (§5.5)
+                    self._ignored(events)  # unknown frame types are ignored (§5.5)
         except H2ConnectionError as exc:
             self._broken = True
             self._pending = b""
@@ -330,7 +365,17 @@ class ServerConnection:
     def _idle(self, stream_id: int) -> bool:
         return stream_id > self.highest_inbound_stream_id or not stream_id & 1
 
+    def _ignored(self, events: list[Event]) -> None:
+        if not self._cheap.spend():
+            raise H2ConnectionError(ENHANCE_YOUR_CALM, "flood of frames that cost only parsing")
+        events.append(_IGNORED)
+
+    def _spend_reset(self) -> None:
+        if not self._resets.spend():
+            raise H2ConnectionError(ENHANCE_YOUR_CALM, "rapid reset")
+
     def _stream_error(self, stream_id: int, code: int, events: list[Event]) -> None:
+        self._spend_reset()
         self._out.append(frame(RST_STREAM, 0, stream_id, code.to_bytes(4, "big")))
         self.streams.pop(stream_id, None)
         self._remember_reset(stream_id)
@@ -369,7 +414,7 @@ class ServerConnection:
             if stream is None and self._idle(stream_id):
                 raise H2ConnectionError(PROTOCOL_ERROR, "DATA on an idle stream")
             if stream is None and stream_id in self._reset:
-                events.append(_IGNORED)
+                self._ignored(events)
             else:
                 self._stream_error(stream_id, STREAM_CLOSED, events)
             return
@@ -441,7 +486,7 @@ class ServerConnection:
             return
         if stream_id <= self.highest_inbound_stream_id:
             if stream_id in self._reset:
-                events.append(_IGNORED)
+                self._ignored(events)
                 return
             raise H2ConnectionError(STREAM_CLOSED, "HEADERS on a closed stream")
         self.highest_inbound_stream_id = stream_id
@@ -466,7 +511,7 @@ class ServerConnection:
         elif int.from_bytes(payload[:4], "big") & 0x7FFFFFFF == stream_id:
             self._stream_error(stream_id, PROTOCOL_ERROR, events)
         else:
-            events.append(_IGNORED)
+            self._ignored(events)
 
     def _on_rst_stream(self, flags: int, stream_id: int, payload: bytes,
                        events: list[Event]) -> None:
@@ -475,10 +520,11 @@ class ServerConnection:
         if stream_id == 0 or self._idle(stream_id):
             raise H2ConnectionError(PROTOCOL_ERROR, "RST_STREAM on an idle stream")
         if self.streams.pop(stream_id, None) is None:
-            events.append(_IGNORED)
+            self._ignored(events)
             return
         # Not remembered as one we reset: what the client sends on it after its own RST_STREAM
         # is a stream error STREAM_CLOSED (§5.1), answered once (then it is one we reset).
+        self._spend_reset()
         events.append(StreamReset(stream_id, int.from_bytes(payload, "big"), True))
 
     def _on_settings(self, flags: int, stream_id: int, payload: bytes,
@@ -489,10 +535,12 @@ class ServerConnection:
             if payload:
                 raise H2ConnectionError(FRAME_SIZE_ERROR, "SETTINGS ACK with a payload")
             self._settings_acked = True
-            events.append(_IGNORED)
+            self._ignored(events)
             return
         if len(payload) % 6:
             raise H2ConnectionError(FRAME_SIZE_ERROR, "SETTINGS not a multiple of 6 bytes")
+        if not self._answered.spend():
+            raise H2ConnectionError(ENHANCE_YOUR_CALM, "PING or SETTINGS flood")
         for key, value in _SETTING.iter_unpack(payload):
             if key == INITIAL_WINDOW_SIZE:
                 if value > MAX_WINDOW:
@@ -526,8 +574,10 @@ class ServerConnection:
         if len(payload) != 8:
             raise H2ConnectionError(FRAME_SIZE_ERROR, "PING is not 8 bytes")
         if flags & ACK:
-            events.append(_IGNORED)
+            self._ignored(events)
             return
+        if not self._answered.spend():
+            raise H2ConnectionError(ENHANCE_YOUR_CALM, "PING or SETTINGS flood")
         self._out.append(frame(PING, ACK, 0, payload))
         events.append(_PINGED)
 
@@ -545,6 +595,8 @@ class ServerConnection:
         if len(payload) != 4:
             raise H2ConnectionError(FRAME_SIZE_ERROR, "WINDOW_UPDATE is not 4 bytes")
         increment = int.from_bytes(payload, "big") & 0x7FFFFFFF
+        if not self._cheap.spend():
+            raise H2ConnectionError(ENHANCE_YOUR_CALM, "WINDOW_UPDATE flood")
         if stream_id == 0:
             if increment == 0:
                 raise H2ConnectionError(PROTOCOL_ERROR, "WINDOW_UPDATE of 0")

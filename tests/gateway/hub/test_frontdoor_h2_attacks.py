@@ -19,7 +19,7 @@ from hyperframe.frame import (
 )
 
 from gateway.hub.config import FrontDoorLimits
-from gateway.hub.frontdoor_h2 import ANSWERED_BURST, CHEAP_BURST, RESET_BURST
+from gateway.wire.h2server import ANSWERED_BURST, CHEAP_BURST, RESET_BURST
 from tests.gateway.hub.h2client import H2Client, RawH2
 from tests.gateway.hub.test_frontdoor_harness import (
     HUB_TOKEN,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable
+from typing import Any
 
 import h2.config
 import h2.connection
@@ -34,12 +35,16 @@ from hyperframe.frame import (
 )
 
 from gateway.wire.h2server import (
+    ANSWERED_BURST,
+    CHEAP_BURST,
     MAX_CONTINUATIONS,
     PREFACE,
     RECENT_RESETS,
+    RESET_BURST,
     ConnectionTerminated,
     DataReceived,
     Event,
+    FrameBudget,
     H2ConnectionError,
     RequestReceived,
     ServerConnection,
@@ -149,7 +154,7 @@ class Client:
 
     def __init__(self, *, max_concurrent_streams: int = MAX_STREAMS,
                  max_header_list_size: int = HEADER_LIST_LIMIT,
-                 client_settings: bytes = b"", **kwargs: int) -> None:
+                 client_settings: bytes = b"", **kwargs: Any) -> None:
         self.encoder = hpack.Encoder()
         self.server = ServerConnection(max_concurrent_streams=max_concurrent_streams,
                                        max_header_list_size=max_header_list_size, **kwargs)
@@ -1513,3 +1518,64 @@ def test_interop_with_h2_client(server_window: int, client_window: int,
     assert isinstance(terminated, h2.events.ConnectionTerminated)
     assert (terminated.error_code, terminated.last_stream_id) == (NO_ERROR, 7)
 
+
+
+# --- floods: the frame budgets, spent frame by frame -------------------------------------------
+
+def test_a_ping_flood_in_one_read_gets_no_answer_past_the_budget() -> None:
+    """Three times the budget of PINGs in one read: the ACKs stop at the budget (each is spent
+    before its ACK is queued), then GOAWAY ENHANCE_YOUR_CALM."""
+    client = Client()  # the client's SETTINGS spent one answer already
+    with pytest.raises(H2ConnectionError) as info:
+        client.server.receive_data(ping() * (3 * ANSWERED_BURST))
+    assert info.value.code == ENHANCE_YOUR_CALM
+    frames = client.out()
+    acks = [f for f in frames if isinstance(f, PingFrame) and "ACK" in f.flags]
+    assert ANSWERED_BURST - 2 <= len(acks) <= ANSWERED_BURST
+    assert isinstance(frames[-1], GoAwayFrame) and frames[-1].error_code == ENHANCE_YOUR_CALM
+
+
+def test_a_settings_flood_in_one_read_gets_no_answer_past_the_budget() -> None:
+    client = Client()
+    with pytest.raises(H2ConnectionError) as info:
+        client.server.receive_data(raw(T_SETTINGS, 0, 0) * (3 * ANSWERED_BURST))
+    assert info.value.code == ENHANCE_YOUR_CALM
+    acks = [f for f in client.out() if isinstance(f, SettingsFrame) and "ACK" in f.flags]
+    assert ANSWERED_BURST - 2 <= len(acks) <= ANSWERED_BURST
+
+
+def test_rapid_reset_in_one_read_is_calmed_at_the_budget() -> None:
+    """HEADERS + RST_STREAM pairs: each reset spends; past the budget the connection ends, and
+    the requests that reached the application stay within the budget."""
+    client = Client(max_concurrent_streams=10)
+    batch = b"".join(client.headers(1 + 2 * i) + rst(1 + 2 * i, CANCEL)
+                     for i in range(2 * RESET_BURST))
+    with pytest.raises(H2ConnectionError) as info:
+        client.server.receive_data(batch)
+    assert info.value.code == ENHANCE_YOUR_CALM
+    assert str(info.value) == "rapid reset"
+
+
+def test_stream_errors_we_answer_spend_the_reset_budget() -> None:
+    """Streams the client breaks (here: past the concurrency limit) cost a reset each: a
+    client cannot make us send RST_STREAMs without end."""
+    client = Client(max_concurrent_streams=1, resets=FrameBudget(5, 0.0))
+    client.open(1)
+    for sid in range(3, 13, 2):
+        client.stream_error(client.headers(sid), sid, REFUSED_STREAM)
+    client.connection_error(client.headers(13), ENHANCE_YOUR_CALM)
+
+
+def test_a_flood_of_frames_that_cost_only_parsing_is_calmed() -> None:
+    client = Client(cheap=FrameBudget(CHEAP_BURST, 0.0))
+    unknown = raw(0xFA, 0, 0, b"x")
+    with pytest.raises(H2ConnectionError) as info:
+        client.server.receive_data(unknown * (CHEAP_BURST + 1))
+    assert info.value.code == ENHANCE_YOUR_CALM
+
+
+def test_a_window_update_flood_is_calmed() -> None:
+    client = Client(cheap=FrameBudget(10, 0.0))
+    update = WindowUpdateFrame(0, window_increment=1).serialize()
+    assert client.send(update * 10) == [("WindowUpdated", 0, 1)] * 10
+    client.connection_error(update, ENHANCE_YOUR_CALM)
