@@ -214,6 +214,7 @@ class TunnelSession(asyncio.BufferedProtocol):
         self._start = 0
         self._end = 0
         self._flush_scheduled = False
+        self._eager_turn = False  # an OPEN was written at once this loop turn
         self._settings_fut: asyncio.Future[None] | None = None
         self._transport_paused = False
         self._timer: asyncio.TimerHandle | None = None
@@ -273,6 +274,13 @@ class TunnelSession(asyncio.BufferedProtocol):
         if st is not None and st.send_buffered > self.config.write_high_water:
             st.write_paused = True
             protocol.pause_writing()
+        if not self._eager_turn and not self._flush_scheduled and not self._transport_paused:
+            # The first OPEN of a loop turn leaves at once, not at the turn's end: the agent
+            # starts on it while this side still admits the rest of a burst (an HTTP/2 client's
+            # sixteen requests come in one read), and a lone request saves a loop turn. The
+            # rest of the turn's frames still share one write.
+            self._eager_turn = True
+            self._write_pending()
         self._schedule_flush()
         return stream
 
@@ -532,8 +540,15 @@ class TunnelSession(asyncio.BufferedProtocol):
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
 
+    def _write_pending(self) -> None:
+        chunks = self._core.data_to_send(None)
+        if chunks and self._transport is not None:
+            self.bytes_sent += sum(map(len, chunks))
+            self._transport.writelines(chunks)
+
     def _flush(self) -> None:
         self._flush_scheduled = False
+        self._eager_turn = False
         transport = self._transport
         if transport is None or transport.is_closing():
             return

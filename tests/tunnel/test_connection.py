@@ -49,6 +49,30 @@ async def test_echo_with_0rtt_and_half_close(tls_contexts):
     server.close()
 
 
+async def test_the_first_open_of_a_loop_turn_is_written_at_once(tls_contexts):
+    """A burst of OPENs in one loop turn: the first is on the wire before the turn ends (the
+    agent starts on it while the hub admits the rest), the others share one later write."""
+    hub, _agent, server = await session_pair(tls_contexts, on_open=lambda req: Echo())
+    await asyncio.sleep(0.05)  # settled: SETTINGS and the first pings are out
+    before = hub.bytes_sent
+    clients = [Collector(keep=True) for _ in range(3)]
+    hub.open_stream(KubeAPITarget(), b"", clients[0], initial_data=b"a")
+    first = hub.bytes_sent
+    assert first > before  # written now, not at the end of the turn
+    hub.open_stream(KubeAPITarget(), b"", clients[1], initial_data=b"b")
+    hub.open_stream(KubeAPITarget(), b"", clients[2], initial_data=b"c")
+    assert hub.bytes_sent == first  # the rest of the turn waits for its one write
+    await asyncio.sleep(0)
+    assert hub.bytes_sent > first
+    for client in clients:
+        client.stream.write_eof()
+    for client, body in zip(clients, (b"a", b"b", b"c"), strict=True):
+        assert await asyncio.wait_for(client.lost, 5) is None
+        assert bytes(client.data) == body
+    hub.close()
+    server.close()
+
+
 async def test_refusal_is_typed(tls_contexts):
     class Refuser(Collector):
         def connection_made(self, stream) -> None:
