@@ -39,6 +39,7 @@ there); this module wires it to admission and the tunnel:
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import time
@@ -84,6 +85,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("hubproxy.gateway")
 
 STREAM_WINDOW = 65535  # per-stream receive window (the HTTP/2 default)
+REQUESTS_PER_TURN = 4  # new requests a connection admits per event-loop turn (_work_backlog)
 FLUSH_AT = 64 * 1024  # DATA bytes queued that are written at once, not at the turn's end
 
 
@@ -138,6 +140,10 @@ class H2FrontDoor(asyncio.Protocol):
         self._goaway_sent = False
         self._write_paused = False
         self._flush_pending = False  # a flush_soon() is scheduled for this loop turn
+        # Events parsed but not handled yet (see _work_backlog): bounded by the stream limit
+        # (requests), the flow-control windows (DATA) and the frame budgets (the rest).
+        self._backlog: collections.deque[h2server.Event] = collections.deque()
+        self._backlog_scheduled = False
         self.queued = 0  # DATA payload bytes queued since the last write
         self._timer: asyncio.TimerHandle | None = None
 
@@ -171,9 +177,37 @@ class H2FrontDoor(asyncio.Protocol):
             self.flush_now()
             self.close(goaway=False)
             return
-        for event in events:
+        self._backlog.extend(events)
+        if not self._backlog_scheduled:
+            self._work_backlog()
+
+    def _work_backlog(self) -> None:
+        """The connection's events in order, at most ``REQUESTS_PER_TURN`` new requests per
+        loop turn; the rest wait for the next turn (one is scheduled).
+
+        An HTTP/2 client's burst (sixteen requests in one read, or a controller's hundreds of
+        watches) was admitted in one callback: everything else on the event loop, the
+        responses coming back from the tunnel included, waited until the whole burst was
+        through, and the burst then moved through gateway, agent and upstream in lockstep.
+        Taking a few per turn interleaves admission with the rest, as separate HTTP/1.1
+        connections naturally are, and one connection cannot hold the loop for long. Side by
+        side (``h2load -c1 -m16``): 5,500 req/s when the whole burst went at once, 7,400 with
+        four per turn, 6,800 with eight, 6,200 with two."""
+        self._backlog_scheduled = False
+        backlog = self._backlog
+        started = 0
+        while backlog:
             if self.closed:
+                backlog.clear()
                 return
+            event = backlog[0]
+            if isinstance(event, h2server.RequestReceived):
+                if started == REQUESTS_PER_TURN:
+                    self._backlog_scheduled = True
+                    asyncio.get_running_loop().call_soon(self._work_backlog)
+                    break
+                started += 1
+            backlog.popleft()
             self._event(event)
         self.flush_soon()
 

@@ -13,7 +13,7 @@ import h2.events
 import h2.settings
 import pytest
 
-from gateway.hub.frontdoor_h2 import FLUSH_AT, H2FrontDoor
+from gateway.hub.frontdoor_h2 import FLUSH_AT, REQUESTS_PER_TURN, H2FrontDoor
 from tests.gateway.hub.h2client import H2Client
 from tests.gateway.hub.test_frontdoor_harness import (
     HUB_TOKEN,
@@ -49,6 +49,28 @@ async def test_get_through_h2(gw: Harness, client: H2Client) -> None:
     names = [n.lower() for n, _ in echoed["headers"]]
     assert "authorization" not in names
     assert ["host", "localhost"] in [[n.lower(), v] for n, v in echoed["headers"]]
+
+
+async def test_a_burst_is_admitted_a_few_requests_per_loop_turn(gw: Harness, client: H2Client
+                                                                ) -> None:
+    """Sixteen requests in one read: REQUESTS_PER_TURN of them reach the tunnel before the
+    event loop turns (the rest of the loop's work, responses included, runs in between), the
+    others follow in order in later turns, and all sixteen are answered."""
+    assert (await client.request("/c1/version", token=HUB_TOKEN)).status == 200  # token cached
+    [door] = [c for c in gw.gateway.connections if isinstance(c, H2FrontDoor)]
+    flush, client.flush = client.flush, lambda: None  # type: ignore[method-assign]
+    sids = [client.start(f"/c1/api/v1/namespaces/n{i}/pods", token=HUB_TOKEN) for i in range(16)]
+    client.flush = flush  # type: ignore[method-assign]
+    burst = client.conn.data_to_send()
+    before = len(gw.streams("c1"))
+    door.data_received(burst)  # the sixteen HEADERS, as one read from the socket
+    assert len(gw.streams("c1")) - before == REQUESTS_PER_TURN
+    responses = [await client.wait(sid) for sid in sids]
+    assert [r.status for r in responses] == [200] * 16 and all(r.ended for r in responses)
+    targets = [json.loads(r.body)["target"] for r in responses]
+    assert targets == [f"/api/v1/namespaces/n{i}/pods" for i in range(16)]
+    opened = [bytes(s.received) for s in gw.streams("c1")[before:]]
+    assert [b"/namespaces/n%d/" % i in data for i, data in enumerate(opened)] == [True] * 16
 
 
 async def test_last_data_frame_ends_the_stream(gw: Harness, client: H2Client) -> None:
