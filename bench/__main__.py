@@ -11,6 +11,7 @@ BENCHMARKS = {
     "fairness": "bench.fairness",  # issue 14: one identity flooding, another's p99
     "ha": "bench.ha",  # issue 13: rollouts, scaling, crashes and a hub outage behind HAProxy
     "hpackdecode": "bench.hpackdecode",  # HPACK decoding, ours against hpack's
+    "h2core": "bench.h2core",  # the front door's HTTP/2 connection, ours against h2
 }
 
 
