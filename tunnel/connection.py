@@ -274,7 +274,9 @@ class TunnelSession(asyncio.BufferedProtocol):
         if st is not None and st.send_buffered > self.config.write_high_water:
             st.write_paused = True
             protocol.pause_writing()
-        if not self._eager_turn and not self._flush_scheduled and not self._transport_paused:
+        transport = self._transport
+        if not (self._eager_turn or self._flush_scheduled or self._transport_paused
+                or transport is None or transport.is_closing()):
             # The first OPEN of a loop turn leaves at once, not at the turn's end: the agent
             # starts on it while this side still admits the rest of a burst (an HTTP/2 client's
             # sixteen requests come in one read), and a lone request saves a loop turn. The
@@ -541,8 +543,10 @@ class TunnelSession(asyncio.BufferedProtocol):
             self._loop.call_soon(self._flush)
 
     def _write_pending(self) -> None:
-        chunks = self._core.data_to_send(None)
-        if chunks and self._transport is not None:
+        """Write what the core has queued (control frames only while the transport is paused)."""
+        assert self._transport is not None
+        chunks = self._core.data_to_send(0 if self._transport_paused else None)
+        if chunks:
             self.bytes_sent += sum(map(len, chunks))
             self._transport.writelines(chunks)
 
@@ -553,10 +557,7 @@ class TunnelSession(asyncio.BufferedProtocol):
         if transport is None or transport.is_closing():
             return
         core = self._core
-        chunks = core.data_to_send(0 if self._transport_paused else None)
-        if chunks:
-            self.bytes_sent += sum(map(len, chunks))
-            transport.writelines(chunks)
+        self._write_pending()
         for sid in core.take_writable():
             stream = self._streams.get(sid)
             st = core.streams.get(sid)
