@@ -2,7 +2,7 @@
 
 What runs, all on 127.0.0.1 with real TLS on every hop:
 
-* a real hub (:mod:`bench.fleethub`): etcd + kube-apiserver, ``deploy/ocm`` (and so
+* a real hub (:mod:`bench.fleetkube`): etcd + kube-apiserver, ``deploy/ocm`` (and so
   ``deploy/hub``) RBAC, the ClusterProfile and OCM CRDs, a ClusterProfile and a
   ManagedClusterAddOn for every cluster;
 * one ``hubproxy gateway`` process with its instance Lease (``--lease-namespace``), its
@@ -45,7 +45,7 @@ from typing import Any
 import yaml
 
 from bench import fleetpki, fleetreport
-from bench.fleethub import Hub
+from bench.fleetkube import Hub
 from bench.fleetload import closed_loop
 from bench.procs import LOOPBACK, Proc, Procs, free_port
 from bench.procstats import cpu_seconds, status_kib
@@ -100,6 +100,16 @@ def listen_overflows() -> dict[str, int]:
 
 def delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
     return {k: after[k] - before.get(k, 0) for k in after}
+
+
+def hub_write_limit() -> dict[str, float] | None:
+    """The gateway's default hub write rate (``--hub-write-qps``, ``--hub-write-burst``), which
+    the benchmark leaves as is; None from a gateway without one."""
+    from gateway.hub import config
+
+    qps = getattr(config, "DEFAULT_HUB_WRITE_QPS", None)
+    burst = getattr(config, "DEFAULT_HUB_WRITE_BURST", None)
+    return None if qps is None or burst is None else {"qps": qps, "burst": burst}
 
 
 def metric_lines(text: str, prefix: str) -> dict[str, float]:
@@ -320,6 +330,10 @@ class Fleet:
     def agent_cpu(self) -> float:
         return sum(cpu_seconds(p.pid) for p in self.agents)
 
+    def hub_cpu(self) -> float:
+        """etcd + kube-apiserver: they share the machine's cores with the gateway."""
+        return sum(cpu_seconds(pid) for pid in self.hub.pids)
+
     # measurements -------------------------------------------------------------------------
 
     def gateway_pid(self) -> int:
@@ -341,6 +355,7 @@ class Fleet:
         began = time.monotonic()
         self.hub.start()
         figures["hub_objects_s"] = round(self.hub.create_fleet(n), 1)
+        figures["hub_write_limit"] = hub_write_limit()
         print(f"[fleet] N={n}: hub ready with {n} ClusterProfiles and add-ons in "
               f"{time.monotonic() - began:.0f}s", flush=True)
         self.start_upstream()
@@ -358,7 +373,7 @@ class Fleet:
 
         # 1. every agent dials
         overflows = listen_overflows()
-        cpu0, agent_cpu0 = cpu_seconds(gateway.pid), self.agent_cpu()
+        cpu0, agent_cpu0, hub_cpu0 = cpu_seconds(gateway.pid), self.agent_cpu(), self.hub_cpu()
         marks["go"] = time.monotonic()
         dials = self.counters()
         converge = Convergence(self.hub, n, self.public_url)
@@ -371,6 +386,7 @@ class Fleet:
             "connected": up, "seconds": round(marks["formed"] - marks["go"], 1),
             "gateway_cpu_s": round(cpu_seconds(gateway.pid) - cpu0, 1),
             "agents_cpu_s": round(self.agent_cpu() - agent_cpu0, 1),
+            "hub_cpu_s": round(self.hub_cpu() - hub_cpu0, 1),
             "agent_dials": delta(self.counters(), dials),
             "listen_overflows": delta(listen_overflows(), overflows)}
         print(f"[fleet] N={n}: {up}/{n} connected after {marks['formed'] - marks['go']:.1f}s",
@@ -397,15 +413,20 @@ class Fleet:
         # 3. idle: no requests at all
         self.set_rate(0)
         time.sleep(2.0)
-        cpu0, agent_cpu0 = cpu_seconds(gateway.pid), self.agent_cpu()
+        cpu0, agent_cpu0, hub_cpu0 = cpu_seconds(gateway.pid), self.agent_cpu(), self.hub_cpu()
         marks["idle_start"] = time.monotonic()
         time.sleep(plan.idle_seconds)
         marks["idle_end"] = time.monotonic()
         seconds = marks["idle_end"] - marks["idle_start"]
+        hub = self.hub.gateway_requests(marks["idle_start"], marks["idle_end"])
         figures["idle"] = {
             "seconds": round(seconds, 1),
             "gateway_cpu_pct": round(100 * (cpu_seconds(gateway.pid) - cpu0) / seconds, 2),
-            "agents_cpu_pct": round(100 * (self.agent_cpu() - agent_cpu0) / seconds, 2)}
+            "agents_cpu_pct": round(100 * (self.agent_cpu() - agent_cpu0) / seconds, 2),
+            "hub_cpu_pct": round(100 * (self.hub_cpu() - hub_cpu0) / seconds, 2),
+            # The gateway's own hub traffic while no request arrives (writers' resyncs, Lease).
+            "hub_requests_per_s": round((hub["writes"] + hub["reads"]) / seconds, 1),
+            "hub_requests": {**hub["writes_by_resource"], **hub["reads_by_resource"]}}
         self.set_rate(plan.steady_rate)
 
         # 4. the health port at this size, then the hub's view
@@ -430,7 +451,7 @@ class Fleet:
         gateway.popen.send_signal(signal.SIGKILL)
         gateway.popen.wait(30)
         marks["restart"] = time.monotonic()
-        agent_cpu0, dials = self.agent_cpu(), self.counters()
+        agent_cpu0, dials, hub_cpu0 = self.agent_cpu(), self.counters(), self.hub_cpu()
         converge.start(marks["restart"])
         gateway = self.start_gateway()
         up = self.wait_up(n, marks["restart"], marks["restart"] + plan.deadline, "storm")
@@ -440,6 +461,7 @@ class Fleet:
             "kill_to_restart_s": round(marks["restart"] - marks["kill"], 2),
             "gateway_cpu_s": round(cpu_seconds(gateway.pid), 1),
             "agents_cpu_s": round(self.agent_cpu() - agent_cpu0, 1),
+            "hub_cpu_s": round(self.hub_cpu() - hub_cpu0, 1),
             "agent_dials": delta(self.counters(), dials),
             "listen_overflows": delta(listen_overflows(), overflows)}
         print(f"[fleet] N={n}: {up}/{n} back {marks['back'] - marks['restart']:.1f}s after "
@@ -535,6 +557,10 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [int(x) for x in args.clusters.split(",") if x.strip()] or (
         [base.clusters] if args.smoke else list(SIZES))
     notes: list[str] = []
+    limit = fleetreport.nofile_limit()
+    if limit < max(sizes) + 1024:
+        notes.append(f"the open-file hard limit ({limit}) is below {max(sizes)} sessions + 1024: "
+                     "the gateway cannot hold them all")
     began = time.monotonic()
     runs = []
     for size in sizes:

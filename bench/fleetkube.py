@@ -38,6 +38,8 @@ GATEWAY_USER = "system:serviceaccount:hubproxy:hubproxy-gateway"
 PROVIDER = "hubproxy"  # the gateway's --access-provider-name default
 CREATE_CONCURRENCY = 16
 READ_VERBS = frozenset({"get", "list", "watch"})
+# Created per request, not per object: the gateway's authentication, not a write to the hub.
+REVIEWS = frozenset({"tokenreviews", "subjectaccessreviews"})
 PROFILES = "/apis/multicluster.x-k8s.io/v1alpha1"
 ADDONS = "/apis/addon.open-cluster-management.io/v1alpha1"
 
@@ -227,10 +229,13 @@ class Hub:
 
     def gateway_requests(self, start: float, end: float) -> dict[str, Any]:
         """The gateway's requests to the hub between two monotonic times: writes and reads by
-        verb and resource, writes per second (mean, and the busiest one-second window)."""
+        verb and resource, writes per second (mean, and the busiest one-second window). Token
+        and access reviews are counted apart: they follow the users' requests, not the fleet."""
         self.read_audit()
         seen = [r for r in self._requests if start <= r.at < end]
-        writes = [r for r in seen if r.verb not in READ_VERBS]
+        reviews = [r for r in seen if r.resource in REVIEWS]
+        reads = [r for r in seen if r.verb in READ_VERBS]
+        writes = [r for r in seen if r.verb not in READ_VERBS and r.resource not in REVIEWS]
         by_second = Counter(int(r.at - start) for r in writes)
         seconds = max(end - start, 1e-9)
         return {
@@ -238,9 +243,10 @@ class Hub:
             "writes": len(writes),
             "writes_by_resource": dict(sorted(Counter(
                 f"{r.verb} {r.resource}" for r in writes).items())),
-            "reads": len(seen) - len(writes),
+            "reads": len(reads),
             "reads_by_resource": dict(sorted(Counter(
-                f"{r.verb} {r.resource}" for r in seen if r.verb in READ_VERBS).items())),
+                f"{r.verb} {r.resource}" for r in reads).items())),
+            "reviews": len(reviews),
             "writes_per_s": round(len(writes) / seconds, 1),
             "writes_per_s_peak": max(by_second.values(), default=0),
         }
