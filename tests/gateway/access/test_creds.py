@@ -15,11 +15,10 @@ import pytest
 from gateway.access.creds import (
     CredentialError,
     exec_credential,
-    own_namespace,
     parse_exec_info,
-    secret_token,
     token_expiry,
 )
+from gateway.access.hubtokens import own_namespace, secret_token
 
 V1BETA1 = "client.authentication.k8s.io/v1beta1"
 CA_DATA = base64.b64encode(b"-----BEGIN CERTIFICATE-----\n...").decode()
