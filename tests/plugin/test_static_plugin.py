@@ -46,6 +46,7 @@ from tests.plugin.static import (
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+ROOT_DIR = Path(__file__).resolve().parents[2]
 MAX_EXECUTABLE_BYTES = 25_000_000
 COLD_START_LIMIT_SECONDS = 1.0  # the aim is 0.3 s; this bound only catches a regression
 PT_INTERP, PT_DYNAMIC = 3, 2
@@ -259,3 +260,30 @@ def test_cold_start(plugin: StaticPlugin, tmp_path: Path) -> None:
     print(f"hubproxy-plugin cold start: median {median * 1000:.0f} ms of 20 "
           f"(min {min(times) * 1000:.0f}, max {max(times) * 1000:.0f})")
     assert median < COLD_START_LIMIT_SECONDS, times
+
+
+def test_demo_providers_file_names_the_static_plugin_once_built(
+        plugin: StaticPlugin, tmp_path: Path) -> None:
+    """`hubproxy demo` finds build.sh's executable where build.sh leaves it (the same default,
+    ~/.cache/hubproxy-plugin, or HUBPROXY_PLUGIN_CACHE), and falls back to this Python's
+    hubproxy-creds; both answer as an exec plugin."""
+    import os
+
+    from gateway.demo import creds_command, static_plugin
+    from tests.plugin.static import PLUGIN_CACHE
+
+    if not ({"HUBPROXY_PLUGIN_CACHE", "XDG_CACHE_HOME"} & set(os.environ)):
+        assert static_plugin({}) == plugin.executable  # both defaults agree
+    assert static_plugin({"HUBPROXY_PLUGIN_CACHE": str(PLUGIN_CACHE)}) == plugin.executable
+    assert static_plugin({"HUBPROXY_PLUGIN_CACHE": str(tmp_path)}) is None
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    env = {"KUBERNETES_EXEC_INFO": exec_info(V1), "TMPDIR": str(tmp_path),
+           "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+    for found, expected in ((plugin.executable, str(plugin.executable)), (None, "python")):
+        exec_config = creds_command(found, token)
+        assert expected in exec_config["command"]
+        done = subprocess.run([exec_config["command"], *exec_config["args"]], env=env,
+                              capture_output=True, text=True, timeout=60, cwd=ROOT_DIR)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["status"]["token"] == TOKEN
