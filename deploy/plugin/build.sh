@@ -81,6 +81,8 @@ mv "$partial" "$OUT/hubproxy-plugin"
 if [ "${HUBPROXY_IMAGE_PRUNE:-0}" = 1 ]; then
   "${buildah[@]}" rmi --prune >/dev/null 2>&1 || true
 fi
-size="$("${buildah[@]}" images --noheading --format '{{.Size}}' "$TAG" | head -1)"
+# sed, not head: head would stop reading, and buildah (several lines: the image has two tags)
+# would die of SIGPIPE, failing the pipeline.
+size="$("${buildah[@]}" images --noheading --format '{{.Size}}' "$TAG" | sed -n 1p)"
 echo "build.sh: $TAG ($size), executable in $OUT/hubproxy-plugin" >&2
 echo "$TAG"
