@@ -19,6 +19,12 @@ Contract: the ExecCredential goes to stdout with the input's apiVersion and, whe
 JWT with ``exp``, an ``expirationTimestamp``. Any failure prints one line to stderr and exits 1;
 usage errors, and a hub kubeconfig that cannot be used (missing, not YAML, none outside a pod),
 exit 2. A token is never written anywhere but stdout.
+
+Each credential refresh starts this program, so the default mode imports only the standard
+library (:mod:`gateway.access.execcredential`); the modes that call the hub API live in
+:mod:`gateway.access.hubtokens` and are imported only when asked for. The static build,
+``hubproxy-plugin`` (deploy/plugin), leaves them out and says so; ``--install`` copies that
+build for an initContainer.
 """
 
 from __future__ import annotations
