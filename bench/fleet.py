@@ -67,6 +67,7 @@ class Plan:
     deadline: float = 300.0  # for the fleet to form, and again to come back after the restart
     converge_deadline: float = 180.0  # for every ClusterProfile and condition to be right
     authorize: str = "none"
+    hub_writers: bool = True  # the ClusterProfile and add-on condition writers
     metrics_scrapes: int = 3
 
     @staticmethod
@@ -128,7 +129,8 @@ class Convergence:
     carry our entry and how many add-ons say TunnelConnected=True, sample by sample, so a dip
     (entries removed, then written again) is seen while it lasts."""
 
-    def __init__(self, hub: Hub, clusters: int, public_url: str) -> None:
+    def __init__(self, hub: Hub, clusters: int, public_url: str, enabled: bool = True) -> None:
+        self.enabled = enabled  # without the gateway's writers there is nothing to watch
         self.hub = hub
         self.clusters = clusters
         self.public_url = public_url
@@ -140,6 +142,8 @@ class Convergence:
 
     def start(self, since: float) -> None:
         self.since, self.samples = since, []
+        if not self.enabled:
+            return
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="fleet-converge", daemon=True)
         self._thread.start()
@@ -157,7 +161,7 @@ class Convergence:
     def wait_right(self, deadline: float) -> None:
         """Until a sample taken now or later is all right, or ``deadline``."""
         asked = time.monotonic()
-        while time.monotonic() < deadline:
+        while self.enabled and time.monotonic() < deadline:
             if self.samples and self.samples[-1][0] >= asked and self.right():
                 return
             time.sleep(0.2)
@@ -168,6 +172,8 @@ class Convergence:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(60)
+        if not self.enabled:
+            return {"seconds": None, "skipped": "the gateway's hub writers were off"}
         seconds = None
         for at, profiles, addons in self.samples:
             if min(profiles, addons) >= self.clusters:
@@ -244,8 +250,9 @@ class Fleet:
             "--agent-ca", str(pki / "tunnel-ca" / "ca.crt"),
             "--hub-kubeconfig", str(self.hub.gateway_kubeconfig),
             "--authorize", self.plan.authorize, "--lease-namespace", "hubproxy",
-            "--clusterprofiles", "on", "--public-url", self.public_url,
-            "--ocm-addon-conditions", "--log-level", "info"])
+            *(("--clusterprofiles", "on", "--public-url", self.public_url,
+               "--ocm-addon-conditions") if self.plan.hub_writers else ()),
+            "--log-level", "info"])
         self.gateways.append(proc)
         self.gateway = proc
         return proc
@@ -376,7 +383,7 @@ class Fleet:
         cpu0, agent_cpu0, hub_cpu0 = cpu_seconds(gateway.pid), self.agent_cpu(), self.hub_cpu()
         marks["go"] = time.monotonic()
         dials = self.counters()
-        converge = Convergence(self.hub, n, self.public_url)
+        converge = Convergence(self.hub, n, self.public_url, plan.hub_writers)
         converge.start(marks["go"])
         for proc in self.agents:
             proc.send("go")
@@ -539,6 +546,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds for the fleet to form or come back (default 300)")
     parser.add_argument("--authorize", choices=("none", "sar"),
                         help="the gateway's --authorize (default none: TokenReview only)")
+    parser.add_argument("--no-hub-writers", action="store_true",
+                        help="run the gateway without its ClusterProfile and add-on condition "
+                        "writers (to tell their cost from the tunnel's; the instance Lease "
+                        "stays)")
     parser.add_argument("--baseline", type=Path,
                         help="an earlier --json whose first run's p99 is the baseline")
     parser.add_argument("--json", type=Path, help="write every figure here")
@@ -552,7 +563,8 @@ def main(argv: list[str] | None = None) -> int:
     overrides = {k: v for k, v in (
         ("agent_processes", args.agent_processes), ("pace", args.pace),
         ("steady_rate", args.rate), ("idle_seconds", args.idle_seconds),
-        ("deadline", args.deadline), ("authorize", args.authorize)) if v is not None}
+        ("deadline", args.deadline), ("authorize", args.authorize),
+        ("hub_writers", False if args.no_hub_writers else None)) if v is not None}
     base = replace(base, **overrides)
     sizes = [int(x) for x in args.clusters.split(",") if x.strip()] or (
         [base.clusters] if args.smoke else list(SIZES))

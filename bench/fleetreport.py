@@ -278,7 +278,9 @@ def goals(run: dict[str, Any], baseline: float | None) -> dict[str, dict[str, An
         hub["writes_per_s_peak"] <= limit["burst"] + limit["qps"]
         and hub["writes"] <= limit["burst"] + limit["qps"] * hub["seconds"])
     converge = [run["converge_start"]["seconds"], run["converge_storm"]["seconds"]]
-    converged = all(s is not None and s <= CONVERGE_SECONDS for s in converge)
+    skipped = "skipped" in run["converge_start"]
+    converged = None if skipped else all(
+        s is not None and s <= CONVERGE_SECONDS for s in converge)
     out["hub_writes"] = _verdict(
         bounded,
         f"peak {hub['writes_per_s_peak']}/s, {hub['writes']} writes in {hub['seconds']} s; "
@@ -286,7 +288,8 @@ def goals(run: dict[str, Any], baseline: float | None) -> dict[str, dict[str, An
            f"--hub-write-qps {limit['qps']:g}, --hub-write-burst {limit['burst']:g}"),
         "hub writes during the storm bounded by the configured rate")
     out["converged"] = _verdict(
-        converged, f"{converge[0]} s after start, {converge[1]} s after the restart "
+        converged, run["converge_start"]["skipped"] if skipped else
+        f"{converge[0]} s after start, {converge[1]} s after the restart "
         f"(fewest right meanwhile: {run['converge_storm']['fewest']})",
         f"every ClusterProfile and condition right within {CONVERGE_SECONDS:g} s")
     scrape = run["metrics"]["seconds_max"]
@@ -314,7 +317,9 @@ def table(runs: list[dict[str, Any]]) -> str:
             _seconds(storm["all_back_s"], storm["connected"]),
             f"{back['failed']}/{back['requests']}, {back['p99_ms']} ms",
             f"{r['hub_storm']['writes_per_s_peak']} ({r['hub_storm']['writes']} in all)",
-            f"{r['converge_start']['seconds']} s / {r['converge_storm']['seconds']} s",
+            "writers off" if "skipped" in r["converge_start"] else
+            f"{_seconds(r['converge_start']['seconds'])} / "
+            f"{_seconds(r['converge_storm']['seconds'])}",
             f"{metrics['bytes'] / 1e6:.1f} MB, {metrics['seconds_max']} s",
             f"{sum(r['dead_declared']['gateway'])}+{r['dead_declared']['agents']}"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
@@ -322,5 +327,7 @@ def table(runs: list[dict[str, Any]]) -> str:
                      for row in rows)
 
 
-def _seconds(value: float | None, connected: int) -> str:
-    return f"never ({connected:,} by the deadline)" if value is None else f"{value} s"
+def _seconds(value: float | None, connected: int | None = None) -> str:
+    if value is not None:
+        return f"{value} s"
+    return "never" + ("" if connected is None else f" ({connected:,} by the deadline)")
