@@ -7,6 +7,7 @@ default that is safe for a production hub; every timeout is in seconds.
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field
 
 from gateway.wire.http1 import Limits
@@ -65,6 +66,13 @@ class GatewayConfig:
     # client address (token bucket), and concurrent hub reviews (503 after a short wait).
     auth_failure_rate: float = 1.0  # per second and address, sustained
     auth_failure_burst: int = 20
+    # The real client behind a load balancer (gateway.hub.admission.forwarded; empty: off).
+    # Connections from these addresses must start with a PROXY protocol header (v1 or v2),
+    # whose source is then the client (gateway.hub.proxyaccept); from elsewhere, one is refused.
+    proxy_protocol_from: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
+    # Requests on connections from these addresses come from the right-most X-Forwarded-For
+    # entry that is not one of them.
+    forwarded_for_from: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
     hub_max_concurrent_reviews: int = 64
     hub_review_wait: float = 1.0  # seconds a review waits for a slot before 503
     # Long-running requests (watches, logs -f, exec/attach/port-forward) open at once per

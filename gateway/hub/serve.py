@@ -155,6 +155,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     hub.add_argument("--auth-failure-burst", type=positive_int, default=20, metavar="N",
                      help="failed authentications a client address may make in a burst before "
                      "--auth-failure-rate applies (default: %(default)s)")
+    edge = parser.add_argument_group(
+        "the real client behind a load balancer or an ingress (both off by default: the "
+        "connection's address is the client)")
+    edge.add_argument("--proxy-protocol-from", action="append", default=[], metavar="CIDR",
+                      help="load balancers that send the PROXY protocol (v1 or v2; HAProxy "
+                      "send-proxy-v2, AWS NLB proxy protocol v2, ...): a connection from these "
+                      "addresses must start with a PROXY header, read before TLS, and its "
+                      "source address is the client for the failed-authentication limit, the "
+                      "audit trail and the X-Forwarded-For sent on; a LOCAL or UNKNOWN header "
+                      "keeps the balancer's address. A connection from there without a valid "
+                      "header, or from anywhere else with one, is closed before TLS. "
+                      "Repeatable, or comma-separated")
+    edge.add_argument("--forwarded-for-from", action="append", default=[], metavar="CIDR",
+                      help="proxies that terminate TLS in front of the gateway and append the "
+                      "client to X-Forwarded-For (an ingress): on connections from these "
+                      "addresses the client is the right-most X-Forwarded-For entry that is not "
+                      "one of them (what a client writes further left is ignored). Repeatable, "
+                      "or comma-separated")
     hub.add_argument("--hub-max-concurrent-reviews", type=positive_int, default=64, metavar="N",
                      help="TokenReview and SubjectAccessReview calls to the hub in flight at "
                      "once, per gateway process (identical ones are coalesced; default: "
@@ -344,6 +362,10 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         validate_prefix(args.identity_prefix)
     except IdentityError as exc:
         raise ValueError(f"--identity-prefix: {exc}") from None
+    from gateway.hub.admission.forwarded import parse_networks
+
+    proxy_protocol_from = parse_networks(args.proxy_protocol_from, "--proxy-protocol-from")
+    forwarded_for_from = parse_networks(args.forwarded_for_from, "--forwarded-for-from")
     if args.fair_hand_size > args.fair_queues:
         raise ValueError(f"--fair-hand-size {args.fair_hand_size} is more than --fair-queues "
                          f"{args.fair_queues}")
@@ -384,6 +406,8 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         token_passthrough=bool(args.token_passthrough),
         auth_failure_rate=args.auth_failure_rate,
         auth_failure_burst=args.auth_failure_burst,
+        proxy_protocol_from=proxy_protocol_from,
+        forwarded_for_from=forwarded_for_from,
         hub_max_concurrent_reviews=args.hub_max_concurrent_reviews,
         hub_review_wait=args.hub_review_wait,
         max_streams_per_identity=args.max_streams_per_identity,

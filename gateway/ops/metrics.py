@@ -93,6 +93,9 @@ class GatewayMetrics:
     h2_streams_count: int = 0
     h2_protocol_errors: int = 0  # h2 connections ended by a protocol error (GOAWAY)
     h2_calmed: int = 0  # h2 connections ended for abuse (ENHANCE_YOUR_CALM)
+    # Front-door connections refused before TLS by --proxy-protocol-from, by reason
+    # (gateway.hub.proxyaccept.REFUSAL_REASONS).
+    proxy_protocol_refused: Counter[str] = field(default_factory=Counter)
     # Live values read at scrape time.
     connected_agents: Callable[[], int] = lambda: 0
     cluster_names: Callable[[], Iterable[str]] = lambda: ()
@@ -126,6 +129,9 @@ class GatewayMetrics:
     agent_certificates: Callable[[list[dict[str, Any]]], dict[str, float]] = lambda parts: {}
     # Fair queuing of short requests (gateway.hub.admission.seats.Seats.snapshot); {}: off.
     fairness: Callable[[], dict[str, Any]] = dict
+
+    def proxy_refused(self, reason: str) -> None:
+        self.proxy_protocol_refused[reason] += 1
 
     def stream_opened(self) -> None:
         self.active_streams += 1
@@ -175,6 +181,7 @@ class GatewayMetrics:
             "h2_streams_count": self.h2_streams_count,
             "h2_protocol_errors": self.h2_protocol_errors,
             "h2_calmed": self.h2_calmed,
+            "proxy_protocol_refused": dict(self.proxy_protocol_refused),
             "connected_agents": self.connected_agents(),
             "clusters": sorted(self.cluster_names()),
             "client_connections": self.client_connections(),
@@ -223,6 +230,7 @@ def merge(snapshots: Iterable[dict[str, Any]]) -> dict[str, Any]:
     hub_latency: dict[str, Histogram] = {}
     hub_calls: Counter[tuple[str, str]] = Counter()
     fleet_parts: list[dict[str, Any]] = []
+    proxy_refused: Counter[str] = Counter()
     for snap in snapshots_seen:
         for key in SUMMED:
             value = snap.get(key, 0)
@@ -243,6 +251,8 @@ def merge(snapshots: Iterable[dict[str, Any]]) -> dict[str, Any]:
         for call, outcome, count in snap.get("hub_calls", ()):
             hub_calls[(str(call), str(outcome))] += int(count)
         fleet_parts.append(snap.get("fleet") or {})
+        for reason, count in (snap.get("proxy_protocol_refused") or {}).items():
+            proxy_refused[str(reason)] += int(count)
     total["requests"] = requests
     total["connected_clusters"] = len(clusters)
     total.update(_merge_certificates(snapshots_seen))
@@ -250,6 +260,7 @@ def merge(snapshots: Iterable[dict[str, Any]]) -> dict[str, Any]:
     total["hub_latency"] = hub_latency
     total["hub_calls"] = hub_calls
     total["fleet_parts"] = fleet_parts
+    total["proxy_protocol_refused"] = proxy_refused
     total["fairness"] = _merge_fairness(snap.get("fairness") or {} for snap in snapshots_seen)
     return total
 
@@ -401,6 +412,7 @@ def render(m: dict[str, Any]) -> bytes:
         "shutdown).",
         "# TYPE hubproxy_client_connections_refused_total counter",
         f"hubproxy_client_connections_refused_total {m['connections_refused']}",
+        *_proxy_protocol_lines(m),
         "# HELP hubproxy_auth_cache_hits_total Token authentications answered from the "
         "cache (or coalesced).",
         "# TYPE hubproxy_auth_cache_hits_total counter",
@@ -427,6 +439,23 @@ def render(m: dict[str, Any]) -> bytes:
     lines += _latency_lines(m)
     lines += _fairness_lines(m)
     return ("\n".join(lines) + "\n").encode("ascii")
+
+
+def _proxy_protocol_lines(m: dict[str, Any]) -> list[str]:
+    refused = m.get("proxy_protocol_refused") or {}
+    if not refused:
+        return []  # --proxy-protocol-from off, or nothing refused yet
+    lines = [
+        "# HELP hubproxy_proxy_protocol_refused_total Front-door connections closed before TLS "
+        "by --proxy-protocol-from, by reason (missing, malformed, oversized: from a trusted "
+        "balancer without a valid PROXY header; untrusted: a header from another address; "
+        "timeout; closed; busy).",
+        "# TYPE hubproxy_proxy_protocol_refused_total counter",
+    ]
+    for reason, count in sorted(refused.items()):
+        lines.append(f'hubproxy_proxy_protocol_refused_total{{reason="{_escape(reason)}"}} '
+                     f'{count}')
+    return lines
 
 
 def _latency_lines(m: dict[str, Any]) -> list[str]:

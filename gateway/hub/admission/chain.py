@@ -151,6 +151,11 @@ class Admitted:
     flow: str = ""
     # Its seat once the fair queuing gave it one; released when the exchange ends.
     seat: Seat | None = None
+    # For the audit trail (gateway.hub.audittrail): the hub user as the hub described it (None
+    # with passthrough), and the client's User-Agent (the head's fields are dropped once the
+    # request is forwarded). Admission refused the request if its token was in there.
+    user_info: UserInfo | None = None
+    user_agent: bytes = b""
 
     def release(self) -> None:
         """Give back what the request holds (its stream slot or its seat); idempotent."""
@@ -331,7 +336,8 @@ def _admitted(gw: AdmissionContext, head: RequestHead, prepared: Prepared,
             recheck = Recheck(prepared.token, user, cluster,
                               exec_like=path.endswith((b"/exec", b"/attach")))
     return Admitted(cluster, session, target, metadata, head_bytes,
-                    "" if user is None else user.username, prepared.upgrade, slot, recheck, flow)
+                    "" if user is None else user.username, prepared.upgrade, slot, recheck, flow,
+                    user_info=user, user_agent=head.get(b"user-agent") or b"")
 
 
 def start_admission(gw: AdmissionContext, head: RequestHead, client_ip: str, request_id: str

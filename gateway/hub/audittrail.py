@@ -1,0 +1,161 @@
+"""A request's audit trail: the gateway's JSON line and, opt-in, Kubernetes audit events.
+
+Both front doors report each request once when it ends (and a long-running one also when its
+response starts) through :class:`AuditTrail`, which writes:
+
+* the gateway's own JSON line (``gateway.ops.audit``; on unless ``--audit-log-path -`` puts
+  Kubernetes events on stdout in its place), now with ``client`` (the real client, see
+  ``gateway.hub.admission.forwarded``) and, behind trusted proxies, ``proxies``;
+* with ``--audit-log-path`` or ``--audit-webhook-config-file``, an ``audit.k8s.io/v1`` ``Event``
+  per stage (``gateway.ops.k8saudit``): ``ResponseStarted`` for watches, ``logs -f`` and
+  upgrades, ``ResponseComplete`` for every request, when the policy's level for it is
+  ``Metadata``. ``auditID`` is the gateway's request id (the one the managed apiserver gets as
+  ``Audit-ID``), ``requestURI`` the URI the client sent (``/<cluster>/...``, credential-like
+  query values redacted), ``verb`` and ``objectRef`` read from the path after ``/<cluster>`` as
+  kube-apiserver reads it, ``user`` the hub user, ``sourceIPs`` the real client then the
+  proxies it came through, and the cluster as the annotation ``hubproxy.dev/cluster``.
+
+Never a token: the user agent of a request that was refused before admission is dropped when
+it contains the request's own credential (an admitted request's cannot: admission refuses a
+token copied into another header), and credential-shaped strings are scrubbed from it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Protocol
+
+from gateway.hub.admission.auth import UserInfo
+from gateway.hub.admission.bearer import BearerError, extract_token
+from gateway.hub.admission.chain import MIN_TOKEN_TO_SEARCH, Admitted
+from gateway.hub.admission.routing import RouteError, route
+from gateway.ops import audit
+from gateway.ops.k8saudit import event as k8s
+from gateway.ops.k8saudit.policy import AUDIT_EVERYTHING, NONE, Policy
+from gateway.wire.http1 import RequestHead
+from gateway.wire.requestinfo import request_info
+from gateway.wire.status import scrub
+
+
+class EventBackend(Protocol):
+    """Where Kubernetes events go (``gateway.ops.k8saudit.backends``)."""
+
+    name: str
+
+    def emit(self, line: str) -> None: ...
+
+
+class KubeAudit:
+    """The Kubernetes-format half of the trail: a policy and a backend."""
+
+    def __init__(self, backend: EventBackend, policy: Policy = AUDIT_EVERYTHING) -> None:
+        self.backend = backend
+        self.policy = policy
+
+    def event(self, stage: str, *, request_id: str, head: RequestHead | None,
+              admitted: Admitted | None, status: int, message: str | None,
+              source_ips: Sequence[str], received: float, now: float) -> None:
+        target = head.target if head is not None else b"/"
+        cluster, rest = _cluster_and_rest(target, admitted)
+        info = request_info(head.method if head is not None else b"GET", rest)
+        user: UserInfo | None = admitted.user_info if admitted is not None else None
+        level = self.policy.level(user.username if user else "", user.groups if user else (),
+                                  cluster, info.verb)
+        if level == NONE:
+            return
+        self.backend.emit(k8s.event_line(
+            audit_id=request_id, stage=stage, request_uri=audit.redact_target(target),
+            verb=info.verb,
+            user=k8s.user_info(user.username, user.uid, user.groups, user.extra) if user else None,
+            source_ips=source_ips, user_agent=_user_agent(head, admitted), info=info,
+            status=k8s.response_status(status, message), received=received, now=now,
+            annotations={k8s.CLUSTER_ANNOTATION: cluster} if cluster else {}))
+
+
+def _cluster_and_rest(target: bytes, admitted: Admitted | None) -> tuple[str, bytes]:
+    """The cluster (admitted, else routed; "" for a path that is not a route) and the target
+    after its ``/<cluster>`` prefix, which is what kube-apiserver would have seen."""
+    if admitted is not None:
+        return admitted.cluster, target[len(admitted.cluster) + 1:] or b"/"
+    try:
+        cluster = route(target).cluster
+    except RouteError:
+        return "", b"/"
+    return cluster, target[len(cluster) + 1:] or b"/"
+
+
+def _user_agent(head: RequestHead | None, admitted: Admitted | None) -> str | None:
+    if admitted is not None:
+        value = admitted.user_agent
+    elif head is not None and head.headers:
+        value = head.get(b"user-agent") or b""
+        if value and _carries_credential(head, value):
+            return audit.REDACTED
+    else:
+        value = b""
+    return scrub(value.decode("latin-1")) if value else None
+
+
+def _carries_credential(head: RequestHead, value: bytes) -> bool:
+    """Whether ``value`` contains the request's bearer token (or, when the credentials are
+    malformed, any long word of its Authorization headers)."""
+    secrets = [part for v in head.get_all(b"authorization") for part in v.split()
+               if len(part) >= MIN_TOKEN_TO_SEARCH]
+    try:
+        token = extract_token(head.headers).token
+    except BearerError:
+        token = None
+    if token is not None and len(token) >= MIN_TOKEN_TO_SEARCH:
+        secrets.append(token.encode("utf-8", "replace"))
+    return any(secret in value for secret in secrets)
+
+
+class AuditTrail:
+    """Both audit formats for the gateway process; see the module docstring."""
+
+    def __init__(self, *, lines: bool, kube: KubeAudit | None = None) -> None:
+        self.lines = lines  # the gateway's JSON line (hubproxy.audit enabled, not replaced)
+        self.kube = kube
+
+    def request_done(self, *, request_id: str, head: RequestHead | None,
+                     admitted: Admitted | None, status: int, bytes_in: int, bytes_out: int,
+                     duration: float, stream: bool, protocol: str, source_ips: Sequence[str],
+                     message: str | None) -> None:
+        if self.lines:
+            emit = audit.stream_end if stream else audit.request_done
+            emit(request_id=request_id, user=(admitted.user or None) if admitted else None,
+                 cluster=admitted.cluster if admitted else None,
+                 method=head.method if head is not None else None,
+                 target=head.target if head is not None else None, status=status,
+                 bytes_in=bytes_in, bytes_out=bytes_out, duration=duration, protocol=protocol,
+                 **_addresses(source_ips))
+        if self.kube is not None:
+            now = time.time()
+            self.kube.event(k8s.RESPONSE_COMPLETE, request_id=request_id, head=head,
+                            admitted=admitted, status=status, message=message,
+                            source_ips=source_ips, received=now - duration, now=now)
+
+    def stream_start(self, *, request_id: str, head: RequestHead, admitted: Admitted,
+                     status: int, protocol: str, source_ips: Sequence[str],
+                     started: float) -> None:
+        """A long-running request's response began (``started``: its monotonic start)."""
+        if self.lines:
+            audit.stream_start(request_id=request_id, user=admitted.user or None,
+                               cluster=admitted.cluster, method=head.method,
+                               target=head.target, status=status, protocol=protocol,
+                               **_addresses(source_ips))
+        if self.kube is not None:
+            now = time.time()
+            self.kube.event(k8s.RESPONSE_STARTED, request_id=request_id, head=head,
+                            admitted=admitted, status=status, message=None,
+                            source_ips=source_ips,
+                            received=now - (time.monotonic() - started), now=now)
+
+
+def _addresses(source_ips: Sequence[str]) -> dict[str, object]:
+    if not source_ips:
+        return {}
+    if len(source_ips) == 1:
+        return {"client": source_ips[0]}
+    return {"client": source_ips[0], "proxies": list(source_ips[1:])}
