@@ -37,14 +37,14 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Protocol
 
 from gateway.hub import fleet, revalidation
-from gateway.hub.admission.auth import Authenticator, TokenAuthenticator
+from gateway.hub.admission.auth import Authenticator, TokenAuthenticator, UserInfo
 from gateway.hub.admission.authorize import Authorizer, SarAuthorizer
 from gateway.hub.admission.chain import Admitted
 from gateway.hub.admission.hubload import FailedAuthLimiter
 from gateway.hub.admission.identity import IdentityCache
 from gateway.hub.admission.seats import Seats
 from gateway.hub.admission.streams import StreamQuota
-from gateway.hub.audittrail import AuditTrail
+from gateway.hub.audittrail import AuditTrail, build_audit_trail
 from gateway.hub.config import GatewayConfig
 from gateway.hub.exchange import AGENT_LEAVING, Exchange
 from gateway.hub.fleet import FleetView
@@ -175,6 +175,8 @@ class Gateway:
             self._tunnel.handshake_failures if self._tunnel is not None else {})
         self.audit_trail = audit_trail or AuditTrail(
             lines=audit.logger.isEnabledFor(logging.INFO))
+        self.metrics.audit_events = self.audit_trail.events
+        self.metrics.audit_dropped = self.audit_trail.dropped
 
     @property
     def leaving(self) -> bool:
@@ -218,9 +220,12 @@ class Gateway:
                      bytes_in: int, bytes_out: int, duration: float,
                      admitted: Admitted | None = None, stream: bool = False,
                      protocol: str = "h1", source_ips: tuple[str, ...] = (),
-                     message: str | None = None) -> None:
+                     message: str | None = None, started: float = 0.0,
+                     user_info: UserInfo | None = None) -> None:
         """A request ended: metrics and its audit trail. ``admitted`` None: refused before
-        admission; ``message``: the Status the gateway answered with, if it did."""
+        admission; ``message``: the Status the gateway answered with, if it did; ``started``:
+        when its head arrived (monotonic); ``user_info``: the hub user of a request refused
+        after authentication."""
         cluster = admitted.cluster if admitted is not None else None
         label = cluster if cluster in self.known_clusters else OTHER_CLUSTER
         target = head.target if head is not None else None
@@ -236,7 +241,8 @@ class Gateway:
         self.audit_trail.request_done(
             request_id=request_id, head=head, admitted=admitted, status=status,
             bytes_in=bytes_in, bytes_out=bytes_out, duration=duration, stream=stream,
-            protocol=protocol, source_ips=source_ips, message=message)
+            protocol=protocol, source_ips=source_ips, message=message, started=started,
+            user_info=user_info)
 
     def audit_stream_start(self, door: FrontDoor | H2Request, exchange: Exchange) -> None:
         if door.head is not None:
@@ -315,6 +321,7 @@ class Gateway:
                 self.health_port = await self._health.start(*config.health_listen)
             except OSError as exc:
                 raise startup.bind_error(exc, *config.health_listen, "--health-listen") from None
+        self.audit_trail.start()
         self.readiness.listeners_up = True
         self.readiness.start()
         if self.revalidator is not None:
@@ -381,6 +388,7 @@ class Gateway:
         if self._health is not None:
             self._health.close()
         await self.readiness.stop()
+        await self.audit_trail.close()  # the last events out (a webhook: bounded)
         if self._front is not None:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(2):
@@ -508,6 +516,15 @@ async def build_gateway(config: GatewayConfig) -> tuple[Gateway, Any]:
     # bounded by what that agent advertises, and by --max-inflight here.
     session_config = session_settings(config)
     probe = token_review_probe(lambda token: reviewer.review(token, authenticator.audiences))
+    try:
+        trail = await build_audit_trail(
+            lines=audit.logger.isEnabledFor(logging.INFO),
+            policy_file=config.audit_policy_file, log_path=config.audit_log_path,
+            webhook_config_file=config.audit_webhook_config_file,
+            webhook=config.audit_webhook, atomic=config.workers > 1)
+    except startup.StartupError:
+        await api_client.close()
+        raise
     gateway = Gateway(
         config,
         authenticator=authenticator,
@@ -518,5 +535,6 @@ async def build_gateway(config: GatewayConfig) -> tuple[Gateway, Any]:
         hub_probe=probe,
         session_config=session_config,
         metrics=metrics,
+        audit_trail=trail,
     )
     return gateway, api_client

@@ -22,6 +22,7 @@ token copied into another header), and credential-shaped strings are scrubbed fr
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Sequence
 from typing import Protocol
@@ -30,9 +31,16 @@ from gateway.hub.admission.auth import UserInfo
 from gateway.hub.admission.bearer import BearerError, extract_token
 from gateway.hub.admission.chain import MIN_TOKEN_TO_SEARCH, Admitted
 from gateway.hub.admission.routing import RouteError, route
-from gateway.ops import audit
+from gateway.ops import audit, startup
 from gateway.ops.k8saudit import event as k8s
-from gateway.ops.k8saudit.policy import AUDIT_EVERYTHING, NONE, Policy
+from gateway.ops.k8saudit.backends import (
+    LogBackend,
+    WebhookBackend,
+    WebhookSettings,
+    kubeconfig_sender,
+)
+from gateway.ops.k8saudit.policy import AUDIT_EVERYTHING, NONE, Policy, PolicyError, load_policy
+from gateway.ops.version import version
 from gateway.wire.http1 import RequestHead
 from gateway.wire.requestinfo import request_info
 from gateway.wire.status import scrub
@@ -42,35 +50,46 @@ class EventBackend(Protocol):
     """Where Kubernetes events go (``gateway.ops.k8saudit.backends``)."""
 
     name: str
+    events: int
 
     def emit(self, line: str) -> None: ...
 
+    def start(self) -> None: ...
+
+    async def close(self, timeout: float = 5.0) -> None: ...
+
+    def dropped(self) -> dict[str, int]: ...
+
 
 class KubeAudit:
-    """The Kubernetes-format half of the trail: a policy and a backend."""
+    """The Kubernetes-format half of the trail: a policy and its backends (a log, a webhook,
+    or both, as kube-apiserver allows)."""
 
-    def __init__(self, backend: EventBackend, policy: Policy = AUDIT_EVERYTHING) -> None:
-        self.backend = backend
+    def __init__(self, backends: Sequence[EventBackend], policy: Policy = AUDIT_EVERYTHING
+                 ) -> None:
+        self.backends = tuple(backends)
         self.policy = policy
 
     def event(self, stage: str, *, request_id: str, head: RequestHead | None,
-              admitted: Admitted | None, status: int, message: str | None,
-              source_ips: Sequence[str], received: float, now: float) -> None:
+              admitted: Admitted | None, user: UserInfo | None, status: int,
+              message: str | None, source_ips: Sequence[str], received: float,
+              now: float) -> None:
         target = head.target if head is not None else b"/"
         cluster, rest = _cluster_and_rest(target, admitted)
         info = request_info(head.method if head is not None else b"GET", rest)
-        user: UserInfo | None = admitted.user_info if admitted is not None else None
         level = self.policy.level(user.username if user else "", user.groups if user else (),
                                   cluster, info.verb)
         if level == NONE:
             return
-        self.backend.emit(k8s.event_line(
+        line = k8s.event_line(
             audit_id=request_id, stage=stage, request_uri=audit.redact_target(target),
             verb=info.verb,
             user=k8s.user_info(user.username, user.uid, user.groups, user.extra) if user else None,
             source_ips=source_ips, user_agent=_user_agent(head, admitted), info=info,
             status=k8s.response_status(status, message), received=received, now=now,
-            annotations={k8s.CLUSTER_ANNOTATION: cluster} if cluster else {}))
+            annotations={k8s.CLUSTER_ANNOTATION: cluster} if cluster else {})
+        for backend in self.backends:
+            backend.emit(line)
 
 
 def _cluster_and_rest(target: bytes, admitted: Admitted | None) -> tuple[str, bytes]:
@@ -117,14 +136,41 @@ class AuditTrail:
     def __init__(self, *, lines: bool, kube: KubeAudit | None = None) -> None:
         self.lines = lines  # the gateway's JSON line (hubproxy.audit enabled, not replaced)
         self.kube = kube
+        # Wall clock = monotonic + this: a request's received time, taken from its monotonic
+        # start, is then the same in both of its events.
+        self._wall = time.time() - time.monotonic()
+
+    def start(self) -> None:
+        for backend in self.kube.backends if self.kube else ():
+            backend.start()
+
+    async def close(self, timeout: float = 5.0) -> None:
+        """Flush the backends (the webhook gets up to ``timeout`` for what it holds)."""
+        for backend in self.kube.backends if self.kube else ():
+            await backend.close(timeout)
+
+    def events(self) -> dict[str, int]:
+        """Events each backend wrote or delivered (metrics)."""
+        return {b.name: b.events for b in self.kube.backends} if self.kube else {}
+
+    def dropped(self) -> dict[str, int]:
+        """Events each backend lost, as ``backend/reason`` (metrics)."""
+        return {f"{b.name}/{reason}": count for b in (self.kube.backends if self.kube else ())
+                for reason, count in b.dropped().items()}
 
     def request_done(self, *, request_id: str, head: RequestHead | None,
                      admitted: Admitted | None, status: int, bytes_in: int, bytes_out: int,
                      duration: float, stream: bool, protocol: str, source_ips: Sequence[str],
-                     message: str | None) -> None:
+                     message: str | None, started: float = 0.0,
+                     user_info: UserInfo | None = None) -> None:
+        """A request ended (``started``: when its head arrived, monotonic; 0 if none did;
+        ``user_info``: the hub user of a request refused after authentication)."""
+        if admitted is not None:
+            user_info = admitted.user_info
         if self.lines:
             emit = audit.stream_end if stream else audit.request_done
-            emit(request_id=request_id, user=(admitted.user or None) if admitted else None,
+            user = admitted.user if admitted else (user_info.username if user_info else "")
+            emit(request_id=request_id, user=user or None,
                  cluster=admitted.cluster if admitted else None,
                  method=head.method if head is not None else None,
                  target=head.target if head is not None else None, status=status,
@@ -133,8 +179,10 @@ class AuditTrail:
         if self.kube is not None:
             now = time.time()
             self.kube.event(k8s.RESPONSE_COMPLETE, request_id=request_id, head=head,
-                            admitted=admitted, status=status, message=message,
-                            source_ips=source_ips, received=now - duration, now=now)
+                            admitted=admitted, user=user_info, status=status, message=message,
+                            source_ips=source_ips,
+                            received=self._wall + started if started else now - duration,
+                            now=now)
 
     def stream_start(self, *, request_id: str, head: RequestHead, admitted: Admitted,
                      status: int, protocol: str, source_ips: Sequence[str],
@@ -146,11 +194,11 @@ class AuditTrail:
                                target=head.target, status=status, protocol=protocol,
                                **_addresses(source_ips))
         if self.kube is not None:
-            now = time.time()
             self.kube.event(k8s.RESPONSE_STARTED, request_id=request_id, head=head,
-                            admitted=admitted, status=status, message=None,
-                            source_ips=source_ips,
-                            received=now - (time.monotonic() - started), now=now)
+                            admitted=admitted, user=admitted.user_info, status=status,
+                            message=None,
+                            source_ips=source_ips, received=self._wall + started,
+                            now=time.time())
 
 
 def _addresses(source_ips: Sequence[str]) -> dict[str, object]:
@@ -159,3 +207,37 @@ def _addresses(source_ips: Sequence[str]) -> dict[str, object]:
     if len(source_ips) == 1:
         return {"client": source_ips[0]}
     return {"client": source_ips[0], "proxies": list(source_ips[1:])}
+
+
+async def build_audit_trail(*, lines: bool, policy_file: str | None, log_path: str | None,
+                            webhook_config_file: str | None, webhook: WebhookSettings,
+                            atomic: bool) -> AuditTrail:
+    """The process's trail from its flags (see ``gateway.hub.serve``). ``lines``: the JSON
+    line's logger is enabled; ``atomic``: several workers write the same log."""
+    if not (log_path or webhook_config_file):
+        return AuditTrail(lines=lines)
+    try:
+        policy = load_policy(policy_file) if policy_file else AUDIT_EVERYTHING
+    except PolicyError as exc:
+        raise startup.StartupError(f"--audit-policy-file {policy_file}: {exc}") from None
+    backends: list[EventBackend] = []
+    if log_path == "-":
+        backends.append(LogBackend(sys.stdout, atomic=atomic))
+    elif log_path:
+        try:
+            backends.append(LogBackend.to_file(log_path, atomic=atomic))
+        except OSError as exc:
+            raise startup.StartupError(f"--audit-log-path {log_path}: cannot open it for "
+                                       f"appending ({exc.strerror or exc})") from None
+    if webhook_config_file:
+        try:
+            send, close = await kubeconfig_sender(webhook_config_file,
+                                                  user_agent=f"hubproxy/{version()}")
+        except Exception as exc:  # the loader's errors name keys and files, never values
+            for backend in backends:
+                await backend.close()
+            why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise startup.StartupError(f"--audit-webhook-config-file {webhook_config_file}: "
+                                       f"cannot use it ({why})") from None
+        backends.append(WebhookBackend(send, webhook, on_close=close))
+    return AuditTrail(lines=lines and log_path != "-", kube=KubeAudit(backends, policy))

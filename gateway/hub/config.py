@@ -10,6 +10,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass, field
 
+from gateway.ops.k8saudit.backends import WebhookSettings
 from gateway.wire.http1 import Limits
 from tunnel.identity import URI_NAMING, AgentNaming
 
@@ -110,3 +111,9 @@ class GatewayConfig:
     join_namespace: str = "hubproxy"  # where the CA Secret and the cluster records are
     join_certificate_lifetime: float = 7 * 86400.0  # seconds
     join_poll_interval: float = 2.0  # how often the records are re-read (revocation)
+    # Kubernetes-format audit (gateway.hub.audittrail): on when a backend is named. The log
+    # path "-" is stdout, where the events then replace the gateway's JSON lines.
+    audit_policy_file: str | None = None  # None: every request at Metadata
+    audit_log_path: str | None = None
+    audit_webhook_config_file: str | None = None  # a kubeconfig naming the webhook
+    audit_webhook: WebhookSettings = field(default_factory=WebhookSettings)

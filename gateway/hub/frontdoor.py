@@ -48,6 +48,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gateway.hub.admission.auth import UserInfo
 from gateway.hub.admission.chain import Admitted, Refusal, new_request_id, start_admission
 from gateway.hub.admission.forwarded import client_address, source_ips
 from gateway.hub.exchange import SHUTTING_DOWN, Exchange
@@ -277,7 +278,7 @@ class FrontDoor(asyncio.Protocol):
             started = start_admission(self.gw, head, self.client, self.request_id)
         except Refusal as exc:
             self._refuse(exc.status, exc.message, retry_after=exc.retry_after,
-                         extra_headers=exc.extra_headers)
+                         extra_headers=exc.extra_headers, user_info=exc.user_info)
             return
         self._counted = True
         if isinstance(started, Admitted):
@@ -297,7 +298,7 @@ class FrontDoor(asyncio.Protocol):
         exc = task.exception()
         if isinstance(exc, Refusal):
             self._refuse(exc.status, exc.message, retry_after=exc.retry_after,
-                         extra_headers=exc.extra_headers)
+                         extra_headers=exc.extra_headers, user_info=exc.user_info)
             return
         if exc is not None:
             log.error("request %s: admission failed: %s", self.request_id, type(exc).__name__,
@@ -482,7 +483,7 @@ class FrontDoor(asyncio.Protocol):
 
     def _refuse(self, status: int, message: str, *, close: bool = False,
                 retry_after: int | None = None, extra_headers: Any = (),
-                admitted: Admitted | None = None) -> None:
+                admitted: Admitted | None = None, user_info: UserInfo | None = None) -> None:
         """Answer the current request with a Status; keep the connection only if it is clean."""
         if self.phase == CLOSED:
             return
@@ -512,7 +513,8 @@ class FrontDoor(asyncio.Protocol):
             head_only=head is not None and head.method == b"HEAD",
         )
         self.transport.write(response)
-        self._record(status, 0, len(response), admitted=admitted, message=message)
+        self._record(status, 0, len(response), admitted=admitted, message=message,
+                     user_info=user_info)
         self._release()
         if close:
             self.close()
@@ -544,7 +546,7 @@ class FrontDoor(asyncio.Protocol):
 
     def _record(self, status: int, bytes_in: int, bytes_out: int, *,
                 admitted: Admitted | None = None, stream: bool = False,
-                message: str | None = None) -> None:
+                message: str | None = None, user_info: UserInfo | None = None) -> None:
         self.gw.request_done(
             request_id=self.request_id or new_request_id(),
             head=self.head,
@@ -556,6 +558,8 @@ class FrontDoor(asyncio.Protocol):
             stream=stream,
             source_ips=self.source_ips,
             message=message,
+            started=self._started,
+            user_info=user_info,
         )
 
     @property

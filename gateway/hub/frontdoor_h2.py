@@ -45,6 +45,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
+from gateway.hub.admission.auth import UserInfo
 from gateway.hub.admission.chain import (
     AdmissionContext,
     Admitted,
@@ -108,7 +109,8 @@ class FrontDoorHost(AdmissionContext, Protocol):
                      bytes_in: int, bytes_out: int, duration: float,
                      admitted: Admitted | None = None, stream: bool = False,
                      protocol: str = "h1", source_ips: tuple[str, ...] = (),
-                     message: str | None = None) -> None: ...
+                     message: str | None = None, started: float = 0.0,
+                     user_info: UserInfo | None = None) -> None: ...
 
     def request_released(self) -> None: ...
 
@@ -475,7 +477,7 @@ class H2Request:
             started = start_admission(self.gw, head, self.client, self.request_id)
         except Refusal as exc:
             self.refuse(exc.status, exc.message, retry_after=exc.retry_after,
-                        extra_headers=exc.extra_headers)
+                        extra_headers=exc.extra_headers, user_info=exc.user_info)
             return
         self._counted = True
         if isinstance(started, Admitted):
@@ -495,7 +497,7 @@ class H2Request:
             return
         if isinstance(exc, Refusal):
             self.refuse(exc.status, exc.message, retry_after=exc.retry_after,
-                        extra_headers=exc.extra_headers)
+                        extra_headers=exc.extra_headers, user_info=exc.user_info)
         elif exc is not None:
             log.error("request %s: admission failed: %s", self.request_id, type(exc).__name__,
                       exc_info=exc)
@@ -768,7 +770,8 @@ class H2Request:
     # --- answering and ending ------------------------------------------------------------------
 
     def refuse(self, status: int, message: str, *, retry_after: int | None = None,
-               extra_headers: Any = (), admitted: Admitted | None = None) -> None:
+               extra_headers: Any = (), admitted: Admitted | None = None,
+               user_info: UserInfo | None = None) -> None:
         """Answer this stream with a ``Status``; the connection carries on."""
         if self.phase == _ANSWERED or self.door.closed:
             self._release()
@@ -784,7 +787,8 @@ class H2Request:
                                   extra_headers=extra_headers, head_only=method == b"HEAD")
         self.translator = ResponseTranslator(method)
         self.write(response)
-        self._record(status, 0, len(response), admitted=admitted, message=message)
+        self._record(status, 0, len(response), admitted=admitted, message=message,
+                     user_info=user_info)
         self._release()
         self._finished = True
         self._acknowledge_all()
@@ -860,11 +864,12 @@ class H2Request:
 
     def _record(self, status: int, bytes_in: int, bytes_out: int, *,
                 admitted: Admitted | None = None, stream: bool = False,
-                message: str | None = None) -> None:
+                message: str | None = None, user_info: UserInfo | None = None) -> None:
         self.gw.request_done(
             request_id=self.request_id, head=self.head, status=status, bytes_in=bytes_in,
             bytes_out=bytes_out, duration=time.monotonic() - self._started, admitted=admitted,
             stream=stream, protocol="h2", source_ips=self.source_ips, message=message,
+            started=self._started, user_info=user_info,
         )
 
     @property

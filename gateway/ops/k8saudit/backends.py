@@ -44,6 +44,8 @@ SEND_FAILED = "send_failed"
 REJECTED = "rejected"
 SHUTDOWN = "shutdown"
 WRITE_FAILED = "write_failed"
+# Why each backend loses events (the metric's label values).
+DROP_REASONS = {LOG: (WRITE_FAILED,), WEBHOOK: (BUFFER_FULL, SEND_FAILED, REJECTED, SHUTDOWN)}
 BACKOFF_FACTOR = 1.5
 BACKOFF_JITTER = 0.2
 SEND_TIMEOUT = 30.0  # seconds for one POST, as kube-apiserver's webhook client
