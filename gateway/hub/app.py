@@ -388,12 +388,16 @@ class Gateway:
         if self._health is not None:
             self._health.close()
         await self.readiness.stop()
-        await self.audit_trail.close()  # the last events out (a webhook: bounded)
         if self._front is not None:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(2):
                     await self._front.wait_closed()
             self._front = None
+        # Last: the aborted connections' requests are recorded first (their connection_lost
+        # runs a loop turn after the abort); then the trail's last events go out (a webhook's
+        # bounded by its close timeout).
+        await asyncio.sleep(0)
+        await self.audit_trail.close()
 
 
 # --- production wiring ------------------------------------------------------------------------

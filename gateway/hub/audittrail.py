@@ -145,8 +145,9 @@ class AuditTrail:
             backend.start()
 
     async def close(self, timeout: float = 5.0) -> None:
-        """Flush the backends (the webhook gets up to ``timeout`` for what it holds)."""
-        for backend in self.kube.backends if self.kube else ():
+        """Flush the backends (the webhook gets up to ``timeout`` for what it holds); once."""
+        kube, self.kube = self.kube, None  # later requests (a shutdown's stragglers): lines only
+        for backend in kube.backends if kube else ():
             await backend.close(timeout)
 
     def events(self) -> dict[str, int]:

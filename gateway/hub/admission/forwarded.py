@@ -102,5 +102,7 @@ def client_address(peer: str, head: RequestHead, trusted: tuple[Network, ...]) -
 def source_ips(client: str, connection_client: str, peer: str) -> tuple[str, ...]:
     """A request's addresses for the audit trail: its client, then the proxies it came through
     (the connection's PROXY-header client and its peer), each once, in that order."""
+    if client == connection_client == peer:  # no proxy: every request, so the short way
+        return (client,) if client != "unknown" else ()
     return tuple(dict.fromkeys(ip for ip in (client, connection_client, peer)
                                if ip and ip != "unknown"))
