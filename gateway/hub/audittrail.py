@@ -22,6 +22,7 @@ token copied into another header), and credential-shaped strings are scrubbed fr
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from collections.abc import Sequence
@@ -69,27 +70,39 @@ class KubeAudit:
                  ) -> None:
         self.backends = tuple(backends)
         self.policy = policy
+        self._users: dict[int, tuple[UserInfo, str]] = {}
 
     def event(self, stage: str, *, request_id: str, head: RequestHead | None,
               admitted: Admitted | None, user: UserInfo | None, status: int,
-              message: str | None, source_ips: Sequence[str], received: float,
+              message: str | None, source_ips: tuple[str, ...], received: float,
               now: float) -> None:
         target = head.target if head is not None else b"/"
         cluster, rest = _cluster_and_rest(target, admitted)
-        info = request_info(head.method if head is not None else b"GET", rest)
+        info = _request_info(head.method if head is not None else b"GET", rest)
         level = self.policy.level(user.username if user else "", user.groups if user else (),
                                   cluster, info.verb)
         if level == NONE:
             return
         line = k8s.event_line(
             audit_id=request_id, stage=stage, request_uri=audit.redact_target(target),
-            verb=info.verb,
-            user=k8s.user_info(user.username, user.uid, user.groups, user.extra) if user else None,
-            source_ips=source_ips, user_agent=_user_agent(head, admitted), info=info,
-            status=k8s.response_status(status, message), received=received, now=now,
-            annotations={k8s.CLUSTER_ANNOTATION: cluster} if cluster else {})
+            info=info, user=self._user_json(user), source_ips=source_ips,
+            user_agent=_user_agent(head, admitted), status=k8s.response_status(status, message),
+            received=received, now=now, cluster=cluster)
         for backend in self.backends:
             backend.emit(line)
+
+    def _user_json(self, user: UserInfo | None) -> str:
+        """The user's JSON, encoded once per user object (the authenticator caches them)."""
+        if user is None:
+            return k8s.NO_USER
+        cached = self._users.get(id(user))
+        if cached is not None and cached[0] is user:
+            return cached[1]
+        if len(self._users) >= USERS_CACHED:
+            self._users.clear()
+        encoded = k8s.user_json(user.username, user.uid, user.groups, user.extra)
+        self._users[id(user)] = (user, encoded)
+        return encoded
 
 
 def _cluster_and_rest(target: bytes, admitted: Admitted | None) -> tuple[str, bytes]:
@@ -104,7 +117,18 @@ def _cluster_and_rest(target: bytes, admitted: Admitted | None) -> tuple[str, by
     return cluster, target[len(cluster) + 1:] or b"/"
 
 
-def _user_agent(head: RequestHead | None, admitted: Admitted | None) -> str | None:
+# Request facts that repeat from request to request, kept once (bounded).
+_request_info = functools.lru_cache(maxsize=4096)(request_info)
+USERS_CACHED = 4096
+
+
+@functools.lru_cache(maxsize=1024)
+def _clean(user_agent: bytes) -> str:
+    return scrub(user_agent.decode("latin-1"))
+
+
+def _user_agent(head: RequestHead | None, admitted: Admitted | None) -> str:
+    """The client's User-Agent, scrubbed ("" for none)."""
     if admitted is not None:
         value = admitted.user_agent
     elif head is not None and head.headers:
@@ -113,7 +137,7 @@ def _user_agent(head: RequestHead | None, admitted: Admitted | None) -> str | No
             return audit.REDACTED
     else:
         value = b""
-    return scrub(value.decode("latin-1")) if value else None
+    return _clean(value) if value else ""
 
 
 def _carries_credential(head: RequestHead, value: bytes) -> bool:
@@ -161,7 +185,7 @@ class AuditTrail:
 
     def request_done(self, *, request_id: str, head: RequestHead | None,
                      admitted: Admitted | None, status: int, bytes_in: int, bytes_out: int,
-                     duration: float, stream: bool, protocol: str, source_ips: Sequence[str],
+                     duration: float, stream: bool, protocol: str, source_ips: tuple[str, ...],
                      message: str | None, started: float = 0.0,
                      user_info: UserInfo | None = None) -> None:
         """A request ended (``started``: when its head arrived, monotonic; 0 if none did;
@@ -186,7 +210,7 @@ class AuditTrail:
                             now=now)
 
     def stream_start(self, *, request_id: str, head: RequestHead, admitted: Admitted,
-                     status: int, protocol: str, source_ips: Sequence[str],
+                     status: int, protocol: str, source_ips: tuple[str, ...],
                      started: float) -> None:
         """A long-running request's response began (``started``: its monotonic start)."""
         if self.lines:

@@ -46,7 +46,10 @@ class RequestInfo:
 
 def _segments(path: str) -> list[str]:
     path = path.strip("/")
-    return [unquote(part) for part in path.split("/")] if path else []
+    if not path:
+        return []
+    parts = path.split("/")
+    return [unquote(part) for part in parts] if "%" in path else parts
 
 
 def _first(query: dict[str, list[str]], name: str) -> str | None:

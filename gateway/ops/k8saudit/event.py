@@ -27,9 +27,11 @@ tests/realkube/test_kube_audit.py)::
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Mapping, Sequence
+from json.encoder import encode_basestring_ascii as _string
 from typing import Any
 
 from gateway.wire.requestinfo import RequestInfo
@@ -38,6 +40,7 @@ from gateway.wire.status import status_object
 RESPONSE_STARTED = "ResponseStarted"
 RESPONSE_COMPLETE = "ResponseComplete"
 CLUSTER_ANNOTATION = "hubproxy.dev/cluster"
+NO_USER = "{}"  # a request refused before a user was known, as kube-apiserver writes it
 
 _second: tuple[int, str] = (-1, "")
 
@@ -49,6 +52,10 @@ def micro_time(when: float) -> str:
     if _second[0] != whole:  # one strftime per second, not per event
         _second = (whole, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)))
     return f"{_second[1]}.{min(999999, round((when - whole) * 1e6)):06d}Z"
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=True)
 
 
 def object_ref(info: RequestInfo) -> dict[str, str] | None:
@@ -64,9 +71,16 @@ def object_ref(info: RequestInfo) -> dict[str, str] | None:
     return ref
 
 
-def user_info(username: str, uid: str = "", groups: Sequence[str] = (),
-              extra: Mapping[str, Sequence[str]] | None = None) -> dict[str, Any]:
-    """The ``user`` field (``authentication.k8s.io/v1`` ``UserInfo``, empty fields left out)."""
+@functools.lru_cache(maxsize=4096)  # requests repeat their paths: a controller's, a kubectl's
+def _object_ref_field(info: RequestInfo) -> str:
+    ref = object_ref(info)
+    return "" if ref is None else ',"objectRef":' + _json(ref)
+
+
+def user_json(username: str, uid: str = "", groups: Sequence[str] = (),
+              extra: Mapping[str, Sequence[str]] | None = None) -> str:
+    """The ``user`` field (``authentication.k8s.io/v1`` ``UserInfo``, empty fields left out)
+    as JSON; callers keep it for as long as they keep the user."""
     user: dict[str, Any] = {"username": username}
     if uid:
         user["uid"] = uid
@@ -74,42 +88,54 @@ def user_info(username: str, uid: str = "", groups: Sequence[str] = (),
         user["groups"] = list(groups)
     if extra:
         user["extra"] = {key: list(values) for key, values in extra.items()}
-    return user
+    return _json(user)
 
 
-def response_status(code: int, message: str | None = None) -> dict[str, Any]:
-    """``responseStatus``: the code; with the gateway's own refusal message, its ``Status``."""
+@functools.lru_cache(maxsize=64)
+def _success(code: int) -> str:
+    return _json({"metadata": {}, "code": code})
+
+
+def response_status(code: int, message: str | None = None) -> str:
+    """``responseStatus`` as JSON: the code; with the gateway's own refusal message, its
+    ``Status`` (kind and apiVersion left out, as kube-apiserver does)."""
     if message is None:
-        return {"metadata": {}, "code": code}
+        return _success(code)
     status = status_object(code, message)
     del status["kind"], status["apiVersion"]
-    return status
+    return _json(status)
 
 
-def event_line(*, audit_id: str, stage: str, request_uri: str, verb: str,
-               user: Mapping[str, Any] | None, source_ips: Sequence[str],
-               user_agent: str | None, info: RequestInfo, status: Mapping[str, Any],
-               received: float, now: float, annotations: Mapping[str, str]) -> str:
-    """The event as one compact JSON line (no newline)."""
-    event: dict[str, Any] = {
-        "kind": "Event",
-        "apiVersion": "audit.k8s.io/v1",
-        "level": "Metadata",
-        "auditID": audit_id,
-        "stage": stage,
-        "requestURI": request_uri,
-        "verb": verb,
-        "user": user or {},
-        "sourceIPs": list(source_ips),
-    }
-    if user_agent:
-        event["userAgent"] = user_agent
-    ref = object_ref(info)
-    if ref is not None:
-        event["objectRef"] = ref
-    event["responseStatus"] = status
-    event["requestReceivedTimestamp"] = micro_time(received)
-    event["stageTimestamp"] = micro_time(now)
-    if annotations:
-        event["annotations"] = dict(annotations)
-    return json.dumps(event, separators=(",", ":"), ensure_ascii=True)
+@functools.lru_cache(maxsize=4096)
+def _source_ips(ips: tuple[str, ...]) -> str:
+    return _json(list(ips))
+
+
+@functools.lru_cache(maxsize=1024)
+def _user_agent_field(user_agent: str) -> str:
+    return ',"userAgent":' + _string(user_agent) if user_agent else ""
+
+
+@functools.lru_cache(maxsize=4096)
+def _annotations_field(cluster: str) -> str:
+    return ',"annotations":' + _json({CLUSTER_ANNOTATION: cluster}) if cluster else ""
+
+
+_HEAD = '{"kind":"Event","apiVersion":"audit.k8s.io/v1","level":"Metadata","auditID":'
+
+
+def event_line(*, audit_id: str, stage: str, request_uri: str, info: RequestInfo, user: str,
+               source_ips: tuple[str, ...], user_agent: str, status: str, received: float,
+               now: float, cluster: str) -> str:
+    """The event as one compact JSON line (no newline), fields in kube-apiserver's order.
+
+    ``user`` and ``status`` are JSON (:func:`user_json`, :data:`NO_USER`,
+    :func:`response_status`); ``user_agent`` "" and ``cluster`` "" leave their fields out. Built
+    from cached pieces: the parts that repeat (a user, a path, an address) are encoded once."""
+    return "".join((
+        _HEAD, _string(audit_id), ',"stage":', _string(stage), ',"requestURI":',
+        _string(request_uri), ',"verb":', _string(info.verb), ',"user":', user,
+        ',"sourceIPs":', _source_ips(source_ips), _user_agent_field(user_agent),
+        _object_ref_field(info), ',"responseStatus":', status,
+        ',"requestReceivedTimestamp":"', micro_time(received), '","stageTimestamp":"',
+        micro_time(now), '"', _annotations_field(cluster), "}"))

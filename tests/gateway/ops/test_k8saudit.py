@@ -34,11 +34,12 @@ from gateway.ops.k8saudit.backends import (
     kubeconfig_sender,
 )
 from gateway.ops.k8saudit.event import (
+    NO_USER,
     RESPONSE_COMPLETE,
     event_line,
     micro_time,
     response_status,
-    user_info,
+    user_json,
 )
 from gateway.ops.k8saudit.policy import (
     AUDIT_EVERYTHING,
@@ -123,14 +124,14 @@ def test_load_policy_from_a_file(tmp_path: Path) -> None:
 def sample_event(**overrides: Any) -> dict[str, Any]:
     fields: dict[str, Any] = {
         "audit_id": "0123456789abcdef", "stage": RESPONSE_COMPLETE,
-        "request_uri": "/c1/api/v1/namespaces/team/pods?watch=1", "verb": "watch",
-        "user": user_info("system:serviceaccount:team:alice", "uid-a",
+        "request_uri": "/c1/api/v1/namespaces/team/pods?watch=1",
+        "user": user_json("system:serviceaccount:team:alice", "uid-a",
                           ["system:serviceaccounts", "system:authenticated"],
                           {"authentication.kubernetes.io/pod-name": ["p"]}),
-        "source_ips": ["203.0.113.7", "10.0.0.5"], "user_agent": "kubectl/v1.36.0",
+        "source_ips": ("203.0.113.7", "10.0.0.5"), "user_agent": "kubectl/v1.36.0",
         "info": request_info("GET", "/api/v1/namespaces/team/pods?watch=1"),
         "status": response_status(200), "received": 1795774825.443978,
-        "now": 1795774826.444814, "annotations": {"hubproxy.dev/cluster": "c1"},
+        "now": 1795774826.444814, "cluster": "c1",
     }
     fields.update(overrides)
     return json.loads(event_line(**fields))
@@ -154,10 +155,12 @@ def test_event_fields_in_kube_apiservers_order_and_format() -> None:
 
 
 def test_refusals_carry_their_status_and_an_empty_user() -> None:
-    event = sample_event(user=None, status=response_status(401, "invalid bearer token"),
-                         info=request_info("GET", "/version"), annotations={})
+    event = sample_event(user=NO_USER, status=response_status(401, "invalid bearer token"),
+                         info=request_info("GET", "/version"), cluster="", user_agent="")
     assert event["user"] == {}
     assert "objectRef" not in event and "annotations" not in event
+    assert "userAgent" not in event
+    assert event["verb"] == "get"
     assert event["responseStatus"] == {"metadata": {}, "status": "Failure",
                                        "message": "invalid bearer token",
                                        "reason": "Unauthorized", "code": 401}
