@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from tests.realkube.apiserver import RealKube
+from tests.realkube.binaries import REPO
 from tests.realkube.conftest import CLUSTER, Fleet
 
 ROLE = "hubproxy-agent-impersonator"
@@ -58,9 +59,9 @@ def records(fleet: Fleet) -> Iterator[list[str]]:
 
 
 def read_only_rules() -> list[dict[str, Any]]:
-    from gateway.hub.join.manifests import IMPERSONATION_RULES
-
-    return IMPERSONATION_RULES["read-only"]
+    """deploy/agent/profiles/read-only's rules, as written there."""
+    path = REPO / "deploy" / "agent" / "profiles" / "read-only" / "rbac.yaml"
+    return list(yaml.safe_load(path.read_text())["rules"])
 
 
 def test_the_default_is_deploy_agents_profile(fleet: Fleet, records: list[str]) -> None:
