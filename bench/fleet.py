@@ -70,6 +70,9 @@ class Plan:
     authorize: str = "none"
     hub_writers: bool = True  # the ClusterProfile and add-on condition writers
     metrics_scrapes: int = 3
+    # The gateway's --tunnel-max-handshakes and --tunnel-backlog; None: its defaults.
+    tunnel_max_handshakes: int | None = None
+    tunnel_backlog: int | None = None
 
     @staticmethod
     def smoke() -> Plan:
@@ -253,6 +256,10 @@ class Fleet:
             "--authorize", self.plan.authorize, "--lease-namespace", "hubproxy",
             *(("--clusterprofiles", "on", "--public-url", self.public_url,
                "--ocm-addon-conditions") if self.plan.hub_writers else ()),
+            *(("--tunnel-max-handshakes", str(self.plan.tunnel_max_handshakes))
+              if self.plan.tunnel_max_handshakes else ()),
+            *(("--tunnel-backlog", str(self.plan.tunnel_backlog))
+              if self.plan.tunnel_backlog else ()),
             "--log-level", "info"])
         self.gateways.append(proc)
         self.gateway = proc
@@ -395,6 +402,7 @@ class Fleet:
             for note in status.get("notes", []):
                 if note not in self.notes:
                     self.notes.append(note)
+                    print(f"[fleet] {note}", flush=True)  # which dialer runs, at once
         time.sleep(1.0)
         figures["gateway_rss_before_mib"] = round(status_kib(gateway.pid, "VmRSS") / 1024, 1)
         self.set_rate(plan.steady_rate)
@@ -569,6 +577,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="run the gateway without its ClusterProfile and add-on condition "
                         "writers (to tell their cost from the tunnel's; the instance Lease "
                         "stays)")
+    parser.add_argument("--tunnel-max-handshakes", type=int, help="the gateway's flag of that "
+                        "name (default: the gateway's default)")
+    parser.add_argument("--tunnel-backlog", type=int, help="the gateway's flag of that name "
+                        "(default: the gateway's default)")
     parser.add_argument("--baseline", type=Path,
                         help="an earlier --json whose first run's p99 is the baseline")
     parser.add_argument("--json", type=Path, help="write every figure here")
@@ -583,7 +595,9 @@ def main(argv: list[str] | None = None) -> int:
         ("agent_processes", args.agent_processes), ("pace", args.pace),
         ("steady_rate", args.rate), ("idle_seconds", args.idle_seconds),
         ("deadline", args.deadline), ("authorize", args.authorize),
-        ("hub_writers", False if args.no_hub_writers else None)) if v is not None}
+        ("hub_writers", False if args.no_hub_writers else None),
+        ("tunnel_max_handshakes", args.tunnel_max_handshakes),
+        ("tunnel_backlog", args.tunnel_backlog)) if v is not None}
     base = replace(base, **overrides)
     sizes = [int(x) for x in args.clusters.split(",") if x.strip()] or (
         [base.clusters] if args.smoke else list(SIZES))
