@@ -49,6 +49,7 @@ from gateway.hub.fleet import FleetView
 from gateway.hub.frontdoor import FrontDoor
 from gateway.hub.frontdoor_h2 import H2FrontDoor, H2Request
 from gateway.hub.hubcalls import CountingAuthorizer
+from gateway.hub.hubwrites import HubWriteRate, HubWrites
 from gateway.hub.revalidation import StreamRevalidator, period_for
 from gateway.ops import audit, startup
 from gateway.ops.certexpiry import CertificateFiles
@@ -113,6 +114,8 @@ class Gateway:
         self.metrics.fleet = self.fleet.snapshot
         self.metrics.fleet_lines = fleet.metric_lines
         self.metrics.agent_certificates = fleet.agent_certificates
+        # This process's writes to the hub: one rate for all its writers.
+        self.hub_writes = HubWrites(HubWriteRate(config.hub_write_qps, config.hub_write_burst))
         own = {name: os.path.join(directory, "tls.crt") for name, directory in
                (("serving", config.tls_dir), ("tunnel", config.tunnel_tls_dir)) if directory}
         self.metrics.certificates = CertificateFiles(own).expiries

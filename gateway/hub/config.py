@@ -13,6 +13,11 @@ from gateway.wire.http1 import Limits
 from tunnel.identity import URI_NAMING, AgentNaming
 
 DEFAULT_MAX_REQUEST_BODY = 3 * 1024 * 1024  # kube-apiserver's MaxRequestBodyBytes
+# Hub writes per second and burst, per gateway process (gateway.hub.hubwrites). client-go's
+# rest.Config defaults are 5 and 10; controllers built on it (controller-runtime) raise them to
+# 20 and 30, which a fleet's writes need and a hub takes easily.
+DEFAULT_HUB_WRITE_QPS = 20.0
+DEFAULT_HUB_WRITE_BURST = 30
 
 
 @dataclass(frozen=True)
@@ -102,3 +107,7 @@ class GatewayConfig:
     join_namespace: str = "hubproxy"  # where the CA Secret and the cluster records are
     join_certificate_lifetime: float = 7 * 86400.0  # seconds
     join_poll_interval: float = 2.0  # how often the records are re-read (revocation)
+    # Writes to the hub (ClusterProfiles, OCM conditions, the instance Lease), per process:
+    # a token bucket shared by every writer (gateway.hub.hubwrites).
+    hub_write_qps: float = DEFAULT_HUB_WRITE_QPS
+    hub_write_burst: int = DEFAULT_HUB_WRITE_BURST

@@ -30,7 +30,12 @@ import sys
 from typing import Any
 
 from gateway.hub.clusterprofile import component as clusterprofile
-from gateway.hub.config import FrontDoorLimits, GatewayConfig
+from gateway.hub.config import (
+    DEFAULT_HUB_WRITE_BURST,
+    DEFAULT_HUB_WRITE_QPS,
+    FrontDoorLimits,
+    GatewayConfig,
+)
 from gateway.hub.join.service import JoinService
 from gateway.hub.ocm import component as ocm
 from gateway.hub.workers import NOT_READY as WORKER_NOT_READY
@@ -292,6 +297,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      "front door closes; each HTTP/1.1 response meanwhile closes its "
                      "connection, so keep-alive clients reconnect elsewhere (default: 0s; "
                      "deploy/hub uses 5s). Then --shutdown-timeout applies")
+    fleet = parser.add_argument_group(
+        "fleet scale: writes to the hub and per-cluster metrics")
+    fleet.add_argument("--hub-write-qps", type=_rate, default=DEFAULT_HUB_WRITE_QPS,
+                       metavar="PER_SECOND",
+                       help="requests per second this gateway process may send to write hub "
+                       "objects as agents come and go (ClusterProfile access providers, OCM "
+                       "TunnelConnected conditions, its instance Lease, and the reads that "
+                       "prepare those writes), after a burst of --hub-write-burst, as client-go's "
+                       "QPS. Writes are coalesced per object: a storm of reconnecting agents "
+                       "costs at most one write per object that must change, at this rate "
+                       "(default: %(default)s)")
+    fleet.add_argument("--hub-write-burst", type=positive_int, default=DEFAULT_HUB_WRITE_BURST,
+                       metavar="N",
+                       help="hub writes allowed at once before --hub-write-qps applies "
+                       "(default: %(default)s)")
     add_tunnel_liveness_arguments(parser, "agent")
     parser.add_argument("--log-level", default="info",
                         choices=("debug", "info", "warning", "error"),
@@ -411,6 +431,8 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         join_namespace=args.join_namespace,
         join_certificate_lifetime=args.join_certificate_lifetime,
         join_poll_interval=args.join_poll_interval,
+        hub_write_qps=args.hub_write_qps,
+        hub_write_burst=args.hub_write_burst,
     )
 
 
@@ -435,7 +457,8 @@ def start_instance_discovery(config: GatewayConfig, gateway: Any, api_client: An
     announcer = InstanceAnnouncer(
         api_client, config.lease_namespace, config.hub_instance,
         clusters=gateway.registry.clusters, on_change=gateway.announce_instances,
-        duration=config.lease_duration, ready_wait=config.ready_wait)
+        duration=config.lease_duration, ready_wait=config.ready_wait,
+        writes=gateway.hub_writes)
     gateway.registry.subscribe(announcer.cluster_changed)
     if config.ready_wait > 0:
         gateway.readiness.gates.append(announcer.readiness_reason)
@@ -502,10 +525,11 @@ async def serve(config: GatewayConfig, args: argparse.Namespace | None = None,
         if args is not None and config.worker_index == 0:
             if getattr(args, "clusterprofiles", None) is not None:
                 extras.append(asyncio.ensure_future(
-                    clusterprofile.run(args, api_client, gateway.registry)))
+                    clusterprofile.run(args, api_client, gateway.registry,
+                                       gateway.hub_writes)))
             if getattr(args, "ocm_addon_conditions", False):
                 extras.append(asyncio.ensure_future(
-                    ocm.run(args, api_client, gateway.registry)))
+                    ocm.run(args, api_client, gateway.registry, gateway.hub_writes)))
         await stop.wait()
         log.info("shutting down: draining for up to %.0fs", config.shutdown_timeout)
         # The Lease goes first (in parallel with the drain): peers and agents stop counting

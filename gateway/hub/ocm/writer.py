@@ -6,30 +6,49 @@ is connected and ``False`` once none has been for ``grace`` seconds (a reconnect
 not make the condition flap). A cluster that never connected here is not touched: this process
 knows nothing about it. A cluster without the add-on (404) is skipped.
 
-Writes follow the registry's connect and disconnect events and a resync every
-``resync_interval`` seconds, which also repairs a condition someone else removed.
+Writes are coalesced per cluster and rate-limited (:mod:`gateway.hub.hubwrites`): a connect or
+disconnect marks the cluster; one worker takes each marked cluster, computes the condition then
+and patches only if the add-on, as last read, says otherwise. The add-ons are read with one
+paginated list of every add-on named ``<addon>`` (a ``metadata.name`` field selector, which RBAC
+lets a ``resourceNames`` rule allow) every ``resync_interval`` seconds; each listed cluster that
+connected here is then checked again, which repairs a condition someone else removed. Without
+the ``list`` permission the writer falls back to reading each add-on before writing it (one GET
+per marked cluster, at the same shared rate) and says so once.
 
-Hub RBAC needed: get ``managedclusteraddons``, patch ``managedclusteraddons/status``
-(``deploy/ocm``). Nothing else is read or written.
+Hub RBAC needed: get and list ``managedclusteraddons`` (named ``<addon>``), patch
+``managedclusteraddons/status`` (``deploy/ocm``). Nothing else is read or written.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime
 import logging
 import time
 from collections.abc import Callable, Collection
 from typing import Any
 
+from gateway.hub.hubwrites import DirtyKeys, HubWrites, drain
 from gateway.hub.ocm.condition import GROUP, PLURAL, VERSION, status_patch
 
 log = logging.getLogger("hubproxy.ocm")
 
+RESOURCE = "managedclusteraddons"
+PAGE_SIZE = 500
+
 
 def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _trimmed(addon: dict[str, Any]) -> dict[str, Any]:
+    """What the writer keeps of an add-on: enough to compute its patch (a few hundred bytes
+    per cluster instead of the whole object)."""
+    metadata = addon.get("metadata") or {}
+    kept = {k: metadata[k] for k in ("name", "namespace", "resourceVersion", "generation")
+            if k in metadata}
+    return {"metadata": kept,
+            "status": {"conditions": list((addon.get("status") or {}).get("conditions") or [])}}
 
 
 class AddOnConditionWriter:
@@ -43,33 +62,44 @@ class AddOnConditionWriter:
         resync_interval: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
         timestamp: Callable[[], str] = _now,
+        writes: HubWrites | None = None,
     ) -> None:
         from kubernetes_asyncio import client
 
         self._api = client.CustomObjectsApi(api_client)
         self.addon = addon
-        self._connected = connected_clusters
         self.grace = grace
         self.resync_interval = resync_interval
         self._clock = clock
         self._timestamp = timestamp
-        self._seen: set[str] = set(connected_clusters())
+        self._connected: set[str] = set(connected_clusters())
+        self._seen: set[str] = set(self._connected)
         self._left_at: dict[str, float] = {}
-        self._wakeup = asyncio.Event()
+        # The add-on of each cluster as last read or written; None: it does not exist.
+        self.addons: dict[str, dict[str, Any] | None] = {}
+        self.listing: bool | None = None  # may we list? None: not tried yet
+        self.dirty: DirtyKeys[str] = DirtyKeys(clock)
+        self.writes = writes or HubWrites()
+        self.writes.register(RESOURCE, lambda: len(self.dirty))
         self.patches = 0  # observable for tests
+        for cluster in self._seen:
+            self.dirty.mark(cluster)
 
     def cluster_changed(self, cluster: str, connected: bool) -> None:
-        """Registry callback: an agent arrived, or the last one left."""
+        """Registry callback: an agent arrived, or the last one left. O(1)."""
         self._seen.add(cluster)
         if connected:
+            self._connected.add(cluster)
             self._left_at.pop(cluster, None)
+            self.dirty.mark(cluster)
         else:
+            self._connected.discard(cluster)
             self._left_at[cluster] = self._clock()
-        self._wakeup.set()
+            self.dirty.mark_at(cluster, self._clock() + self.grace)
 
     def desired(self, cluster: str) -> bool | None:
         """True/False to write, or None to leave the condition as it is (within the grace)."""
-        if cluster in self._connected():
+        if cluster in self._connected:
             return True
         left = self._left_at.get(cluster)
         if left is not None and self._clock() - left < self.grace:
@@ -77,54 +107,106 @@ class AddOnConditionWriter:
         return False
 
     async def run(self) -> None:
+        resync = asyncio.create_task(self._resync(), name="ocm-addon-resync")
+        try:
+            await drain(self.dirty, self._sync, f"ManagedClusterAddOn {self.addon} in")
+        finally:
+            resync.cancel()
+            await asyncio.gather(resync, return_exceptions=True)
+
+    async def _resync(self) -> None:
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wakeup.wait(), self._sleep_for())
-            self._wakeup.clear()
-            await self.reconcile_all()
-
-    def _sleep_for(self) -> float:
-        """Until the next resync, or until a cluster's grace ends, whichever is first."""
-        now = self._clock()
-        ends = [left + self.grace - now for left in self._left_at.values()
-                if now - left < self.grace]
-        return min([self.resync_interval, *ends]) + 0.05
-
-    async def reconcile_all(self) -> None:
-        for cluster in sorted(self._seen):
-            connected = self.desired(cluster)
-            if connected is None:
-                continue
             try:
-                await self._reconcile(cluster, connected)
+                await self.relist()
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # the hub is down or refuses: the resync tries again
-                log.warning("ManagedClusterAddOn %s/%s: condition not written (%s)", cluster,
-                            self.addon, type(exc).__name__)
+            except Exception as exc:  # the hub is down: the next resync tries again
+                log.warning("listing ManagedClusterAddOns %s failed (%s)", self.addon,
+                            getattr(exc, "status", None) or type(exc).__name__)
+            await asyncio.sleep(self.resync_interval)
 
-    async def _reconcile(self, cluster: str, connected: bool) -> None:
+    async def relist(self) -> None:
+        """Read every add-on named ``addon`` (or, without the list permission, forget what was
+        read), then check again each cluster that connected here."""
+        from kubernetes_asyncio.client import ApiException
+
+        if self.listing is not False:
+            try:
+                listed = await self._list()
+            except ApiException as exc:
+                if exc.status != 403:
+                    raise
+                log.info("no permission to list ManagedClusterAddOns %s: reading each one "
+                         "before writing it instead (grant list, named %s, for fewer hub "
+                         "requests)", self.addon, self.addon)
+                self.listing = False
+            else:
+                self.listing = True
+                self.addons = {cluster: listed.get(cluster) for cluster in self._seen}
+                self.addons.update(listed)
+        if self.listing is False:
+            self.addons.clear()
+        for cluster in self._seen:
+            self.dirty.mark(cluster)
+
+    async def _list(self) -> dict[str, dict[str, Any] | None]:
+        items: dict[str, dict[str, Any] | None] = {}
+        token = ""
+        while True:
+            page_args = {"limit": PAGE_SIZE, "field_selector": f"metadata.name={self.addon}",
+                         **({"_continue": token} if token else {})}
+            answer = await self.writes.send(
+                RESOURCE, lambda a=page_args: self._api.list_cluster_custom_object(
+                    GROUP, VERSION, PLURAL, **a), write=False)
+            for item in answer.get("items") or ():
+                metadata = item.get("metadata") or {}
+                if metadata.get("name") == self.addon and metadata.get("namespace"):
+                    items[metadata["namespace"]] = _trimmed(item)
+            token = (answer.get("metadata") or {}).get("continue") or ""
+            if not token:
+                return items
+
+    async def _read(self, cluster: str) -> dict[str, Any] | None:
+        from kubernetes_asyncio.client import ApiException
+
+        try:
+            addon = await self.writes.send(
+                RESOURCE, lambda: self._api.get_namespaced_custom_object(
+                    GROUP, VERSION, cluster, PLURAL, self.addon), write=False)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return _trimmed(addon)
+
+    async def _sync(self, cluster: str) -> None:
+        """Make one cluster's condition right, if it is not (three tries against conflicts)."""
         from kubernetes_asyncio.client import ApiException
 
         for _attempt in range(3):
-            try:
-                addon = await self._api.get_namespaced_custom_object(
-                    GROUP, VERSION, cluster, PLURAL, self.addon)
-            except ApiException as exc:
-                if exc.status == 404:
-                    return  # not installed through OCM on this cluster
-                raise
+            connected = self.desired(cluster)
+            if connected is None:
+                self.dirty.mark_at(cluster, self._left_at[cluster] + self.grace)
+                return
+            if cluster not in self.addons:
+                self.addons[cluster] = await self._read(cluster)
+            addon = self.addons[cluster]
+            if addon is None:
+                return  # not installed through OCM on this cluster
             patch = status_patch(addon, connected, self._timestamp())
             if patch is None:
                 return
             try:
-                await self._api.patch_namespaced_custom_object_status(
-                    GROUP, VERSION, cluster, PLURAL, self.addon, patch,
-                    _content_type="application/merge-patch+json")
+                written = await self.writes.send(
+                    RESOURCE, lambda p=patch: self._api.patch_namespaced_custom_object_status(
+                        GROUP, VERSION, cluster, PLURAL, self.addon, p,
+                        _content_type="application/merge-patch+json"))
             except ApiException as exc:
                 if exc.status in (404, 409):
-                    continue  # gone, or changed under us: read again
+                    self.addons.pop(cluster, None)  # gone, or changed under us: read again
+                    continue
                 raise
+            self.addons[cluster] = _trimmed(written)
             self.patches += 1
             log.info("ManagedClusterAddOn %s/%s: TunnelConnected=%s", cluster, self.addon,
                      connected)
