@@ -111,3 +111,6 @@ class GatewayConfig:
     # a token bucket shared by every writer (gateway.hub.hubwrites).
     hub_write_qps: float = DEFAULT_HUB_WRITE_QPS
     hub_write_burst: int = DEFAULT_HUB_WRITE_BURST
+    # Per-cluster series on /metrics: "basic" (bounded counters and gauges) or "detailed"
+    # (plus per-cluster latency histograms and agent certificate expiry).
+    cluster_metrics: str = "basic"

@@ -287,7 +287,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="gateway processes sharing the front door and tunnel ports "
                      "(default: %(default)s). Agents keep one session to each. Each worker "
                      "uses one core and its own memory; worker 0 serves health and metrics "
-                     "(the sum of all workers, at most ~1s behind; /readyz is 200 only when "
+                     "(the sum of all workers: requests and sessions at most ~1s behind, an "
+                     "idle session's RTT and bytes at most ~30s; /readyz is 200 only when "
                      "every worker is ready, --ready-wait included) and writes ClusterProfiles")
     lim.add_argument("--shutdown-timeout", type=_duration, default=25.0, metavar="DURATION",
                      help="on SIGTERM, wait this long for in-flight requests (default: 25s)")
@@ -311,6 +312,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     fleet.add_argument("--hub-write-burst", type=positive_int, default=DEFAULT_HUB_WRITE_BURST,
                        metavar="N",
                        help="hub writes allowed at once before --hub-write-qps applies "
+                       "(default: %(default)s)")
+    fleet.add_argument("--cluster-metrics", choices=("basic", "detailed"), default="basic",
+                       help="per-cluster series on /metrics. basic: counters and gauges only, "
+                       "at most 12 series per cluster (requests by status class; tunnel "
+                       "sessions, RTT, open and opened streams, bytes each way; agent version); "
+                       "latency histograms for the whole gateway, and the earliest agent "
+                       "certificate expiry with counts expiring within 7 and 30 days. "
+                       "detailed: also latency histograms per cluster (19 series per cluster "
+                       "and request class) and each cluster's agent certificate expiry "
                        "(default: %(default)s)")
     add_tunnel_liveness_arguments(parser, "agent")
     parser.add_argument("--log-level", default="info",
@@ -433,6 +443,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         join_poll_interval=args.join_poll_interval,
         hub_write_qps=args.hub_write_qps,
         hub_write_burst=args.hub_write_burst,
+        cluster_metrics=args.cluster_metrics,
     )
 
 
@@ -512,8 +523,13 @@ async def serve(config: GatewayConfig, args: argparse.Namespace | None = None,
                                                                  config.workers))
         elif link is not None:
             peers = link.sender(config.worker_index)
-            peers.start(lambda: {**gateway.metrics.snapshot(),
-                                 WORKER_NOT_READY: gateway.readiness.reason()})
+
+            def part() -> dict[str, Any]:
+                figures = gateway.metrics.part()
+                figures["scalars"][WORKER_NOT_READY] = gateway.readiness.reason()
+                return figures
+
+            peers.start(part, changed=gateway.metrics.take_changed)
         announcer = start_instance_discovery(config, gateway, api_client)
         if joining is not None:  # every process: each has its own listener to police
             joining.listener = gateway.tunnel_listener
