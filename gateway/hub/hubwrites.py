@@ -178,9 +178,11 @@ class HubWrites:
         return {resource: count() for resource, count in self._pending.items()}
 
     async def send(self, resource: str, request: Callable[[], Awaitable[Any]], *,
-                   write: bool = True) -> Any:
-        """Take a token, send ``request()``, count its outcome; its exceptions propagate."""
-        await self.rate.take()
+                   write: bool = True, take: bool = True) -> Any:
+        """Take a token (unless the caller did: ``take=False``), send ``request()``, count its
+        outcome; its exceptions propagate."""
+        if take:
+            await self.rate.take()
         if not write:
             self.reads[resource] += 1
             return await request()

@@ -260,35 +260,50 @@ class AccessProviderWriter:
     # --- one profile ---
 
     async def _sync(self, key: ProfileKey) -> None:
-        """Make one profile right, if it is not (at most three tries against conflicts)."""
+        """Make one profile right, if it is not (at most three tries against conflicts).
+
+        The patch is computed again once the rate lets it go: it carries the state of that
+        moment, not of the moment the profile was marked.
+        """
         for _attempt in range(3):
-            profile = self.profiles.get(key)
-            if profile is None:
+            if self._wanted_patch(key) is None:
                 return
-            cluster = cluster_of(profile)
-            wanted = self.presence(cluster)
-            if wanted is None:  # within the grace: keep presence, check again when it ends
-                self.dirty.mark_at(key, self._grace_end(cluster))
-                wanted = _has_entry(profile.get("status") or {}, self.provider_name)
-            entry = None
-            if wanted:
-                ca_bundle = self._current_ca()
-                if ca_bundle is None:
-                    self.dirty.mark_after(key, 5.0)
-                    return
-                entry = access_provider_entry(self.provider_name, self.public_url, cluster,
-                                              ca_bundle)
-            patch = status_patch(profile, self.provider_name, entry)
-            if patch is None:
+            await self.writes.rate.take()
+            wanted = self._wanted_patch(key)
+            if wanted is None:
                 return
-            if await self._patch(key, profile, patch):
+            profile, patch = wanted
+            if await self._patch(key, profile, patch, take=False):
                 return
             await self._refresh(key)
 
+    def _wanted_patch(self, key: ProfileKey) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """The profile and the patch that makes it right now, or None if it is right (or
+        cannot be made right yet: no CA read so far)."""
+        profile = self.profiles.get(key)
+        if profile is None:
+            return None
+        cluster = cluster_of(profile)
+        wanted = self.presence(cluster)
+        if wanted is None:  # within the grace: keep presence, check again when it ends
+            self.dirty.mark_at(key, self._grace_end(cluster))
+            wanted = _has_entry(profile.get("status") or {}, self.provider_name)
+        entry = None
+        if wanted:
+            ca_bundle = self._current_ca()
+            if ca_bundle is None:
+                self.dirty.mark_after(key, 5.0)
+                return None
+            entry = access_provider_entry(self.provider_name, self.public_url, cluster,
+                                          ca_bundle)
+        patch = status_patch(profile, self.provider_name, entry)
+        return None if patch is None else (profile, patch)
+
     async def _patch(self, key: ProfileKey, profile: dict[str, Any],
-                     patch: dict[str, Any]) -> bool:
+                     patch: dict[str, Any], take: bool = True) -> bool:
         """True once written; False when the profile is gone or changed under us (404, 409).
-        Other errors propagate (the drain tries again later)."""
+        Other errors propagate (the drain tries again later). ``take``: wait for the rate
+        first (False: the caller has)."""
         from kubernetes_asyncio.client import ApiException
 
         namespace, name = key
@@ -296,7 +311,7 @@ class AccessProviderWriter:
             updated = await self.writes.send(
                 RESOURCE, lambda: self._api.patch_namespaced_custom_object_status(
                     GROUP, VERSION, namespace, PLURAL, name, patch,
-                    _content_type="application/merge-patch+json"))
+                    _content_type="application/merge-patch+json"), take=take)
         except ApiException as exc:
             if exc.status in (404, 409):
                 return False

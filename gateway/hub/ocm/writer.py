@@ -180,27 +180,28 @@ class AddOnConditionWriter:
         return _trimmed(addon)
 
     async def _sync(self, cluster: str) -> None:
-        """Make one cluster's condition right, if it is not (three tries against conflicts)."""
+        """Make one cluster's condition right, if it is not (three tries against conflicts).
+
+        The patch is computed again once the rate lets it go: it carries the state of that
+        moment, not of the moment the cluster was marked.
+        """
         from kubernetes_asyncio.client import ApiException
 
         for _attempt in range(3):
-            connected = self.desired(cluster)
-            if connected is None:
-                self.dirty.mark_at(cluster, self._left_at[cluster] + self.grace)
-                return
-            if cluster not in self.addons:
+            if cluster not in self.addons and self.desired(cluster) is not None:
                 self.addons[cluster] = await self._read(cluster)
-            addon = self.addons[cluster]
-            if addon is None:
-                return  # not installed through OCM on this cluster
-            patch = status_patch(addon, connected, self._timestamp())
-            if patch is None:
+            if self._wanted_patch(cluster) is None:
                 return
+            await self.writes.rate.take()
+            wanted = self._wanted_patch(cluster)
+            if wanted is None:
+                return
+            connected, patch = wanted
             try:
                 written = await self.writes.send(
                     RESOURCE, lambda p=patch: self._api.patch_namespaced_custom_object_status(
                         GROUP, VERSION, cluster, PLURAL, self.addon, p,
-                        _content_type="application/merge-patch+json"))
+                        _content_type="application/merge-patch+json"), take=False)
             except ApiException as exc:
                 if exc.status in (404, 409):
                     self.addons.pop(cluster, None)  # gone, or changed under us: read again
@@ -211,3 +212,16 @@ class AddOnConditionWriter:
             log.info("ManagedClusterAddOn %s/%s: TunnelConnected=%s", cluster, self.addon,
                      connected)
             return
+
+    def _wanted_patch(self, cluster: str) -> tuple[bool, dict[str, Any]] | None:
+        """What to write now (the condition and the patch), or None: nothing (right already,
+        within the grace, not installed, or not read yet)."""
+        connected = self.desired(cluster)
+        if connected is None:
+            self.dirty.mark_at(cluster, self._left_at[cluster] + self.grace)
+            return None
+        addon = self.addons.get(cluster)
+        if addon is None:
+            return None  # not installed through OCM on this cluster (or not read)
+        patch = status_patch(addon, connected, self._timestamp())
+        return None if patch is None else (connected, patch)
