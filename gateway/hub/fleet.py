@@ -262,7 +262,7 @@ DEFAULT_LIMIT = 500  # clusters per page when the client does not say
 MAX_LIMIT = 1000  # a larger limit is served as this (the client follows `continue`)
 COMPACT_ABOVE = 100  # larger fleets leave session details out unless ?details=true
 STATES = ("connected", "disconnected")
-STEP = 256  # clusters handled between two turns of the event loop
+STEP = 128  # clusters handled between two turns of the event loop (1-3 ms)
 
 
 @dataclass(frozen=True)
@@ -368,6 +368,7 @@ def cluster_list(fleets: list[Mapping[str, Any]], query: ListQuery,
     for fleet in fleets:
         names.update(fleet)
     ordered = sorted(names)
+    yield b""  # 10,000 names gathered and sorted: a few milliseconds
     details = query.details
     if details is None:  # one cluster asked for by name: all of it
         details = bool(query.cluster) or len(ordered) <= COMPACT_ABOVE
