@@ -598,15 +598,20 @@ async def measure_storm(n: int, spread: float, deadline: float, quiet: float,
                                          deadline)
                 result["writes"] = writers.counter.writes()
                 result["reads"] = writers.counter.reads()
-                # After convergence: what a quiet period costs (resyncs), bounded.
+                # After convergence: what a quiet period costs (resyncs), bounded; the CPU
+                # of this process (the writers), the stall ticker paused.
                 writes, reads = result["writes"], result["reads"]
+                result["stall_seconds"] = round(stall.longest, 3)
+                await stall.stop()
+                cpu0 = time.process_time()
                 await asyncio.sleep(quiet)
+                result["quiet_cpu_per_second"] = round((time.process_time() - cpu0) / quiet, 4)
+                stall.start()
                 result["quiet_seconds"] = quiet
                 result["quiet_writes"] = writers.counter.writes() - writes
                 result["quiet_reads"] = writers.counter.reads() - reads
                 result["peak_writes_per_second"] = writers.counter.peak_writes_per_second(
                     started)
-                result["stall_seconds"] = round(stall.longest, 3)
                 out[phase] = result
                 await writers.stop()
     finally:
