@@ -11,11 +11,12 @@ written again (a storm of 10,000 reconnecting clusters then costs no write at al
 Writes are coalesced per profile and rate-limited (:mod:`gateway.hub.hubwrites`): an agent
 event marks the cluster's profiles dirty; one worker takes each dirty profile, computes its
 desired entry then, and patches only if the profile (as last listed, watched or written)
-differs. Every ``resync_interval`` all profiles are marked again, which repairs an entry
-someone else changed, at the shared rate. The CA published is re-read at most once a second
-when a profile is checked, and a changed CA marks every profile, so a rotated front CA reaches
-consumers without a restart. The profiles come from a paginated list and then a watch resumed
-from where it stopped (a relist only when the hub says the version is gone).
+differs. Every ``resync_interval`` all profiles are checked again and those that differ are
+marked, which repairs an entry someone else changed, at the shared rate. The CA published is
+re-read at most once a second when a profile is checked, and a changed CA marks every
+profile, so a rotated front CA reaches consumers without a restart. The profiles come from a
+paginated list and then a watch resumed from where it stopped (a relist only when the hub says
+the version is gone).
 
 Hub RBAC needed: get/list/watch ``clusterprofiles``, patch ``clusterprofiles/status``. Nothing
 else is read or written.
@@ -46,6 +47,7 @@ RESOURCE = "clusterprofiles"
 PAGE_SIZE = 500  # profiles per page of a list: one page is one request against the rate
 CA_RECHECK = 1.0  # seconds between two reads of the CA bundle
 WATCH_SECONDS = 300
+RESYNC_STEP = 256  # profiles checked between two turns of the event loop
 
 
 class AccessProviderWriter:
@@ -149,10 +151,17 @@ class AccessProviderWriter:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _resync(self) -> None:
+        """Every ``resync_interval``: check every profile (the CA read again) and mark those
+        that need a write, a step of RESYNC_STEP profiles at a time."""
         while True:
             await asyncio.sleep(self.resync_interval)
             self._ca_read_at = float("-inf")
-            self.mark_all()
+            keys = list(self.profiles)
+            for start in range(0, len(keys), RESYNC_STEP):
+                for key in keys[start:start + RESYNC_STEP]:
+                    if self._wanted_patch(key) is not None:
+                        self.dirty.mark(key)
+                await asyncio.sleep(0)
 
     async def remove_all(self) -> int:
         """Remove our entry from every profile in the watched namespaces (feature disabled)."""

@@ -35,6 +35,7 @@ log = logging.getLogger("hubproxy.ocm")
 
 RESOURCE = "managedclusteraddons"
 PAGE_SIZE = 500
+RESYNC_STEP = 256  # clusters checked between two turns of the event loop
 
 
 def _now() -> str:
@@ -145,9 +146,13 @@ class AddOnConditionWriter:
                 self.addons = {cluster: listed.get(cluster) for cluster in self._seen}
                 self.addons.update(listed)
         if self.listing is False:
-            self.addons.clear()
-        for cluster in self._seen:
-            self.dirty.mark(cluster)
+            self.addons.clear()  # each is read again before it is checked
+        seen = list(self._seen)
+        for start in range(0, len(seen), RESYNC_STEP):
+            for cluster in seen[start:start + RESYNC_STEP]:
+                if self.listing is False or self._wanted_patch(cluster) is not None:
+                    self.dirty.mark(cluster)
+            await asyncio.sleep(0)
 
     async def _list(self) -> dict[str, dict[str, Any] | None]:
         items: dict[str, dict[str, Any] | None] = {}
