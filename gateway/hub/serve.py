@@ -50,6 +50,7 @@ from gateway.ops.flags import (
     positive_int,
     tunnel_liveness,
 )
+from gateway.ops.metrics import BASIC_SERIES_PER_CLUSTER, REQUEST_BUCKETS
 from gateway.ops.metricslink import MetricsLink, PeerSnapshots, SnapshotSender
 from gateway.ops.rlimits import raise_open_file_limit
 from gateway.wire.http1 import Limits
@@ -315,13 +316,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        "(default: %(default)s)")
     fleet.add_argument("--cluster-metrics", choices=("basic", "detailed"), default="basic",
                        help="per-cluster series on /metrics. basic: counters and gauges only, "
-                       "at most 12 series per cluster (requests by status class; tunnel "
-                       "sessions, RTT, open and opened streams, bytes each way; agent version); "
-                       "latency histograms for the whole gateway, and the earliest agent "
-                       "certificate expiry with counts expiring within 7 and 30 days. "
-                       "detailed: also latency histograms per cluster (19 series per cluster "
-                       "and request class) and each cluster's agent certificate expiry "
-                       "(default: %(default)s)")
+                       f"at most {BASIC_SERIES_PER_CLUSTER} series per cluster (requests by "
+                       "status class; tunnel sessions, RTT, open and opened streams, bytes each "
+                       "way; agent version); latency histograms for the whole gateway, and the "
+                       "earliest agent certificate expiry with counts expiring within 7 and 30 "
+                       "days. detailed: also latency histograms per cluster "
+                       f"({len(REQUEST_BUCKETS) + 3} series per cluster and request class) and "
+                       "each cluster's agent certificate expiry (default: %(default)s)")
     add_tunnel_liveness_arguments(parser, "agent")
     parser.add_argument("--log-level", default="info",
                         choices=("debug", "info", "warning", "error"),
