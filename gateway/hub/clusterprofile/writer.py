@@ -15,8 +15,7 @@ differs. Every ``resync_interval`` all profiles are checked again and those that
 marked, which repairs an entry someone else changed, at the shared rate. The CA published is
 re-read at most once a second when a profile is checked, and a changed CA marks every
 profile, so a rotated front CA reaches consumers without a restart. The profiles come from a
-paginated list and then a watch resumed from where it stopped (a relist only when the hub says
-the version is gone).
+paginated list and then a watch (:mod:`gateway.hub.hubwatch`).
 
 Hub RBAC needed: get/list/watch ``clusterprofiles``, patch ``clusterprofiles/status``. Nothing
 else is read or written.
@@ -38,15 +37,14 @@ from gateway.hub.clusterprofile.provider import (
     cluster_of,
     status_patch,
 )
+from gateway.hub.hubwatch import follow, list_pages
 from gateway.hub.hubwrites import DirtyKeys, HubWrites, drain
 
 log = logging.getLogger("hubproxy.clusterprofile")
 
 ProfileKey = tuple[str, str]  # (namespace, name)
 RESOURCE = "clusterprofiles"
-PAGE_SIZE = 500  # profiles per page of a list: one page is one request against the rate
 CA_RECHECK = 1.0  # seconds between two reads of the CA bundle
-WATCH_SECONDS = 300
 RESYNC_STEP = 256  # profiles checked between two turns of the event loop
 
 
@@ -167,8 +165,7 @@ class AccessProviderWriter:
         """Remove our entry from every profile in the watched namespaces (feature disabled)."""
         removed = 0
         for namespace in self.namespaces or [""]:
-            items, _ = await self._list(namespace)
-            for profile in items:
+            for profile in await self._list(namespace):
                 patch = status_patch(profile, self.provider_name, None)
                 if patch and await self._patch(_key(profile), profile, patch):
                     removed += 1
@@ -179,55 +176,17 @@ class AccessProviderWriter:
             return self._api.list_namespaced_custom_object, (GROUP, VERSION, namespace, PLURAL)
         return self._api.list_cluster_custom_object, (GROUP, VERSION, PLURAL)
 
-    async def _list(self, namespace: str) -> tuple[list[dict[str, Any]], str]:
-        """Every profile of ``namespace`` (all: ""), page by page, and the list's version."""
+    async def _list(self, namespace: str) -> list[dict[str, Any]]:
         call, args = self._list_call(namespace)
-        items: list[dict[str, Any]] = []
-        token = ""
-        while True:
-            page_args = {"limit": PAGE_SIZE, **({"_continue": token} if token else {})}
-            answer = await self.writes.send(RESOURCE, lambda a=page_args: call(*args, **a),
-                                            write=False)
-            items.extend(answer.get("items") or [])
-            metadata = answer.get("metadata") or {}
-            token = metadata.get("continue") or ""
-            if not token:
-                return items, str(metadata.get("resourceVersion") or "")
+        items, _ = await list_pages(self.writes, RESOURCE, call, args, {})
+        return items
 
     async def _watch(self, namespace: str) -> None:
-        from kubernetes_asyncio import watch
-
-        backoff = 1.0
-        version = ""  # "": list first
-        while True:
-            call, args = self._list_call(namespace)
-            try:
-                if not version:
-                    items, version = await self._list(namespace)
-                    self._replace_namespace(namespace, items)
-                events = watch.Watch()
-                async with events.stream(call, *args, resource_version=version,
-                                         timeout_seconds=WATCH_SECONDS,
-                                         allow_watch_bookmarks=True) as stream:
-                    async for event in stream:
-                        self._apply_event(event)
-                        backoff = 1.0
-                # The watch timed out as asked: go on from the last version it saw.
-                version = str(events.resource_version or version)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                version = ""  # gone (410) or failed: list again
-                if getattr(exc, "status", None) == 410:
-                    continue
-                log.warning(
-                    "watching ClusterProfiles%s failed (%s); relisting in %.0fs",
-                    f" in {namespace}" if namespace else "",
-                    type(exc).__name__,
-                    backoff,
-                )
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 30.0)
+        call, args = self._list_call(namespace)
+        where = f"ClusterProfiles in {namespace}" if namespace else "ClusterProfiles"
+        await follow(self.writes, RESOURCE, where, call, args,
+                     replace=lambda items: self._replace_namespace(namespace, items),
+                     apply=self._apply_event)
 
     def _store(self, key: ProfileKey, profile: dict[str, Any]) -> None:
         old = self.profiles.get(key)

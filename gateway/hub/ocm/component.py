@@ -20,9 +20,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--ocm-addon-conditions", action="store_true",
         help="keep a TunnelConnected condition on each served cluster's ManagedClusterAddOn "
         "(named --ocm-addon-name, in the cluster's namespace): True while its agent holds a "
-        "session here, False once none has for --ocm-addon-grace. Needs hub RBAC: get and "
-        "list managedclusteraddons, patch managedclusteraddons/status (without list, each "
-        "add-on is read before it is written). Off by default")
+        "session here, False once none has for --ocm-addon-grace. Needs hub RBAC: get, list "
+        "and watch managedclusteraddons, patch managedclusteraddons/status (without list, "
+        "each add-on is read before it is written). Off by default")
     group.add_argument(
         "--ocm-addon-grace", type=float, default=60.0, metavar="SECONDS",
         help="wait this long after a cluster's last agent left before writing False, so a "

@@ -8,33 +8,36 @@ knows nothing about it. A cluster without the add-on (404) is skipped.
 
 Writes are coalesced per cluster and rate-limited (:mod:`gateway.hub.hubwrites`): a connect or
 disconnect marks the cluster; one worker takes each marked cluster, computes the condition then
-and patches only if the add-on, as last read, says otherwise. The add-ons are read with one
-paginated list of every add-on named ``<addon>`` (a ``metadata.name`` field selector, which RBAC
-lets a ``resourceNames`` rule allow) every ``resync_interval`` seconds; each listed cluster that
-connected here is then checked again, which repairs a condition someone else removed. Without
-the ``list`` permission the writer falls back to reading each add-on before writing it (one GET
-per marked cluster, at the same shared rate) and says so once.
+and patches only if the add-on, as last read, says otherwise. The add-ons are followed with one
+paginated list of every add-on named ``<addon>`` and then a watch (a ``metadata.name`` field
+selector, which RBAC lets a ``resourceNames`` rule allow; :mod:`gateway.hub.hubwatch`): a
+condition someone else removes is seen and written again. Every ``resync_interval`` seconds
+each cluster that connected here is checked against what was read, which costs the hub nothing.
+Without the ``list`` permission the writer falls back to reading each add-on before writing it
+(one GET per marked cluster, and per cluster every resync, at the same shared rate) and says so
+once; without ``watch`` it lists every ``resync_interval`` seconds.
 
-Hub RBAC needed: get and list ``managedclusteraddons`` (named ``<addon>``), patch
+Hub RBAC needed: get, list and watch ``managedclusteraddons`` (named ``<addon>``), patch
 ``managedclusteraddons/status`` (``deploy/ocm``). Nothing else is read or written.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import logging
 import time
 from collections.abc import Callable, Collection
 from typing import Any
 
+from gateway.hub.hubwatch import follow
 from gateway.hub.hubwrites import DirtyKeys, HubWrites, drain
 from gateway.hub.ocm.condition import GROUP, PLURAL, VERSION, status_patch
 
 log = logging.getLogger("hubproxy.ocm")
 
 RESOURCE = "managedclusteraddons"
-PAGE_SIZE = 500
 RESYNC_STEP = 256  # clusters checked between two turns of the event loop
 
 
@@ -78,7 +81,10 @@ class AddOnConditionWriter:
         self._left_at: dict[str, float] = {}
         # The add-on of each cluster as last read or written; None: it does not exist.
         self.addons: dict[str, dict[str, Any] | None] = {}
-        self.listing: bool | None = None  # may we list? None: not tried yet
+        # True: the add-ons are listed and watched; False: no permission, each is read before
+        # it is written; None: not known yet (the first list is under way).
+        self.listing: bool | None = None
+        self._check = asyncio.Event()  # check every cluster now (a list landed)
         self.dirty: DirtyKeys[str] = DirtyKeys(clock)
         self.writes = writes or HubWrites()
         self.writes.register(RESOURCE, lambda: len(self.dirty))
@@ -108,68 +114,76 @@ class AddOnConditionWriter:
         return False
 
     async def run(self) -> None:
-        resync = asyncio.create_task(self._resync(), name="ocm-addon-resync")
+        tasks = [asyncio.create_task(self._follow(), name="ocm-addon-follow"),
+                 asyncio.create_task(self._resync(), name="ocm-addon-resync")]
         try:
             await drain(self.dirty, self._sync, f"ManagedClusterAddOn {self.addon} in")
         finally:
-            resync.cancel()
-            await asyncio.gather(resync, return_exceptions=True)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _follow(self) -> None:
+        await follow(self.writes, RESOURCE, f"ManagedClusterAddOns {self.addon}",
+                     self._api.list_cluster_custom_object, (GROUP, VERSION, PLURAL),
+                     kwargs={"field_selector": f"metadata.name={self.addon}"},
+                     replace=self._replace, apply=self._apply_event, forbidden=self._no_list,
+                     relist_every=self.resync_interval)
+
+    def _no_list(self) -> None:
+        log.info("no permission to list ManagedClusterAddOns %s: reading each one before "
+                 "writing it instead (grant list and watch, named %s, for fewer hub requests)",
+                 self.addon, self.addon)
+        self.listing = False
+        self._check.set()
+
+    def _replace(self, items: list[dict[str, Any]]) -> None:
+        listed = {}
+        for item in items:
+            metadata = item.get("metadata") or {}
+            if metadata.get("name") == self.addon and metadata.get("namespace"):
+                listed[metadata["namespace"]] = _trimmed(item)
+        self.addons = {cluster: listed.get(cluster) for cluster in self._seen}
+        self.addons.update(listed)
+        self.listing = True
+        self._check.set()
+
+    def _apply_event(self, event: dict[str, Any]) -> None:
+        kind, obj = event.get("type"), event.get("object")
+        if not isinstance(obj, dict):
+            return
+        metadata = obj.get("metadata") or {}
+        cluster = metadata.get("namespace")
+        if metadata.get("name") != self.addon or not cluster:
+            return
+        if kind == "DELETED":
+            self.addons[cluster] = None
+        elif kind in ("ADDED", "MODIFIED"):
+            self.addons[cluster] = _trimmed(obj)
+        else:
+            return
+        if cluster in self._seen:
+            self.dirty.mark(cluster)
 
     async def _resync(self) -> None:
+        """Every ``resync_interval`` (and when a list lands): check each cluster that connected
+        here against what the list and the watch say, a step of RESYNC_STEP at a time, and
+        mark those that need a write; without the list permission, forget what was read, so
+        each is read again."""
         while True:
-            try:
-                await self.relist()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # the hub is down: the next resync tries again
-                log.warning("listing ManagedClusterAddOns %s failed (%s)", self.addon,
-                            getattr(exc, "status", None) or type(exc).__name__)
-            await asyncio.sleep(self.resync_interval)
-
-    async def relist(self) -> None:
-        """Read every add-on named ``addon`` (or, without the list permission, forget what was
-        read), then check again each cluster that connected here."""
-        from kubernetes_asyncio.client import ApiException
-
-        if self.listing is not False:
-            try:
-                listed = await self._list()
-            except ApiException as exc:
-                if exc.status != 403:
-                    raise
-                log.info("no permission to list ManagedClusterAddOns %s: reading each one "
-                         "before writing it instead (grant list, named %s, for fewer hub "
-                         "requests)", self.addon, self.addon)
-                self.listing = False
-            else:
-                self.listing = True
-                self.addons = {cluster: listed.get(cluster) for cluster in self._seen}
-                self.addons.update(listed)
-        if self.listing is False:
-            self.addons.clear()  # each is read again before it is checked
-        seen = list(self._seen)
-        for start in range(0, len(seen), RESYNC_STEP):
-            for cluster in seen[start:start + RESYNC_STEP]:
-                if self.listing is False or self._wanted_patch(cluster) is not None:
-                    self.dirty.mark(cluster)
-            await asyncio.sleep(0)
-
-    async def _list(self) -> dict[str, dict[str, Any] | None]:
-        items: dict[str, dict[str, Any] | None] = {}
-        token = ""
-        while True:
-            page_args = {"limit": PAGE_SIZE, "field_selector": f"metadata.name={self.addon}",
-                         **({"_continue": token} if token else {})}
-            answer = await self.writes.send(
-                RESOURCE, lambda a=page_args: self._api.list_cluster_custom_object(
-                    GROUP, VERSION, PLURAL, **a), write=False)
-            for item in answer.get("items") or ():
-                metadata = item.get("metadata") or {}
-                if metadata.get("name") == self.addon and metadata.get("namespace"):
-                    items[metadata["namespace"]] = _trimmed(item)
-            token = (answer.get("metadata") or {}).get("continue") or ""
-            if not token:
-                return items
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._check.wait(), self.resync_interval)
+            self._check.clear()
+            if self.listing is None:
+                continue
+            if self.listing is False:
+                self.addons.clear()
+            seen = list(self._seen)
+            for start in range(0, len(seen), RESYNC_STEP):
+                for cluster in seen[start:start + RESYNC_STEP]:
+                    if self.listing is False or self._wanted_patch(cluster) is not None:
+                        self.dirty.mark(cluster)
+                await asyncio.sleep(0)
 
     async def _read(self, cluster: str) -> dict[str, Any] | None:
         from kubernetes_asyncio.client import ApiException
@@ -192,8 +206,13 @@ class AddOnConditionWriter:
         """
         from kubernetes_asyncio.client import ApiException
 
+        if self.listing is None:
+            return  # the add-ons are being listed: every cluster is checked once they are
         for _attempt in range(3):
-            if cluster not in self.addons and self.desired(cluster) is not None:
+            # Listed and watched, an add-on we have not seen does not exist; without the list,
+            # each is read before it is written.
+            if self.listing is False and cluster not in self.addons and \
+                    self.desired(cluster) is not None:
                 self.addons[cluster] = await self._read(cluster)
             if self._wanted_patch(cluster) is None:
                 return
@@ -208,8 +227,8 @@ class AddOnConditionWriter:
                         GROUP, VERSION, cluster, PLURAL, self.addon, p,
                         _content_type="application/merge-patch+json"), take=False)
             except ApiException as exc:
-                if exc.status in (404, 409):
-                    self.addons.pop(cluster, None)  # gone, or changed under us: read again
+                if exc.status in (404, 409):  # gone, or changed under us: read it again
+                    self.addons[cluster] = await self._read(cluster)
                     continue
                 raise
             self.addons[cluster] = _trimmed(written)

@@ -67,10 +67,10 @@ def _populate(sim: Any, clusters: list[str]) -> None:
              "kind": "ManagedClusterAddOn",
              "metadata": {"name": "hubproxy", "namespace": name}, "spec": {}}])
     # deploy/hub and deploy/ocm's RBAC (kubesim authorizes a list by resourceNames only with
-    # the name in the path, so the add-on list is granted without them here).
+    # the name in the path, so the add-on list and watch are granted without them here).
     sim.grant(GATEWAY, ["get", "list", "watch"], ["clusterprofiles"], ["multicluster.x-k8s.io"])
     sim.grant(GATEWAY, ["patch"], ["clusterprofiles/status"], ["multicluster.x-k8s.io"])
-    sim.grant(GATEWAY, ["get", "list"], [ADDONS], ["addon.open-cluster-management.io"])
+    sim.grant(GATEWAY, ["get", "list", "watch"], [ADDONS], ["addon.open-cluster-management.io"])
     sim.grant(GATEWAY, ["patch"], [f"{ADDONS}/status"], ["addon.open-cluster-management.io"],
               resource_names=["hubproxy"])
 
@@ -205,6 +205,20 @@ async def test_a_storm_writes_each_changed_object_once_at_the_rate_and_converges
             assert patches(sim, quiet_from) == []
             assert writes.snapshot()["pending"] == {"clusterprofiles": 0,
                                                     "managedclusteraddons": 0}
+            # Someone else removes our condition and our entry: the watches see it, and each
+            # is written again (no resync needed, and nothing else is written).
+            repaired_from = time.time()
+            victim = clusters[7]
+            addon = sim.get("addon.open-cluster-management.io/v1alpha1", ADDONS, "hubproxy",
+                            victim)
+            addon["status"] = {"conditions": []}
+            sim.apply(addon)
+            profile = sim.get("multicluster.x-k8s.io/v1alpha1", "clusterprofiles", victim,
+                              "fleet")
+            profile["status"] = {"accessProviders": []}
+            sim.apply(profile)
+            await eventually(lambda: not wrong(sim, set(clusters), clusters), timeout=10)
+            assert len(patches(sim, repaired_from)) == 2
 
         # 3. The gateway restarts: new writers, an empty registry, agents coming back. The
         # entries and conditions its predecessor wrote stay (the grace runs from the start):
