@@ -106,10 +106,12 @@ class DirtyKeys(Generic[K]):
         self._heap: list[tuple[float, int, K]] = []
         self._order = 0
         self._wake = asyncio.Event()
+        self.active = 0  # keys taken whose sync has not finished (drain counts them)
 
     def __len__(self) -> int:
-        """Keys due now and not yet taken (the pending gauge)."""
-        return len(self._ready)
+        """Keys due now and not yet synced, those being synced included (the pending
+        gauge: zero once every marked object is written)."""
+        return len(self._ready) + self.active
 
     def mark(self, key: K) -> None:
         if key not in self._ready:
@@ -214,6 +216,7 @@ async def drain(dirty: DirtyKeys[K], sync: Callable[[K], Awaitable[None]], what:
     failures = 0
     while True:
         key = await dirty.next()
+        dirty.active += 1
         try:
             await sync(key)
             failures = 0
@@ -225,4 +228,6 @@ async def drain(dirty: DirtyKeys[K], sync: Callable[[K], Awaitable[None]], what:
                 log.warning("%s %s: not written (%s); retrying in %.0fs", what, key,
                             getattr(exc, "status", None) or type(exc).__name__, retry_after)
             dirty.mark_after(key, retry_after)
+        finally:
+            dirty.active -= 1
         await asyncio.sleep(0)
