@@ -35,6 +35,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from gateway.ops.k8saudit.backends import DROP_REASONS
+
 OTHER_CLUSTER = "_other"
 
 # Request duration buckets (seconds): short requests live in the first ten; watches and streams
@@ -173,6 +175,9 @@ class GatewayMetrics:
     h2_streams_count: int = 0
     h2_protocol_errors: int = 0  # h2 connections ended by a protocol error (GOAWAY)
     h2_calmed: int = 0  # h2 connections ended for abuse (ENHANCE_YOUR_CALM)
+    # Front-door connections refused before TLS by --proxy-protocol-from, by reason
+    # (gateway.hub.proxyaccept.REFUSAL_REASONS).
+    proxy_protocol_refused: Counter[str] = field(default_factory=Counter)
     # Per-cluster latency histograms and agent certificate expiry (--cluster-metrics detailed).
     cluster_detail: bool = False
     # Live values read at scrape time.
@@ -209,8 +214,15 @@ class GatewayMetrics:
     fairness: Callable[[], dict[str, Any]] = dict
     # Writes to the hub (gateway.hub.hubwrites.HubWrites.snapshot); {}: none.
     hub_writes: Callable[[], dict[str, Any]] = dict
+    # Kubernetes-format audit (gateway.hub.audittrail): events per backend, and the events
+    # lost as "backend/reason"; {} when off.
+    audit_events: Callable[[], dict[str, int]] = dict
+    audit_dropped: Callable[[], dict[str, int]] = dict
     # Clusters whose figures changed since the link last asked (None: nobody asks).
     changed: set[str] | None = None
+
+    def proxy_refused(self, reason: str) -> None:
+        self.proxy_protocol_refused[reason] += 1
 
     def stream_opened(self) -> None:
         self.active_streams += 1
@@ -279,6 +291,9 @@ class GatewayMetrics:
             "h2_streams_count": self.h2_streams_count,
             "h2_protocol_errors": self.h2_protocol_errors,
             "h2_calmed": self.h2_calmed,
+            "proxy_protocol_refused": dict(self.proxy_protocol_refused),
+            "audit_events": self.audit_events(),
+            "audit_dropped": self.audit_dropped(),
             "client_connections": self.client_connections(),
             "h2_client_connections": self.h2_client_connections(),
             "h2_open_streams": self.h2_open_streams(),
@@ -330,6 +345,8 @@ class GatewayMetrics:
         return b"".join(self.render_chunks())
 
 
+# Scalars that are counts by one label value, added up label by label.
+COUNTED_BY_LABEL = ("proxy_protocol_refused", "audit_events", "audit_dropped")
 SUMMED = ("bytes_in", "bytes_out", "active_streams", "streams_total", "connections_refused",
           "client_connections", "auth_reviews", "auth_lookups",
           "authz_lookups", "tunnel_refused", "requests_h1", "requests_h2", "h2_connections_total",
@@ -346,6 +363,7 @@ def merge_scalars(snapshots: Iterable[dict[str, Any]]) -> dict[str, Any]:
     latency: dict[str, Histogram] = {}
     hub_latency: dict[str, Histogram] = {}
     hub_calls: Counter[tuple[str, str]] = Counter()
+    counted: dict[str, Counter[str]] = {key: Counter() for key in COUNTED_BY_LABEL}
     seen = list(snapshots)
     for snap in seen:
         for key in SUMMED:
@@ -362,6 +380,10 @@ def merge_scalars(snapshots: Iterable[dict[str, Any]]) -> dict[str, Any]:
             hub_latency.setdefault(str(call), Histogram(HUB_CALL_BUCKETS)).add_json(values)
         for call, outcome, count in snap.get("hub_calls") or ():
             hub_calls[(str(call), str(outcome))] += int(count)
+        for key, counter in counted.items():
+            for label, count in (snap.get(key) or {}).items():
+                counter[str(label)] += int(count)
+    total.update(counted)
     total["codes"] = codes
     total["handshake_failures"] = failures
     total["latency"] = latency
@@ -546,6 +568,7 @@ def _scalar_lines(m: dict[str, Any]) -> list[str]:
         "shutdown).",
         "# TYPE hubproxy_client_connections_refused_total counter",
         f"hubproxy_client_connections_refused_total {m['connections_refused']}",
+        *_proxy_protocol_lines(m),
         "# HELP hubproxy_auth_cache_hits_total Token authentications answered from the "
         "cache (or coalesced).",
         "# TYPE hubproxy_auth_cache_hits_total counter",
@@ -612,7 +635,49 @@ def _scalar_lines(m: dict[str, Any]) -> list[str]:
         f"hubproxy_authz_cache_misses_total {sars}",
     ]
     lines += _fairness_lines(m)
+    lines += _audit_lines(m)
     lines += _hub_write_lines(m)
+    return lines
+
+
+def _proxy_protocol_lines(m: dict[str, Any]) -> list[str]:
+    refused = m.get("proxy_protocol_refused") or {}
+    if not refused:
+        return []  # --proxy-protocol-from off, or nothing refused yet
+    lines = [
+        "# HELP hubproxy_proxy_protocol_refused_total Front-door connections closed before TLS "
+        "by --proxy-protocol-from, by reason (missing, malformed, oversized: from a trusted "
+        "balancer without a valid PROXY header; untrusted: a header from another address; "
+        "timeout; closed; busy).",
+        "# TYPE hubproxy_proxy_protocol_refused_total counter",
+    ]
+    for reason, count in sorted(refused.items()):
+        lines.append(f'hubproxy_proxy_protocol_refused_total{{reason="{_escape(reason)}"}} '
+                     f'{count}')
+    return lines
+
+
+def _audit_lines(m: dict[str, Any]) -> list[str]:
+    events = m.get("audit_events") or {}
+    if not events:
+        return []  # Kubernetes-format audit off
+    lines = [
+        "# HELP hubproxy_audit_events_total Kubernetes-format audit events written (log) or "
+        "delivered (webhook), by backend.",
+        "# TYPE hubproxy_audit_events_total counter",
+        *(f'hubproxy_audit_events_total{{backend="{_escape(b)}"}} {n}'
+          for b, n in sorted(events.items())),
+        "# HELP hubproxy_audit_events_dropped_total Kubernetes-format audit events lost, by "
+        "backend and reason (buffer_full: the webhook was too slow or down for the buffer; "
+        "send_failed: every attempt failed; rejected: the webhook answered 4xx; shutdown; "
+        "write_failed: the log could not be written).",
+        "# TYPE hubproxy_audit_events_dropped_total counter",
+    ]
+    dropped = m.get("audit_dropped") or {}
+    for backend in sorted(events):
+        for reason in DROP_REASONS.get(backend, ()):
+            lines.append(f'hubproxy_audit_events_dropped_total{{backend="{_escape(backend)}",'
+                         f'reason="{reason}"}} {dropped.get(f"{backend}/{reason}", 0)}')
     return lines
 
 
