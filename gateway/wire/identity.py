@@ -40,6 +40,9 @@ MAX_EXTRA_KEYS = 16
 MAX_EXTRA_VALUES = 16
 
 REQUEST_ID_EXTRA = "hubproxy.dev/request-id"
+# The header kube-apiserver takes its audit event's ID from (and echoes back as Audit-Id) when
+# the first server that received the request set it: the gateway's request id, by the agent.
+AUDIT_ID = b"Audit-ID"
 # Any header name starting with this, in any case, asks the apiserver to impersonate.
 IMPERSONATE_PREFIX = b"impersonate"
 
