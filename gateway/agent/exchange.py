@@ -8,7 +8,8 @@ framed it, then EOF. The exchange:
 2. rewrites the head: ``Host`` becomes the upstream's, every ``Authorization``,
    ``Proxy-Authorization``, ``Impersonate-*`` and ``X-Remote-*`` header and the WebSocket bearer
    subprotocol are dropped, then the route's credential and identity headers are appended
-   (identity last) — the stream's bytes never decide who the request runs as;
+   (identity last) — the stream's bytes never decide who the request runs as. A route with an
+   ``audit_id`` (the apiserver's) replaces any ``Audit-ID`` with it;
 3. takes a keep-alive connection from the pool (dial failures become typed refusals:
    UNREACHABLE, TIMEOUT, OVERLOAD), accepts the stream, and relays the request body up to the
    end its framing declares (bytes past it are a protocol violation: reset, connection dropped).
@@ -61,7 +62,7 @@ from gateway.wire.http1 import (
     parse_response_head,
     serialize_request_head,
 )
-from gateway.wire.identity import strip_identity_headers
+from gateway.wire.identity import AUDIT_ID, strip_identity_headers
 from gateway.wire.requestclass import SHORT, request_class
 from gateway.wire.status import error_response
 from tunnel.errors import OpenErrorCode, OpenRefused, ResetCode, StreamError
@@ -79,6 +80,7 @@ UPGRADE_LINGER = 30.0  # after the upstream of an upgrade closed, wait this long
 WS_BEARER_PREFIX = b"base64url.bearer.authorization.k8s.io."
 
 _CONNECTION_TOKENS = {b"upgrade", b"keep-alive", b"close"}
+_AUDIT_ID = AUDIT_ID.lower()
 
 
 @dataclass
@@ -91,6 +93,9 @@ class Route:
     label: str  # for logs, e.g. "kube-apiserver" or "service ns/name:port"
     credential: Callable[[], bytes | None] = lambda: None  # Authorization value, or None
     identity_headers: Headers = field(default_factory=list)
+    # The gateway's request id, sent as Audit-ID (replacing the stream's): kube-apiserver uses
+    # it as its audit event's ID and echoes it back as Audit-Id. b"": leave Audit-ID alone.
+    audit_id: bytes = b""
     passthrough: bool = False  # keep the caller's own Authorization, add nothing
     # HTTP/2 upstream: "h1", "auto" (h2 if the server chooses it in ALPN) or "h2" (required),
     # with a context whose ALPN offers h2. Upgrades always use HTTP/1.1.
@@ -101,11 +106,12 @@ class Route:
 def rewrite_request_head(head: RequestHead, route: Route) -> bytes:
     """The head sent upstream (see module docstring, step 2)."""
     caller_authorization = [(n, v) for n, v in head.headers if n.lower() == b"authorization"]
+    audit_id = route.audit_id
     kept: Headers = []
     # gateway.hub.admission.headers owns the list of identity-bearing headers (incl. "_" aliases).
     for name, value in strip_identity_headers(head.headers):
         lowered = name.lower()
-        if lowered == b"host":
+        if lowered == b"host" or (audit_id and lowered == _AUDIT_ID):
             continue
         if lowered == b"connection":
             # Only the tokens HTTP/1.1 needs; a Connection header can never nominate (and so
@@ -123,6 +129,8 @@ def rewrite_request_head(head: RequestHead, route: Route) -> bytes:
             continue
         kept.append((name, value))
     headers: Headers = [(b"Host", route.authority), *kept]
+    if audit_id:
+        headers.append((AUDIT_ID, audit_id))
     if route.passthrough:
         headers += caller_authorization[:1]
     else:

@@ -76,6 +76,7 @@ from gateway.wire.http2 import (
     chunk,
     request_head_from_h2,
 )
+from gateway.wire.identity import AUDIT_ID
 from gateway.wire.requestclass import SHORT, front_door_class
 from gateway.wire.status import error_response
 from tunnel.connection import TunnelSession
@@ -758,6 +759,7 @@ class H2Request:
         self.phase = _ANSWERED
         self._disarm()
         log.debug("request %s answered by the gateway: %d %s", self.request_id, status, message)
+        extra_headers = (*extra_headers, (AUDIT_ID, self.request_id.encode("ascii")))
         if status == 401:
             extra_headers = (*extra_headers, (b"WWW-Authenticate", b'Bearer realm="hubproxy"'))
         head = self.head
