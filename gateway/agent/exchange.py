@@ -80,7 +80,8 @@ UPGRADE_LINGER = 30.0  # after the upstream of an upgrade closed, wait this long
 WS_BEARER_PREFIX = b"base64url.bearer.authorization.k8s.io."
 
 _CONNECTION_TOKENS = {b"upgrade", b"keep-alive", b"close"}
-_AUDIT_ID = AUDIT_ID.lower()
+_HOST = frozenset((b"host",))
+_HOST_AND_AUDIT_ID = frozenset((b"host", AUDIT_ID.lower()))
 
 
 @dataclass
@@ -107,11 +108,12 @@ def rewrite_request_head(head: RequestHead, route: Route) -> bytes:
     """The head sent upstream (see module docstring, step 2)."""
     caller_authorization = [(n, v) for n, v in head.headers if n.lower() == b"authorization"]
     audit_id = route.audit_id
+    replaced = _HOST_AND_AUDIT_ID if audit_id else _HOST
     kept: Headers = []
     # gateway.hub.admission.headers owns the list of identity-bearing headers (incl. "_" aliases).
     for name, value in strip_identity_headers(head.headers):
         lowered = name.lower()
-        if lowered == b"host" or (audit_id and lowered == _AUDIT_ID):
+        if lowered in replaced:
             continue
         if lowered == b"connection":
             # Only the tokens HTTP/1.1 needs; a Connection header can never nominate (and so

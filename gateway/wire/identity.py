@@ -18,7 +18,7 @@ user or group in ``system:`` -- defence in depth for rule 3 on the agent side.
 Every value is checked: no control characters, at most ``MAX_VALUE`` characters,
 ``MAX_GROUPS`` groups, ``MAX_EXTRA_KEYS`` x ``MAX_EXTRA_VALUES`` extras. Violations raise
 :class:`IdentityError` (the gateway answers 403) instead of being silently cut. The request id
-travels as the extra ``hubproxy.dev/request-id`` (:func:`request_id_headers`, not stored in
+travels as the extra ``hubproxy.dev/request-id`` (:data:`REQUEST_ID_HEADER`, not stored in
 ``extra``) and as :data:`AUDIT_ID`: it is one request's, never cached with the identity.
 
 Impersonation by the agent needs RBAC on the managed cluster for the agent's service account:
@@ -196,7 +196,7 @@ def impersonation_headers(identity: Identity) -> list[tuple[bytes, bytes]]:
 
     ``Impersonate-User``, one ``Impersonate-Group`` per group, ``Impersonate-Uid`` when set, then
     one ``Impersonate-Extra-<escaped key>`` per value (values raw: UTF-8, checked for control
-    characters), and finally :func:`request_id_headers` when there is a request id. A
+    characters), and finally :data:`REQUEST_ID_HEADER` when there is a request id. A
     passthrough identity has no impersonation headers.
     """
     if identity.passthrough:
@@ -210,21 +210,15 @@ def impersonation_headers(identity: Identity) -> list[tuple[bytes, bytes]]:
         name = b"Impersonate-Extra-" + escape_extra_key(key)
         out.extend((name, v.encode("utf-8")) for v in values)
     if identity.request_id:
-        out += request_id_headers(identity.request_id)
+        out.append((REQUEST_ID_HEADER, identity.request_id.encode("utf-8")))
     return out
 
 
-_REQUEST_ID_HEADER = b"Impersonate-Extra-" + escape_extra_key(REQUEST_ID_EXTRA)
-
-
-def request_id_headers(request_id: str) -> list[tuple[bytes, bytes]]:
-    """The request id as kube-apiserver records it: the extra
-    ``Impersonate-Extra-hubproxy.dev%2Frequest-id`` (in the event's ``impersonatedUser``). The
-    id is one request's, never one identity's: callers that keep a user's headers across
-    requests keep them without it and add this per request. (The same id goes as
-    :data:`AUDIT_ID`, the event's ``auditID``, for every route to the apiserver, passthrough
-    too: see ``gateway.agent.exchange``.)"""
-    return [(_REQUEST_ID_HEADER, request_id.encode("utf-8"))]
+# The request id as kube-apiserver records it in the event's ``impersonatedUser``. The id is
+# one request's, never one identity's: a caller that keeps a user's headers across requests
+# keeps them without it and adds this per request. (The same id goes as AUDIT_ID, the event's
+# ``auditID``, on every route to the apiserver, passthrough too: gateway.agent.exchange.)
+REQUEST_ID_HEADER = b"Impersonate-Extra-" + escape_extra_key(REQUEST_ID_EXTRA)
 
 
 def strip_identity_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
