@@ -122,9 +122,8 @@ class Agent:
         Requests of one hub user differ only in the request id, which the gateway writes as the
         last field (``,"rid":"<hex>"}``). Everything before it keys a cache of the decoded,
         validated identity and its headers, so a user's later requests skip the JSON decode and
-        the checks; metadata of any other shape is decoded in full every time. (The headers
-        were cached with the first request's id in them: 49 of 53 requests of one user carried
-        it to a real kube-apiserver, issue 24.)
+        the checks; metadata of any other shape is decoded in full every time. (Cached with the
+        headers, the id of a user's first request went with all the later ones: issue 24.)
         """
         prefix, sep, tail = bytes(metadata).rpartition(b',"rid":"')
         rid = tail[:-2]

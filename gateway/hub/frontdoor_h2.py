@@ -31,8 +31,8 @@ there); this module wires it to admission and the tunnel:
   cannot grow our write buffer past ``4 x write_high_water`` (then it is aborted). A body that
   does not match its ``Content-Length`` (DATA past it, END_STREAM short of it, or none at all)
   is reset (PROTOCOL_ERROR) by the connection before the offending bytes are handed on, and a
-  request whose stream is gone before its turn is never admitted; a body without one is
-  counted against ``max_request_body`` (413).
+  request whose stream is gone before its turn is never admitted. A body without a
+  ``Content-Length`` is counted against ``max_request_body`` (413).
 * Drain: the gateway sends GOAWAY (last stream id) when it starts shutting down; streams in
   flight finish, later ones are refused (REFUSED_STREAM), and the connection closes when the
   last one ends.

@@ -581,8 +581,9 @@ class ServerConnection:
         entries = _SETTING.iter_unpack(payload)
         count = len(payload) // 6
         if count > MAX_SETTINGS_ENTRIES:
-            # Nothing needs more (six settings are defined); a long frame is only work for us.
-            raise H2ConnectionError(PROTOCOL_ERROR, "SETTINGS with more than 100 entries")
+            # A handful of settings are defined; a long frame is only work for us.
+            raise H2ConnectionError(PROTOCOL_ERROR, f"SETTINGS with more than "
+                                                    f"{MAX_SETTINGS_ENTRIES} entries")
         if not self._answered.spend():
             raise H2ConnectionError(ENHANCE_YOUR_CALM, "PING or SETTINGS flood")
         if count and not self._cheap.spend(count):
