@@ -33,7 +33,7 @@ from gateway.agent.kubeapi import KubeAPIAccess
 from gateway.agent.metrics import AgentMetrics
 from gateway.agent.pool import UpstreamKey, UpstreamPool
 from gateway.agent.tcp import RawRelay, Refusal
-from gateway.wire.identity import REQUEST_ID_HEADER, Identity, impersonation_headers
+from gateway.wire.identity import Identity, impersonation_headers
 from tunnel.connection import OpenRequest, StreamProtocol
 from tunnel.errors import OpenErrorCode, OpenRefused
 from tunnel.policy import ResolvedTarget
@@ -117,7 +117,7 @@ class Agent:
     def _identity(self, metadata: bytes) -> tuple[bool, list[tuple[bytes, bytes]], str]:
         """(passthrough, the user's impersonation headers, request id) of OPEN metadata;
         raises ValueError. The headers carry no request id: it is this request's, not the
-        user's (the caller adds it as :data:`REQUEST_ID_HEADER`).
+        user's (``Route.audit_id`` adds it to each request).
 
         Requests of one hub user differ only in the request id, which the gateway writes as the
         last field (``,"rid":"<hex>"}``). Everything before it keys a cache of the decoded,
@@ -157,8 +157,6 @@ class Agent:
                 f"a kube-apiserver request needs a hub-verified identity ({type(exc).__name__})",
             )
         audit_id = request_id.encode("utf-8")
-        if audit_id and not passthrough:
-            identity_headers = [*identity_headers, (REQUEST_ID_HEADER, audit_id)]
         kube = self.kube
         target = request.target
 
