@@ -48,7 +48,9 @@ from gateway.ops.flags import (
 from gateway.ops.metricslink import MetricsLink, PeerSnapshots, SnapshotSender
 from gateway.ops.rlimits import raise_open_file_limit
 from gateway.wire.http1 import Limits
+from tunnel.admission import DEFAULT_BACKLOG, DEFAULT_MAX_HANDSHAKES
 from tunnel.identity import AgentNaming
+from tunnel.session_state import HUB_PING_AFTER
 
 log = logging.getLogger("hubproxy.gateway")
 
@@ -98,6 +100,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="front door for users, HTTPS (default: 0.0.0.0:9092)")
     net.add_argument("--tunnel-listen", type=_address, default=("0.0.0.0", 8091),
                      metavar="HOST:PORT", help="agent tunnel, mTLS 1.3 (default: 0.0.0.0:8091)")
+    net.add_argument("--tunnel-max-handshakes", type=positive_int,
+                     default=DEFAULT_MAX_HANDSHAKES, metavar="N",
+                     help="agent TLS handshakes in flight at most; further agents wait in the "
+                     "listen queue, and one that waited half an agent's handshake timeout is "
+                     "told the hub is busy before any TLS work (default: "
+                     f"{DEFAULT_MAX_HANDSHAKES})")
+    net.add_argument("--tunnel-backlog", type=positive_int, default=DEFAULT_BACKLOG,
+                     metavar="N",
+                     help="listen queue of the tunnel port: agents waiting for a handshake "
+                     "(the kernel caps it at net.core.somaxconn; default: "
+                     f"{DEFAULT_BACKLOG})")
     net.add_argument("--health-listen", default="0.0.0.0:8000", metavar="HOST:PORT",
                      help="plain HTTP /healthz /readyz /metrics /clusters, "
                      "unauthenticated: keep it on a private address; 'off' to disable "
@@ -292,7 +305,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      "front door closes; each HTTP/1.1 response meanwhile closes its "
                      "connection, so keep-alive clients reconnect elsewhere (default: 0s; "
                      "deploy/hub uses 5s). Then --shutdown-timeout applies")
-    add_tunnel_liveness_arguments(parser, "agent")
+    add_tunnel_liveness_arguments(parser, "agent", HUB_PING_AFTER)
     parser.add_argument("--log-level", default="info",
                         choices=("debug", "info", "warning", "error"),
                         help="log level of diagnostics on stderr (default: %(default)s); the "
@@ -401,6 +414,8 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         shutdown_delay=args.shutdown_delay,
         tunnel_keepalive=keepalive,
         tunnel_timeout=tunnel_timeout,
+        tunnel_max_handshakes=args.tunnel_max_handshakes,
+        tunnel_backlog=args.tunnel_backlog,
         workers=args.workers,
         replicas=args.replicas or 1,
         hub_instance=workers_instance_id(),

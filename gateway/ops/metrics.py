@@ -110,6 +110,9 @@ class GatewayMetrics:
     # Agent connections that completed TLS but were refused (not TLS 1.3, wrong ALPN, no
     # cluster in the certificate); handshake_failures counts every refusal by reason.
     tunnel_refused: Callable[[], int] = lambda: 0
+    # The tunnel listener's admission (tunnel.listener.TunnelListener.admission): handshakes in
+    # flight and begun, agents waiting in the listen queue, refusals before any TLS work.
+    tunnel_admission: Callable[[], Mapping[str, int]] = lambda: {}
     # With --workers: the latest snapshots of the other workers (worker 0 serves /metrics).
     peers: Callable[[], Iterable[dict[str, Any]]] = lambda: ()
     # Request durations by (cluster, class: short/watch/stream).
@@ -186,6 +189,7 @@ class GatewayMetrics:
             "handshake_failures": dict(self.handshake_failures()),
             "authz_lookups": self.authz_lookups,
             "tunnel_refused": self.tunnel_refused(),
+            "tunnel_admission": dict(self.tunnel_admission()),
             "latency": [[cluster, kind, h.to_json()]
                         for (cluster, kind), h in self.latency.items()],
             "hub_latency": [[call, h.to_json()] for call, h in self.hub_latency.items()],
@@ -325,12 +329,15 @@ def _fairness_lines(m: dict[str, Any]) -> list[str]:
 
 
 def _merge_certificates(snapshots: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """Handshake failures add up across workers."""
+    """Handshake failures and the tunnel listeners' admission figures add up across workers."""
     failures: Counter[str] = Counter()
+    admission: Counter[str] = Counter()
     for snap in snapshots:
         for reason, count in snap.get("handshake_failures", {}).items():
             failures[str(reason)] += int(count)
-    return {"handshake_failures": failures}
+        for key, count in snap.get("tunnel_admission", {}).items():
+            admission[str(key)] += int(count)
+    return {"handshake_failures": failures, "tunnel_admission": admission}
 
 
 def _render_certificates(m: dict[str, Any]) -> list[str]:
@@ -343,6 +350,34 @@ def _render_certificates(m: dict[str, Any]) -> list[str]:
     for reason, count in sorted(m.get("handshake_failures", {}).items()):
         lines.append(
             f'hubproxy_tunnel_handshake_failures_total{{reason="{_escape(reason)}"}} {count}')
+    return lines + _admission_lines(m.get("tunnel_admission") or {})
+
+
+def _admission_lines(admission: Mapping[str, int]) -> list[str]:
+    """The tunnel listener's admission (tunnel.admission): storms of agents made visible."""
+    if not admission:
+        return []
+    lines = [
+        "# HELP hubproxy_tunnel_handshakes_in_flight Agent TLS handshakes running now "
+        "(at most --tunnel-max-handshakes).",
+        "# TYPE hubproxy_tunnel_handshakes_in_flight gauge",
+        f"hubproxy_tunnel_handshakes_in_flight {admission.get('handshakes_in_flight', 0)}",
+        "# HELP hubproxy_tunnel_handshakes_total Agent TLS handshakes begun.",
+        "# TYPE hubproxy_tunnel_handshakes_total counter",
+        f"hubproxy_tunnel_handshakes_total {admission.get('handshakes_started', 0)}",
+        "# HELP hubproxy_tunnel_accept_queue Agent connections waiting in the tunnel port's "
+        "listen queue (--tunnel-backlog).",
+        "# TYPE hubproxy_tunnel_accept_queue gauge",
+        f"hubproxy_tunnel_accept_queue {admission.get('accept_queue', 0)}",
+        "# HELP hubproxy_tunnel_refused_early_total Agent connections refused before any TLS "
+        "work, by reason (stale: waited so long in the listen queue that the agent would give "
+        "up, told the hub is busy; gone: the agent had already closed it).",
+        "# TYPE hubproxy_tunnel_refused_early_total counter",
+    ]
+    for key, count in sorted(admission.items()):
+        if key.startswith("refused_"):
+            reason = _escape(key[len("refused_"):])
+            lines.append(f'hubproxy_tunnel_refused_early_total{{reason="{reason}"}} {count}')
     return lines
 
 
