@@ -8,11 +8,11 @@ completes. So the listener (:mod:`tunnel.listener`):
   accepts nothing, and further connections wait in the kernel's listen queue
   (``backlog``, capped by ``net.core.somaxconn``), where waiting costs the hub nothing;
 * looks at each connection it accepts before any TLS work (:func:`classify_waiting`, from the
-  kernel's ``TCP_INFO``): one whose agent already closed it is dropped (``gone``); one that has
-  waited ``stale_after`` or longer, so that its agent (which gives a handshake
-  ``tunnel.dialer.HANDSHAKE_TIMEOUT``) would likely give up before the handshake ends, is
-  refused with a plaintext TLS alert ``user_canceled`` (:data:`BUSY_ALERT`, ``stale``): the
-  agent reads it as "hub busy" and backs off with jitter (PROTOCOL.md section 1);
+  kernel's ``TCP_INFO``): one whose agent already closed it is dropped (``gone``); one that
+  has waited ``stale_after`` or longer (``tunnel.listener.STALE_AFTER``), so that its agent
+  would likely give up before the handshake ends, is refused with a plaintext TLS alert
+  ``user_canceled`` (:data:`BUSY_ALERT`, ``stale``): the agent reads it as "hub busy" and
+  backs off with jitter (PROTOCOL.md section 1);
 * a handshake that has held its slot for ``SLOT_HOLD`` without finishing (a slow or stalled
   peer) gives the slot back and goes on outside the bound until its own timeout, so peers
   that never finish cannot stall admission for everyone.

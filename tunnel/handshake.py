@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 # How long an agent gives the hub's TLS handshake (its dial); the hub's listener refuses a
-# connection that has waited half of it in the listen queue (tunnel.admission).
+# connection that has waited most of it in the listen queue (tunnel.listener.STALE_AFTER).
 AGENT_HANDSHAKE_TIMEOUT = 10.0
 
 # Reasons (the ``reason`` label of hubproxy_tunnel_handshake_failures_total). Certificate

@@ -103,8 +103,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     net.add_argument("--tunnel-max-handshakes", type=positive_int,
                      default=DEFAULT_MAX_HANDSHAKES, metavar="N",
                      help="agent TLS handshakes in flight at most; further agents wait in the "
-                     "listen queue, and one that waited half an agent's handshake timeout is "
-                     "told the hub is busy before any TLS work (default: "
+                     "listen queue, and one that waited nearly an agent's handshake timeout "
+                     "is told the hub is busy before any TLS work (default: "
                      f"{DEFAULT_MAX_HANDSHAKES})")
     net.add_argument("--tunnel-backlog", type=positive_int, default=DEFAULT_BACKLOG,
                      metavar="N",
