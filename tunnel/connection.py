@@ -460,13 +460,7 @@ class TunnelSession(asyncio.BufferedProtocol):
             rx.release()
             return
         rx.consumed(parsed, view, nbytes)
-        core = self._core
-        if self._flush_scheduled or core.has_stream_data():
-            self._schedule_flush()
-        elif core.has_data() and self._transport is not None and not self._transport.is_closing():
-            # Only control frames (an idle session's PONG, window updates): out now, one write
-            # for this read, rather than a loop turn later (a third of an idle PING's cost).
-            self._write_pending()
+        self._send_queued()
 
     def _drops_input(self) -> bool:
         return self._parsing or self.closed
@@ -582,6 +576,16 @@ class TunnelSession(asyncio.BufferedProtocol):
         if not self._streams and self._idle_fut is not None and not self._idle_fut.done():
             self._idle_fut.set_result(None)
 
+    def _send_queued(self) -> None:
+        """Frames were queued: only control frames (an idle session's PING or PONG, window
+        updates) go out now, in one write, rather than a loop turn later (a third of an idle
+        exchange's cost); DATA waits for the turn's flush, which then takes everything."""
+        core = self._core
+        if self._flush_scheduled or core.has_stream_data():
+            self._schedule_flush()
+        elif core.has_data() and self._transport is not None and not self._transport.is_closing():
+            self._write_pending()
+
     def _schedule_flush(self) -> None:
         if not self._flush_scheduled and self._transport is not None and not self.closed:
             self._flush_scheduled = True
@@ -632,7 +636,7 @@ class TunnelSession(asyncio.BufferedProtocol):
             self._shutdown(SessionClosed(f"peer silent for {silent:.1f}s"))
             return None
         if core.last_ping != pinged:
-            self._schedule_flush()
+            self._send_queued()
         return due
 
     def _protocol_failure(self, exc: ProtocolError) -> None:
