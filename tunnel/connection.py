@@ -624,7 +624,8 @@ class TunnelSession(asyncio.BufferedProtocol):
             return None
         core = self._core
         pinged = core.last_ping
-        due = core.keepalive(now)
+        assert self._keepalive is not None
+        due = core.keepalive(now, early=self._keepalive.wheel.tick)
         if due is None:
             if now < verdicts_from:
                 return verdicts_from  # our own loop was blocked: read before judging

@@ -649,21 +649,22 @@ class Session:
     def pings_sent(self) -> int:
         return self._ping_seq
 
-    def keepalive(self, now: float) -> float | None:
+    def keepalive(self, now: float, early: float = 0.0) -> float | None:
         """Liveness at ``now`` (PROTOCOL.md §8): None if the peer is dead (nothing received for
         ``dead_after``); else queue the PING that is due, if one is, and return when to look
-        again. A PING is due after ``ping_after`` of silence unless one went out since the last
-        frame arrived (one unanswered at a time), and every ``rtt_interval`` while streams are
-        open (RTT probes). Receiving does not call this: it only moves ``last_received``, which
-        the next look reads; so a look is also due ``ping_after`` after an unanswered PING, in
-        case its answer has come by then."""
+        again. A PING is due after ``ping_after`` of silence (or up to ``early`` before: the
+        caller's granularity, so that one look does what a look a tick later would) unless one
+        went out since the last frame arrived (one unanswered at a time), and every
+        ``rtt_interval`` while streams are open (RTT probes). Receiving does not call this: it
+        only moves ``last_received``, which the next look reads; so a look is also due
+        ``ping_after`` after an unanswered PING, when its answer has usually come."""
         cfg = self.config
         heard = self.last_received
         if now - heard >= cfg.dead_after:
             return None
         answered = self.last_ping < heard
-        keepalive = answered and now - heard >= cfg.ping_after
-        if keepalive or (self.streams and now - self.last_ping >= cfg.rtt_interval):
+        keepalive = answered and now - heard >= cfg.ping_after - early
+        if keepalive or (self.streams and now - self.last_ping >= cfg.rtt_interval - early):
             self.ping()
             answered = False
         due = heard + cfg.dead_after

@@ -299,3 +299,16 @@ async def test_a_frozen_peer_is_found_on_either_side(tls_contexts, frozen_side: 
         assert isinstance(await asyncio.wait_for(client.lost, 1), SessionClosed)
     frozen.close()
     server.close()
+
+
+def test_a_ping_may_go_one_tick_early_so_one_look_does_it() -> None:
+    session, clock = idle_session()
+    clock.now = 3.0
+    session.keepalive(3.0)
+    pings(session)
+    clock.now = 3.01
+    session.receive(memoryview(pong_for(session, 1)))
+    # The look due at 6.0 finds the answer 2.99 s old: within a tick of ping_after, so it pings.
+    clock.now = 6.0
+    assert session.keepalive(6.0, early=0.25) == pytest.approx(9.0)
+    assert pings(session) == 1
