@@ -332,7 +332,7 @@ async def test_the_gateway_listener_runs_with_the_admission_flags(pki: Path) -> 
         [sock] = listener.sockets
         raw = tcp_info(sock)
         assert raw is not None and parse_listen_queue(raw)[1] == 77
-        admission = gateway.metrics.snapshot()["tunnel_admission"]
+        admission = gateway.metrics.snapshot()["scalars"]["tunnel_admission"]
         assert admission["handshakes_in_flight"] == 0 and admission["refused_stale"] == 0
     finally:
         await gateway.close()
