@@ -376,7 +376,8 @@ class HttpExchange:
         1.8 s per 10k small GETs at c=16; the ``h2`` library's framing is most of the rest)."""
         if route.h2_ssl_context is None or self.request is None or self.request.upgrade:
             return "h1"
-        if route.protocol == "auto" and request_class(self.request.target) == SHORT:
+        if route.protocol == "auto" and request_class(self.request.target,
+                                                          method=self.request.method) == SHORT:
             return "h1"
         return route.protocol
 

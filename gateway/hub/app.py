@@ -213,7 +213,7 @@ class Gateway:
                      bytes_out: int, duration: float, stream: bool = False,
                      protocol: str = "h1") -> None:
         label = cluster if cluster in self.known_clusters else OTHER_CLUSTER
-        kind = front_door_class(target) if target is not None else SHORT
+        kind = front_door_class(target, method=method or b"GET") if target is not None else SHORT
         if stream and kind == SHORT:
             kind = STREAM  # an upgrade: its target does not say so
         metrics = self.metrics

@@ -55,7 +55,7 @@ from gateway.wire.http1 import (
     framing_for_request,
     parse_request_head,
 )
-from gateway.wire.requestclass import SHORT, front_door_class
+from gateway.wire.requestclass import SHORT
 from gateway.wire.status import error_response
 from tunnel.connection import TunnelSession
 
@@ -332,7 +332,7 @@ class FrontDoor(asyncio.Protocol):
             exchange.stream.pause_reading()
         # Watches, logs -f and upgrades are long-running, as in kube-apiserver: no
         # response-header timeout (an exec's 101 waits for the kubelet, a watch may be held).
-        self._long_running = front_door_class(head.target, admitted.upgrade) != SHORT
+        self._long_running = admitted.kind != SHORT
         if admitted.upgrade:
             self.phase = UPGRADE
             self._check_buffer()
@@ -392,8 +392,7 @@ class FrontDoor(asyncio.Protocol):
         self._disarm()
         if exchange.admitted.upgrade and exchange.status == 101:
             return False
-        target = self.head.target if self.head is not None else b""
-        if b"watch=" in target or b"follow=" in target:
+        if exchange.admitted.kind != SHORT:  # a watch or logs -f (upgrades: see upgraded)
             exchange.streaming = True
             self.gw.audit_stream_start(self, exchange)
             self._slim(exchange)

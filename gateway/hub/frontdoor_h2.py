@@ -75,7 +75,7 @@ from gateway.wire.http2 import (
     chunk,
     request_head_from_h2,
 )
-from gateway.wire.requestclass import SHORT, front_door_class
+from gateway.wire.requestclass import SHORT
 from gateway.wire.status import error_response
 from tunnel.connection import TunnelSession
 
@@ -529,7 +529,7 @@ class H2Request:
         head.headers, head.names = [], []
         if exchange.done:
             return
-        self._long_running = front_door_class(head.target, admitted.upgrade) != SHORT
+        self._long_running = admitted.kind != SHORT
         if self.door.write_paused:
             self.pause_tunnel("client")
         self._acknowledge()
@@ -637,8 +637,7 @@ class H2Request:
         self._disarm()
         if exchange.response is not None and self.translator is not None:
             self.translator.expect(exchange.response)  # parsed once, not again
-        target = self.head.target if self.head is not None else b""
-        if b"watch=" in target or b"follow=" in target:
+        if exchange.admitted.kind != SHORT:  # a watch or logs -f (no upgrades over HTTP/2)
             exchange.streaming = self.streaming = True
             self.gw.audit_stream_start(self, exchange)  # type: ignore[arg-type]
             # As the HTTP/1.1 door's _slim: a watch may stay open for hours; the forwarded
