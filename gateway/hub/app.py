@@ -4,7 +4,9 @@
 registry, authentication, authorization, metrics, the audit line) and the listeners:
 
 * front door (``config.listen``): TLS >= 1.2 with a reloading certificate, one
-  :class:`gateway.hub.frontdoor.FrontDoor` per connection;
+  :class:`gateway.hub.frontdoor.FrontDoor` per connection (an ALPN-``h2`` one becomes a
+  :class:`gateway.hub.frontdoor_h2.H2FrontDoor`), each request a
+  :class:`gateway.hub.request.Request`;
 * tunnel (``config.tunnel_listen``): agents' mTLS sessions (``tunnel.listener``), registered
   in the :class:`tunnel.registry.SessionRegistry` under the cluster named by their certificate;
 * health (``config.health_listen``): ``/healthz``, ``/readyz``, ``/metrics``;
@@ -47,14 +49,14 @@ from gateway.hub.config import GatewayConfig
 from gateway.hub.exchange import AGENT_LEAVING, Exchange
 from gateway.hub.fleet import FleetView
 from gateway.hub.frontdoor import FrontDoor
-from gateway.hub.frontdoor_h2 import H2FrontDoor, H2Request
+from gateway.hub.frontdoor_h2 import H2FrontDoor
 from gateway.hub.hubcalls import CountingAuthorizer
+from gateway.hub.request import FrontDoorConnection, Request
 from gateway.hub.revalidation import StreamRevalidator, period_for
 from gateway.ops import audit, startup
 from gateway.ops.certexpiry import CertificateFiles
 from gateway.ops.health import HealthServer, Readiness, token_review_probe
 from gateway.ops.metrics import OTHER_CLUSTER, GatewayMetrics
-from gateway.wire.requestclass import SHORT, STREAM, front_door_class
 from tunnel.connection import ALPN, SessionConfig
 from tunnel.join import JOIN_ALPN, JoinHandler
 from tunnel.listener import RefuseHook, start_tunnel_listener
@@ -127,7 +129,7 @@ class Gateway:
                                queue_length=config.fair_queue_length,
                                max_wait=config.fair_queue_wait)
             self.metrics.fairness = self.seats.snapshot
-        self.connections: set[FrontDoor | H2FrontDoor] = set()
+        self.connections: set[FrontDoorConnection] = set()
         self.inflight = 0
         self.draining = False
         self.known_clusters: set[str] = set(registry.clusters())
@@ -159,9 +161,9 @@ class Gateway:
         )
         self.metrics.client_connections = lambda: len(self.connections)
         self.metrics.h2_client_connections = lambda: sum(
-            1 for d in self.connections if isinstance(d, H2FrontDoor))
+            1 for d in self.connections if d.protocol == "h2")
         self.metrics.h2_open_streams = lambda: sum(
-            len(d.requests) for d in self.connections if isinstance(d, H2FrontDoor))
+            d.open_requests for d in self.connections if d.protocol == "h2")
         self.metrics.tunnel_refused = lambda: self._tunnel.refused if self._tunnel else 0
         self.metrics.auth_reviews = lambda: (
             authenticator.reviews if isinstance(authenticator, TokenAuthenticator) else 0)
@@ -210,12 +212,9 @@ class Gateway:
 
     def request_done(self, *, request_id: str, user: str | None, cluster: str | None,
                      method: bytes | None, target: bytes | None, status: int, bytes_in: int,
-                     bytes_out: int, duration: float, stream: bool = False,
+                     bytes_out: int, duration: float, kind: str, stream: bool = False,
                      protocol: str = "h1") -> None:
         label = cluster if cluster in self.known_clusters else OTHER_CLUSTER
-        kind = front_door_class(target, method=method or b"GET") if target is not None else SHORT
-        if stream and kind == SHORT:
-            kind = STREAM  # an upgrade: its target does not say so
         metrics = self.metrics
         metrics.request(label, status, bytes_in, bytes_out, duration, kind)
         if protocol == "h2":
@@ -228,12 +227,13 @@ class Gateway:
                  target=target, status=status, bytes_in=bytes_in, bytes_out=bytes_out,
                  duration=duration, protocol=protocol)
 
-    def audit_stream_start(self, door: FrontDoor | H2Request, exchange: Exchange) -> None:
-        if self._audit and door.head is not None:
+    def audit_stream_start(self, request: Request) -> None:
+        exchange, head = request.exchange, request.head
+        if self._audit and head is not None and exchange is not None:
             audit.stream_start(request_id=exchange.request_id, user=exchange.admitted.user or None,
-                               cluster=exchange.admitted.cluster, method=door.head.method,
-                               target=door.head.target, status=exchange.status,
-                               protocol="h2" if isinstance(door, H2Request) else "h1")
+                               cluster=exchange.admitted.cluster, method=head.method,
+                               target=head.target, status=exchange.status,
+                               protocol=request.client.protocol)
 
     def clusters_document(self) -> bytes:
         """``GET /clusters``: this gateway's fleet, all workers' sessions merged (see
@@ -254,12 +254,7 @@ class Gateway:
         """The request in progress on each client connection, and on each stream of an
         HTTP/2 connection (for the revalidator)."""
         for door in self.connections:
-            if isinstance(door, H2FrontDoor):
-                for request in list(door.requests.values()):
-                    if request.exchange is not None:
-                        yield request.exchange
-            elif door.exchange is not None:
-                yield door.exchange
+            yield from door.exchanges()
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -270,7 +265,8 @@ class Gateway:
         shared = config.workers > 1  # the kernel spreads connections over the workers
         try:
             self._front = await loop.create_server(
-                lambda: FrontDoor(self), host, port, ssl=self.front_ssl, backlog=1024,
+                lambda: FrontDoor(self, H2FrontDoor), host, port, ssl=self.front_ssl,
+                backlog=1024,
                 ssl_handshake_timeout=config.limits.header_timeout if self.front_ssl else None,
                 reuse_port=shared or None,
             )
@@ -318,10 +314,9 @@ class Gateway:
         if self._front is not None:
             self._front.close()
         for door in list(self.connections):
-            if door.idle:
-                door.close()
-            elif isinstance(door, H2FrontDoor):
-                door.start_drain()  # GOAWAY: no new streams; those in flight finish
+            # Idle connections close now; busy HTTP/1.1 ones after their response, HTTP/2 ones
+            # send GOAWAY (no new streams; those in flight finish).
+            door.start_drain()
         # Watches and follows never finish on their own: end them cleanly now (HTTP/1.1 and
         # HTTP/2 alike) so clients re-watch elsewhere while short requests finish here.
         for exchange in list(self.open_streams()):
