@@ -9,7 +9,8 @@ the client connection closed. Back-pressure runs both ways without buffering: th
 transport pausing pauses the stream, the stream's send window pausing pauses the client.
 
 What the request may be, and where it goes, was decided before (``gateway.hub.admission``); the
-client side is the :class:`ClientConnection` (``gateway.hub.frontdoor.FrontDoor``).
+client side is the :class:`ClientConnection` (``gateway.hub.request.Request``, which hands
+what is protocol-specific to its front door).
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ A long-running request is one the server holds open until someone ends it: a wat
 ``logs -f``, an upgraded exec/attach/port-forward. Everything in the gateway that treats those
 differently asks :func:`request_class`: admission (a per-identity stream slot instead of a
 fair-queuing seat, ``gateway.hub.admission.chain``), the response-header timeout and the audit
-line's ``stream_start``/``stream_end`` (the front doors), the latency histograms (one
-per class), and the agent's choice of HTTP/2 for its apiserver connection. Were they to
+line's ``stream_start``/``stream_end`` (``gateway.hub.request``), the latency histograms
+(one per class), and the agent's choice of HTTP/2 for its apiserver connection. Were they to
 disagree, a request could take a stream slot yet be cut off as a short one, or dodge the stream
 cap by a spelling the gateway misreads and the apiserver does not.
 
