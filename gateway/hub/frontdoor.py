@@ -271,9 +271,11 @@ class FrontDoor(asyncio.Protocol):
         tracker = self.tracker
         if admitted.upgrade:
             return b"", None  # client bytes wait for the 101
-        early = 0
-        if self.buf and not tracker.complete:
-            early = tracker.feed(self.buf)
+        if tracker.complete:
+            return b"", b""  # no body
+        if not self.buf:
+            return b"", None
+        early = tracker.feed(self.buf)
         data = bytes(self.buf[:early])
         del self.buf[:early]
         return data, b"" if tracker.complete else None
