@@ -249,6 +249,10 @@ class Exchange:
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
+        # The session has let go of the stream, and so must we: the stream refers to us, and
+        # that cycle would keep this exchange, its request and the request's head alive until
+        # the cyclic collector ran (a dozen objects per request for it to find).
+        self.stream = None
         if self._state == _DONE:
             return
         if exc is None:

@@ -155,6 +155,48 @@ class ClientSide(Protocol):
         close the connection, always if ``close``); the bytes written."""
 
 
+class _Gone:
+    """The client side of a request that is over (see :meth:`Request._let_go`): closed, and a
+    late pause or resume from the tunnel (a window that opens after the response ended) does
+    nothing. Nothing else may be asked of it: that would be a bug."""
+
+    protocol = ""
+    closed = True
+    transport = None
+
+    def pause_reading(self, reason: str) -> None:
+        pass
+
+    def resume_reading(self, reason: str) -> None:
+        pass
+
+    def arm(self, delay: float, callback: Callable[[], None]) -> None:
+        pass
+
+    def body_so_far(self, admitted: Admitted) -> tuple[bytes, bytes | None]:
+        raise LifecycleError("a request that is over has no body to send")
+
+    def opened(self, request: Request) -> None:
+        raise LifecycleError("a request that is over opened a stream")
+
+    def response_started(self, request: Request, exchange: Exchange) -> bool:
+        raise LifecycleError("a request that is over got a response")
+
+    def upgraded(self, request: Request) -> None:
+        raise LifecycleError("a request that is over was upgraded")
+
+    def finished(self, request: Request, phase: Phase, keep_alive: bool) -> None:
+        raise LifecycleError("a request that is over finished again")
+
+    def answer(self, request: Request, phase: Phase, status: int, message: str, *,
+               retry_after: int | None, extra_headers: tuple[tuple[bytes, bytes], ...],
+               close: bool) -> int:
+        raise LifecycleError("a request that is over was answered again")
+
+
+GONE: ClientSide = _Gone()
+
+
 class FrontDoorConnection(Protocol):
     """A client connection of either front door, as the gateway process sees it."""
 
@@ -374,6 +416,7 @@ class Request:
                      stream=exchange.streaming)
         self._release()
         self.client.finished(self, phase, keep_alive)
+        self._let_go()
 
     def exchange_failed(self, exchange: Exchange, status: int, message: str,
                         retry_after: int | None) -> None:
@@ -395,6 +438,7 @@ class Request:
         """Answer the request with a ``Status`` (``close``: and close the connection)."""
         if self.phase is DONE or self.client.closed:
             self._release()
+            self._let_go()
             return
         phase = self.phase
         self._to(DONE)
@@ -406,6 +450,7 @@ class Request:
                                   extra_headers=extra_headers, close=close)
         self._record(status, 0, sent)
         self._release()
+        self._let_go()
 
     def abandon(self) -> None:
         """The client left or broke the request: stop admission, cancel the upstream request,
@@ -423,6 +468,13 @@ class Request:
         if self.phase is not DONE:
             self._to(DONE)
         self._release()
+        self._let_go()
+
+    def _let_go(self) -> None:
+        """The request is over and its door is done with it: drop the reference to its client
+        side. An HTTP/2 stream and its request refer to each other, and that cycle would leave
+        both (and what they hold) to the cyclic collector instead of freeing them at once."""
+        self.client = GONE
 
     def _release(self) -> None:
         if self._counted:
