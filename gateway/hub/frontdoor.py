@@ -27,6 +27,10 @@ stream opened, and does not forward ``Expect``. A refused request gets its final
 and the connection is closed if body bytes may still be in flight, so a client never waits for
 a 100 that cannot come, and never sends a large body that nobody reads.
 
+The client is the connection's peer, or, behind a trusted balancer, the address its PROXY
+header gave (``gateway.hub.proxyaccept``) or, behind a trusted TLS-terminating proxy, the
+request's ``X-Forwarded-For`` (``gateway.hub.request``).
+
 Timeouts: ``header_timeout`` from the first byte of a request head to its end (408, close),
 ``idle_timeout`` between requests (close) and while a request body stalls (408),
 ``response_header_timeout`` (the request's; see ``gateway.hub.request``). There is no total
@@ -57,7 +61,8 @@ from gateway.wire.status import error_response
 
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
-H2Door = Callable[[FrontDoorHost, str], asyncio.Protocol]
+# The HTTP/2 door for a connection that chose ALPN h2: (gateway, client_ip, peer_ip).
+H2Door = Callable[[FrontDoorHost, str, str], asyncio.Protocol]
 
 
 class FrontDoor(asyncio.Protocol):
@@ -66,12 +71,16 @@ class FrontDoor(asyncio.Protocol):
 
     protocol = "h1"
 
-    def __init__(self, gw: FrontDoorHost, h2: H2Door | None = None) -> None:
+    def __init__(self, gw: FrontDoorHost, client_ip: str | None = None, *,
+                 h2: H2Door | None = None) -> None:
         self.gw = gw
         self.h2 = h2  # the door for a connection that chose ALPN h2
         self.limits = gw.config.limits
         self.transport: Any = None
-        self.client_ip = "unknown"
+        # The connection's client: its peer, or what a trusted balancer's PROXY header said
+        # (gateway.hub.proxyaccept).
+        self.client_ip = client_ip or "unknown"
+        self.peer_ip = "unknown"
         self.closed = False
         self.request: Request | None = None  # None: between requests
         self.buf = bytearray()
@@ -89,7 +98,9 @@ class FrontDoor(asyncio.Protocol):
         self.transport = transport
         peer = transport.get_extra_info("peername")
         if peer:
-            self.client_ip = str(peer[0])
+            self.peer_ip = str(peer[0])
+            if self.client_ip == "unknown":
+                self.client_ip = self.peer_ip
         gw = self.gw
         if len(gw.connections) >= self.limits.max_connections or gw.draining:
             gw.metrics.connections_refused += 1
@@ -101,7 +112,7 @@ class FrontDoor(asyncio.Protocol):
                 and ssl_object.selected_alpn_protocol() == "h2":
             # The client chose HTTP/2: hand the connection to its own protocol.
             self.closed = True
-            door = self.h2(gw, self.client_ip)
+            door = self.h2(gw, self.client_ip, self.peer_ip)
             transport.set_protocol(door)
             door.connection_made(transport)
             return
@@ -237,13 +248,13 @@ class FrontDoor(asyncio.Protocol):
         self._disarm()
         self.tracker = tracker
         self.keep_alive = head.keep_alive
-        request = self.request = Request(self.gw, self, self.client_ip)
+        request = self.request = Request(self.gw, self)
         self._check_buffer()
         request.start(head)
 
     def _refuse_head(self, status: int, message: str) -> None:
         """No request to speak of (its head is broken or late): answer and close."""
-        Request(self.gw, self, self.client_ip).refuse(status, message, close=True)
+        Request(self.gw, self).refuse(status, message, close=True)
 
     def _relay_body(self, request: Request, data: bytes | bytearray | memoryview) -> None:
         exchange = request.exchange

@@ -82,10 +82,11 @@ class H2FrontDoor(asyncio.Protocol):
 
     protocol = "h2"
 
-    def __init__(self, gw: FrontDoorHost, client_ip: str) -> None:
+    def __init__(self, gw: FrontDoorHost, client_ip: str, peer_ip: str | None = None) -> None:
         self.gw = gw
         self.limits = gw.config.limits
-        self.client_ip = client_ip
+        self.client_ip = client_ip  # the connection's client (a PROXY header's, if trusted)
+        self.peer_ip = peer_ip or client_ip  # the connection's own peer
         self.transport: Any = None
         self.max_streams = self.limits.max_h2_streams
         # Inbound heads are checked against RFC 9113 §8.2-8.3 by
@@ -401,7 +402,7 @@ class H2Stream:
     def __init__(self, door: H2FrontDoor, stream_id: int) -> None:
         self.door = door
         self.stream_id = stream_id
-        self.request = Request(door.gw, self, door.client_ip)
+        self.request = Request(door.gw, self)
         self.translator: ResponseTranslator | None = None
         self.early = _NO_EARLY  # body bytes that arrived during admission (unacked)
         self.unacked = 0  # flow-controlled bytes received and not yet acknowledged
@@ -422,6 +423,14 @@ class H2Stream:
     @property
     def closed(self) -> bool:
         return self.door.closed
+
+    @property
+    def client_ip(self) -> str:
+        return self.door.client_ip
+
+    @property
+    def peer_ip(self) -> str:
+        return self.door.peer_ip
 
     # --- the request's client side (gateway.hub.request.ClientSide) ---------------------------
 

@@ -20,9 +20,12 @@ each head to a :class:`Request`, which takes it the rest of the way:
    left (:meth:`Request.abandon`): the in-flight slot, stream slot or seat is released exactly
    once, the tunnel stream closed in the metrics once, one audit line written.
 
-What is the door's own stays with the door (:class:`ClientSide`): reading the head and the
+What is the door's own stays with the door (:class:`Door`): reading the head and the
 body, writing a response in its protocol, flow control, its timers, and whether its connection
-lives on after a request.
+lives on after a request. The request's client is the connection's (its peer, or what a
+trusted balancer's PROXY header said), or behind a trusted TLS-terminating proxy its
+``X-Forwarded-For`` (:mod:`gateway.hub.admission.forwarded`): what admission, the
+failed-authentication limit and the audit trail see.
 
 The phases of a request (:class:`Phase`) and the moves between them are one table,
 :data:`TRANSITIONS`; only this module moves a request, and a move the table does not list is a
@@ -38,6 +41,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
+from gateway.hub.admission.auth import UserInfo
 from gateway.hub.admission.chain import (
     AdmissionContext,
     Admitted,
@@ -45,6 +49,7 @@ from gateway.hub.admission.chain import (
     new_request_id,
     start_admission,
 )
+from gateway.hub.admission.forwarded import client_address, source_ips
 from gateway.hub.exchange import SHUTTING_DOWN, Exchange
 from gateway.ops.metrics import GatewayMetrics
 from gateway.wire.http1 import HTTPError, RequestHead
@@ -101,19 +106,29 @@ class FrontDoorHost(AdmissionContext, Protocol):
 
     def audit_stream_start(self, request: Request) -> None: ...
 
-    def request_done(self, *, request_id: str, user: str | None, cluster: str | None,
-                     method: bytes | None, target: bytes | None, status: int, bytes_in: int,
-                     bytes_out: int, duration: float, kind: str, stream: bool = False,
-                     protocol: str = "h1") -> None: ...
+    def request_done(self, *, request_id: str, head: RequestHead | None, status: int,
+                     bytes_in: int, bytes_out: int, duration: float, kind: str,
+                     admitted: Admitted | None = None, stream: bool = False,
+                     protocol: str = "h1", source_ips: tuple[str, ...] = (),
+                     message: str | None = None, started: float = 0.0,
+                     user_info: UserInfo | None = None) -> None: ...
 
     def request_released(self) -> None: ...
 
 
-class ClientSide(Protocol):
-    """The client's side of one request: what a :class:`Request` needs from its front door
-    (an HTTP/1.1 connection, or one stream of an HTTP/2 connection)."""
+class Door(Protocol):
+    """What a :class:`Request` needs from the front door it came through: an HTTP/1.1
+    connection, or one stream of an HTTP/2 connection."""
 
     protocol: str  # "h1" or "h2", for the audit line and the metrics
+
+    @property
+    def client_ip(self) -> str:
+        """The connection's client: its peer, or what a trusted balancer's PROXY header said."""
+
+    @property
+    def peer_ip(self) -> str:
+        """The connection's own peer."""
 
     @property
     def closed(self) -> bool:
@@ -156,11 +171,11 @@ class ClientSide(Protocol):
 
 
 class _Gone:
-    """The client side of a request that is over (see :meth:`Request._let_go`): closed, and a
-    late pause or resume from the tunnel (a window that opens after the response ended) does
+    """The door of a request that is over (see :meth:`Request._let_go`): closed, and a late
+    pause or resume from the tunnel (a window that opens after the response ended) does
     nothing. Nothing else may be asked of it: that would be a bug."""
 
-    protocol = ""
+    protocol = client_ip = peer_ip = ""
     closed = True
     transport = None
 
@@ -194,7 +209,7 @@ class _Gone:
         raise LifecycleError("a request that is over was answered again")
 
 
-GONE: ClientSide = _Gone()
+GONE: Door = _Gone()
 
 
 class FrontDoorConnection(Protocol):
@@ -229,7 +244,7 @@ class Request:
         "_task",
         "admitted",
         "client",
-        "client_ip",
+        "door",
         "exchange",
         "gw",
         "head",
@@ -238,10 +253,12 @@ class Request:
         "started",
     )
 
-    def __init__(self, gw: FrontDoorHost, client: ClientSide, client_ip: str) -> None:
+    def __init__(self, gw: FrontDoorHost, door: Door) -> None:
         self.gw = gw
-        self.client = client
-        self.client_ip = client_ip
+        self.door = door
+        # The request's client: the connection's, or the X-Forwarded-For of a trusted proxy
+        # (gateway.hub.admission.forwarded), known once the head is.
+        self.client = door.client_ip
         self.request_id = new_request_id()
         self.started = time.monotonic()
         self.phase = ADMITTING
@@ -267,11 +284,12 @@ class Request:
     def start(self, head: RequestHead) -> None:
         """Admit the request whose head the door has read."""
         self.head = head
+        self.client = client_address(self.door.client_ip, head, self.gw.config.forwarded_for_from)
         try:
-            started = start_admission(self.gw, head, self.client_ip, self.request_id)
+            started = start_admission(self.gw, head, self.client, self.request_id)
         except Refusal as exc:
             self.refuse(exc.status, exc.message, retry_after=exc.retry_after,
-                        extra_headers=exc.extra_headers)
+                        extra_headers=exc.extra_headers, user_info=exc.user_info)
             return
         self._counted = True
         if isinstance(started, Admitted):
@@ -285,13 +303,13 @@ class Request:
         if task.cancelled():
             return
         exc = task.exception()
-        if self.phase is not ADMITTING or self.client.closed:
+        if self.phase is not ADMITTING or self.door.closed:
             if exc is None:
                 task.result().release()  # admitted, but the client left
             return
         if isinstance(exc, Refusal):
             self.refuse(exc.status, exc.message, retry_after=exc.retry_after,
-                        extra_headers=exc.extra_headers)
+                        extra_headers=exc.extra_headers, user_info=exc.user_info)
         elif exc is not None:
             log.error("request %s: admission failed: %s", self.request_id, type(exc).__name__,
                       exc_info=exc)
@@ -305,7 +323,7 @@ class Request:
         assert head is not None
         self.admitted = admitted
         try:
-            early, rest = self.client.body_so_far(admitted)
+            early, rest = self.door.body_so_far(admitted)
         except HTTPError as exc:
             admitted.release()
             self.refuse(exc.status, str(exc), close=True)
@@ -333,7 +351,7 @@ class Request:
         if exchange.done or self.phase is DONE:  # refused synchronously
             return
         self._to(UPGRADE if admitted.upgrade else BODY)
-        self.client.opened(self)
+        self.door.opened(self)
 
     # --- the request body (called by the door) -------------------------------------------------
 
@@ -347,7 +365,7 @@ class Request:
             return
         self._to(WAITING)
         short = not exchange.head_sent and not self.long_running
-        self.client.arm(self.gw.config.limits.response_header_timeout if short else 0,
+        self.door.arm(self.gw.config.limits.response_header_timeout if short else 0,
                         exchange.timed_out)
 
     def fail_body(self, status: int, message: str) -> bool:
@@ -371,16 +389,16 @@ class Request:
 
     @property
     def transport(self) -> Any:
-        return self.client.transport
+        return self.door.transport
 
     def pause_reading(self, reason: str) -> None:
-        self.client.pause_reading(reason)
+        self.door.pause_reading(reason)
 
     def resume_reading(self, reason: str) -> None:
-        self.client.resume_reading(reason)
+        self.door.resume_reading(reason)
 
     def response_started(self, exchange: Exchange) -> bool:
-        closing = self.client.response_started(self, exchange)
+        closing = self.door.response_started(self, exchange)
         if self.long_running and not exchange.admitted.upgrade:  # a watch or logs -f
             self._stream_started(exchange)
             if self.gw.draining:  # started while the gateway shuts down: end it at once
@@ -391,7 +409,7 @@ class Request:
         """A real 101: from here raw bytes both ways."""
         self._to(RAW)
         self._stream_started(exchange)
-        self.client.upgraded(self)
+        self.door.upgraded(self)
 
     def _stream_started(self, exchange: Exchange) -> None:
         """A watch, ``logs -f`` or upgrade may stay open for hours: audit its start, and drop
@@ -415,7 +433,7 @@ class Request:
         self._record(exchange.status, exchange.bytes_in, exchange.bytes_out,
                      stream=exchange.streaming)
         self._release()
-        self.client.finished(self, phase, keep_alive)
+        self.door.finished(self, phase, keep_alive)
         self._let_go()
 
     def exchange_failed(self, exchange: Exchange, status: int, message: str,
@@ -433,10 +451,11 @@ class Request:
     # --- the end --------------------------------------------------------------------------------
 
     def refuse(self, status: int, message: str, *, retry_after: int | None = None,
-               extra_headers: tuple[tuple[bytes, bytes], ...] = (), close: bool = False
-               ) -> None:
-        """Answer the request with a ``Status`` (``close``: and close the connection)."""
-        if self.phase is DONE or self.client.closed:
+               extra_headers: tuple[tuple[bytes, bytes], ...] = (), close: bool = False,
+               user_info: UserInfo | None = None) -> None:
+        """Answer the request with a ``Status`` (``close``: and close the connection);
+        ``user_info``: the hub user, when admission refused it after authentication."""
+        if self.phase is DONE or self.door.closed:
             self._release()
             self._let_go()
             return
@@ -446,9 +465,9 @@ class Request:
         log.debug("request %s answered by the gateway: %d %s", self.request_id, status, message)
         if status == 401:
             extra_headers = (*extra_headers, WWW_AUTHENTICATE)
-        sent = self.client.answer(self, phase, status, message, retry_after=retry_after,
+        sent = self.door.answer(self, phase, status, message, retry_after=retry_after,
                                   extra_headers=extra_headers, close=close)
-        self._record(status, 0, sent)
+        self._record(status, 0, sent, message=message, user_info=user_info)
         self._release()
         self._let_go()
 
@@ -474,7 +493,7 @@ class Request:
         """The request is over and its door is done with it: drop the reference to its client
         side. An HTTP/2 stream and its request refer to each other, and that cycle would leave
         both (and what they hold) to the cyclic collector instead of freeing them at once."""
-        self.client = GONE
+        self.door = GONE
 
     def _release(self) -> None:
         if self._counted:
@@ -482,20 +501,25 @@ class Request:
             self.gw.inflight -= 1
             self.gw.request_released()
 
-    def _record(self, status: int, bytes_in: int, bytes_out: int, *,
-                stream: bool = False) -> None:
+    def _record(self, status: int, bytes_in: int, bytes_out: int, *, stream: bool = False,
+                message: str | None = None, user_info: UserInfo | None = None) -> None:
         head, admitted = self.head, self.admitted
-        method = head.method if head is not None else None
-        target = head.target if head is not None else None
         if admitted is not None:
             kind = admitted.kind
-        else:  # refused before admission said: for the latency histograms only
-            kind = front_door_class(target, method=method or b"GET") if target else SHORT
+        elif head is not None:  # refused before admission said: for the latency histograms
+            kind = front_door_class(head.target, method=head.method)
+        else:
+            kind = SHORT
         self.gw.request_done(
-            request_id=self.request_id,
-            user=admitted.user if admitted is not None else None,
-            cluster=admitted.cluster if admitted is not None else None,
-            method=method, target=target, status=status, bytes_in=bytes_in,
+            request_id=self.request_id, head=head, status=status, bytes_in=bytes_in,
             bytes_out=bytes_out, duration=time.monotonic() - self.started, kind=kind,
-            stream=stream, protocol=self.client.protocol,
+            admitted=admitted, stream=stream, protocol=self.door.protocol,
+            source_ips=self.source_ips, message=message, started=self.started,
+            user_info=user_info,
         )
+
+    @property
+    def source_ips(self) -> tuple[str, ...]:
+        """The request's client, then the proxies it came through."""
+        door = self.door
+        return source_ips(self.client, door.client_ip, door.peer_ip)

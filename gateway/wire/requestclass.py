@@ -52,26 +52,24 @@ WebSocket) are ``stream``: they need the ``Upgrade`` the gateway checked, not th
 The classes: ``watch`` for watches; ``stream`` for upgrades and ``logs -f``; ``short`` for the
 rest, which kube-apiserver cuts off after its request timeout.
 
-Pure and cheap on the common request: a target whose path has no ``/watch/`` and whose query
-has neither ``watch``, ``follow`` nor ``%`` is ``short`` after a few substring tests.
-:func:`request_class` takes the API target (path and query after ``/<cluster>``, not decoded:
-as it is forwarded); :func:`front_door_class` the client's whole ``/<cluster>/...`` target.
-The gateway's own Service form (``.../services/<svc>:<port>/proxy-service/...``) reads as a
-request for a named object, so only its upgrades are long-running.
+How the request line is read is :mod:`gateway.wire.requestinfo`'s (kube-apiserver's
+``RequestInfo``, also the verb of the gateway's Kubernetes audit events): one reading for both.
+Pure and cheap on the common request: a target with no ``/watch/`` or ``%`` in its path and no
+parameter that is or may decode to ``watch`` or ``follow`` is ``short`` after a few substring
+tests. :func:`request_class` takes the API target (path and query after ``/<cluster>``, not
+decoded: as it is forwarded); :func:`front_door_class` the client's whole ``/<cluster>/...``
+target. The gateway's own Service form (``.../services/<svc>:<port>/proxy-service/...``) reads
+as a request for a named object, so only its upgrades are long-running.
 """
 
 from __future__ import annotations
+
+from gateway.wire.requestinfo import query_flag, request_info
 
 SHORT = "short"
 WATCH = "watch"
 STREAM = "stream"
 CLASSES = (SHORT, WATCH, STREAM)
-
-_HEX = frozenset(b"0123456789abcdefABCDEF")
-# RequestInfo's namespace subresources: /namespaces/<ns>/status is the namespace's, not a
-# resource named "status".
-_NAMESPACE_SUBRESOURCES = (b"status", b"finalize")
-_GET = (b"GET", b"HEAD")
 
 
 def request_class(target: bytes, upgrade: bool = False, method: bytes = b"GET") -> str:
@@ -80,24 +78,16 @@ def request_class(target: bytes, upgrade: bool = False, method: bytes = b"GET") 
     if upgrade:
         return STREAM
     path, _, query = target.partition(b"?")
-    if b"%" in path:
-        path = _unescape(path, plus_is_space=False) or path
-    if b"/watch/" not in path and (not query or (b"watch" not in query and b"follow" not in query
-                                                 and b"%" not in query)):
+    if b"/watch/" not in path and b"%" not in path and (
+            not query or (b"watch" not in query and b"follow" not in query
+                          and (b"%" not in query or not _escaped_name(query)))):
         return SHORT
-    rest = _resource_parts(path)
-    if rest is None:
-        return SHORT
-    if rest[0] == b"watch":  # the legacy watch path: the verb, whatever the method or query
-        return WATCH if len(rest) > 1 else SHORT  # (nothing after it: an error there)
-    if rest[0] == b"proxy" or method not in _GET:  # the legacy proxy verb; not a get
-        return SHORT
-    if rest[0] == b"namespaces" and len(rest) > 2 and rest[2] not in _NAMESPACE_SUBRESOURCES:
-        rest = rest[2:]
-    if len(rest) == 1:  # a collection: a list, or a watch
-        return WATCH if _is_true(query, b"watch") else SHORT
-    if len(rest) > 2 and rest[0] == b"pods" and rest[2] == b"log":
-        return STREAM if _is_true(query, b"follow") else SHORT
+    info = request_info(method, target)
+    if info.verb == "watch":
+        return WATCH
+    if info.verb == "get" and info.subresource == "log" and info.resource == "pods" \
+            and query_flag(query, b"follow"):
+        return STREAM
     return SHORT
 
 
@@ -112,58 +102,6 @@ def is_long_running(target: bytes, upgrade: bool = False, method: bytes = b"GET"
     return request_class(target, upgrade, method) != SHORT
 
 
-def _resource_parts(path: bytes) -> list[bytes] | None:
-    """What kube-apiserver's RequestInfo reads after ``/api/<version>`` or
-    ``/apis/<group>/<version>`` of a resource request (None: not one)."""
-    parts = path.strip(b"/").split(b"/")
-    if len(parts) < 3:
-        return None
-    if parts[0] == b"api":
-        return parts[2:]
-    if parts[0] == b"apis" and len(parts) > 3:
-        return parts[3:]
-    return None
-
-
-def _is_true(query: bytes, name: bytes) -> bool:
-    """The first value of ``name`` as a bool the way kube-apiserver converts query parameters
-    (``runtime.Convert_Slice_string_To_bool``): absent, ``0`` or ``false`` in any case (Go's
-    ``strings.EqualFold``) is false, anything else, the empty string included, is true."""
-    value = _first_value(query, name)
-    if value is None:
-        return False
-    # EqualFold with "false": ASCII case, and U+017F (long s) folds to "s".
-    return value != b"0" and value.replace(b"\xc5\xbf", b"s").lower() != b"false"
-
-
-def _first_value(query: bytes, name: bytes) -> bytes | None:
-    """The first value of parameter ``name`` as Go's ``url.ParseQuery`` reads the query: pairs
-    split at ``&``, a pair with a ``;`` or a bad escape ignored, names and values decoded."""
-    for pair in query.split(b"&"):
-        if not pair or b";" in pair:
-            continue
-        key, _, value = pair.partition(b"=")
-        if key != name and ((b"%" not in key and b"+" not in key)
-                            or _unescape(key, plus_is_space=True) != name):
-            continue
-        if b"%" in value or b"+" in value:
-            decoded = _unescape(value, plus_is_space=True)
-            if decoded is None:
-                continue
-            value = decoded
-        return value
-    return None
-
-
-def _unescape(text: bytes, *, plus_is_space: bool) -> bytes | None:
-    """Percent-decoding (and ``+`` as a space in a query); None for a malformed escape."""
-    if plus_is_space:
-        text = text.replace(b"+", b" ")
-    pieces = text.split(b"%")
-    out = [pieces[0]]
-    for piece in pieces[1:]:
-        if len(piece) < 2 or piece[0] not in _HEX or piece[1] not in _HEX:
-            return None
-        out.append(bytes((int(piece[:2], 16),)))
-        out.append(piece[2:])
-    return b"".join(out)
+def _escaped_name(query: bytes) -> bool:
+    """Whether a parameter name is percent-encoded (``wat%63h`` is ``watch`` once decoded)."""
+    return any(b"%" in pair.partition(b"=")[0] for pair in query.split(b"&"))

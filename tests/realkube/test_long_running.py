@@ -1,7 +1,9 @@
 """The long-running table of ``gateway.wire.requestclass`` against the real kube-apiserver
 (issue 25): every row of ``tests/gateway/wire/test_requestclass.py`` but the destructive one is
 sent to the managed apiserver, and the predicate must call it what the server made of it: a
-watch (its audit verb), a follow (the query it sent the pod's kubelet) or neither."""
+watch (its audit verb), a follow (the query it sent the pod's kubelet) or neither; and
+``gateway.wire.requestinfo``, which both the predicate and the gateway's own Kubernetes audit
+events read requests with, must give each the verb the server's audit event gave it."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from gateway.wire.requestclass import SHORT, STREAM, WATCH, request_class
+from gateway.wire.requestinfo import request_info
 from tests.gateway.wire.test_requestclass import KUBE_APISERVER_TABLE, LOG
 from tests.realkube import longrunning
 from tests.realkube.conftest import Kube
@@ -46,9 +49,10 @@ def test_the_predicate_agrees_with_the_real_kube_apiserver(
             target += ("&" if "?" in target else "?") + "insecureSkipTLSVerifyBackend=true"
         real, seen = kube_apiserver_class(kube, kubelet, method, target)
         ours = request_class(target.encode(), method=method.encode())
-        if not real == ours == expected:
+        verb = request_info(method, target).verb
+        if not real == ours == expected or verb != seen.verb:
             disagree.append(f"{method} {target}: kube-apiserver {real} ({seen}), "
-                            f"predicate {ours}, table {expected}")
+                            f"predicate {ours}, table {expected}, requestinfo verb {verb}")
     assert not disagree, "\n".join(disagree)
 
 

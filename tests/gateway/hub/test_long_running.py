@@ -102,7 +102,7 @@ async def test_rule7_every_spelling_of_a_watch_counts_against_the_cap(gw: Harnes
 async def test_only_what_kube_apiserver_watches_is_audited_as_a_stream(
         gw: Harness, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger=audit.AUDIT_LOGGER)
-    gw.gateway._audit = True
+    gw.gateway.audit_trail.lines = True
     for query in ("?watch=0", "?watch=no"):
         reader, writer = await gw.open()
         writer.write(get(COLLECTION + query))
