@@ -53,6 +53,7 @@ from gateway.hub.admission.forwarded import client_address, source_ips
 from gateway.hub.exchange import SHUTTING_DOWN, Exchange
 from gateway.ops.metrics import GatewayMetrics
 from gateway.wire.http1 import HTTPError, RequestHead
+from gateway.wire.identity import AUDIT_ID
 from gateway.wire.requestclass import SHORT, front_door_class
 from tunnel.connection import TunnelSession
 
@@ -366,7 +367,7 @@ class Request:
         self._to(WAITING)
         short = not exchange.head_sent and not self.long_running
         self.door.arm(self.gw.config.limits.response_header_timeout if short else 0,
-                        exchange.timed_out)
+                      exchange.timed_out)
 
     def fail_body(self, status: int, message: str) -> bool:
         """The request body broke (bad framing, too large, stalled): cancel the upstream
@@ -463,10 +464,13 @@ class Request:
         self._to(DONE)
         # Status messages are fixed wording (never a token): safe to say why at debug.
         log.debug("request %s answered by the gateway: %d %s", self.request_id, status, message)
+        # Its id, which the agent sends the managed apiserver as Audit-ID for the requests it
+        # forwards: the client can name any request of its, answered there or here.
+        extra_headers = (*extra_headers, (AUDIT_ID, self.request_id.encode("ascii")))
         if status == 401:
             extra_headers = (*extra_headers, WWW_AUTHENTICATE)
         sent = self.door.answer(self, phase, status, message, retry_after=retry_after,
-                                  extra_headers=extra_headers, close=close)
+                                extra_headers=extra_headers, close=close)
         self._record(status, 0, sent, message=message, user_info=user_info)
         self._release()
         self._let_go()
