@@ -66,7 +66,7 @@ H2Door = Callable[[FrontDoorHost, str, str], asyncio.Protocol]
 
 
 class FrontDoor(asyncio.Protocol):
-    """One HTTP/1.1 client connection, the :class:`gateway.hub.request.ClientSide` of its
+    """One HTTP/1.1 client connection, the :class:`gateway.hub.request.Door` of its
     current request. See the module docstring."""
 
     protocol = "h1"
@@ -276,7 +276,7 @@ class FrontDoor(asyncio.Protocol):
             request.body_sent()
             self._check_buffer()
 
-    # --- the request's client side (gateway.hub.request.ClientSide) ---------------------------
+    # --- the request's door (gateway.hub.request.Door) ---------------------------------------
 
     def body_so_far(self, admitted: Admitted) -> tuple[bytes, bytes | None]:
         tracker = self.tracker

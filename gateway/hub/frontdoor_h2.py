@@ -366,7 +366,7 @@ _NO_EARLY: list[bytes] = []  # shared, never appended to: a stream's early body 
 
 
 class H2Stream:
-    """One HTTP/2 stream: the :class:`gateway.hub.request.ClientSide` of its request.
+    """One HTTP/2 stream: the :class:`gateway.hub.request.Door` of its request.
 
     It is also the Exchange's transport: ``write`` receives the HTTP/1.1 response bytes and
     sends them as HEADERS and DATA.
@@ -428,7 +428,7 @@ class H2Stream:
     def peer_ip(self) -> str:
         return self.door.peer_ip
 
-    # --- the request's client side (gateway.hub.request.ClientSide) ---------------------------
+    # --- the request's door (gateway.hub.request.Door) ---------------------------------------
 
     def body_so_far(self, admitted: Admitted) -> tuple[bytes, bytes | None]:
         early = b"".join(self.early)

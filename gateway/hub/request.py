@@ -494,8 +494,8 @@ class Request:
         self._let_go()
 
     def _let_go(self) -> None:
-        """The request is over and its door is done with it: drop the reference to its client
-        side. An HTTP/2 stream and its request refer to each other, and that cycle would leave
+        """The request is over and its door is done with it: drop the reference to its door.
+        An HTTP/2 stream and its request refer to each other, and that cycle would leave
         both (and what they hold) to the cyclic collector instead of freeing them at once."""
         self.door = GONE
 
