@@ -65,6 +65,7 @@ from tunnel.connection import ALPN, SessionConfig
 from tunnel.join import JOIN_ALPN, JoinHandler
 from tunnel.listener import RefuseHook, start_tunnel_listener
 from tunnel.registry import SessionRegistry
+from tunnel.session_state import HUB_PING_AFTER
 
 log = logging.getLogger("hubproxy.gateway")
 
@@ -175,6 +176,8 @@ class Gateway:
         self.metrics.hub_outage_answers = lambda: outage_answers(authenticator, authorizer)
         self.metrics.handshake_failures = lambda: (
             self._tunnel.handshake_failures if self._tunnel is not None else {})
+        self.metrics.tunnel_admission = lambda: (
+            self._tunnel.admission() if self._tunnel is not None else {})
         self.audit_trail = audit_trail or AuditTrail(
             lines=audit.logger.isEnabledFor(logging.INFO))
         self.metrics.audit_events = self.audit_trail.events
@@ -308,6 +311,7 @@ class Gateway:
                     thost, tport, self.tunnel_ssl, self.registry, self.session_config,
                     reuse_port=shared, naming=config.agent_naming,
                     join=self.tunnel_join, refuse=self.tunnel_refuse,
+                    max_handshakes=config.tunnel_max_handshakes, backlog=config.tunnel_backlog,
                 )
             except OSError as exc:
                 raise startup.bind_error(exc, thost, tport, "--tunnel-listen") from None
@@ -450,7 +454,7 @@ def _tunnel_alpn() -> list[str]:
 def session_settings(config: GatewayConfig) -> SessionConfig:
     """Tunnel settings of the hub side: the tunnel's defaults, this process's instance, and
     the liveness flags."""
-    liveness: dict[str, float] = {}
+    liveness: dict[str, float] = {"ping_after": HUB_PING_AFTER}
     if config.tunnel_keepalive is not None:
         liveness["ping_after"] = config.tunnel_keepalive
     if config.tunnel_timeout is not None:
