@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -30,400 +31,36 @@ import sys
 from typing import Any
 
 from gateway.hub.clusterprofile import component as clusterprofile
-from gateway.hub.config import FrontDoorLimits, GatewayConfig
+from gateway.hub.config import GatewayConfig
 from gateway.hub.join.service import JoinService
 from gateway.hub.ocm import component as ocm
 from gateway.hub.workers import NOT_READY as WORKER_NOT_READY
 from gateway.hub.workers import instance_id as workers_instance_id
 from gateway.hub.workers import readiness_gate as workers_readiness_gate
-from gateway.ops import audit, diagnostics, gctune, startup
-from gateway.ops.flags import (
-    add_tunnel_liveness_arguments,
-    parse_address,
-    parse_duration,
-    parse_size,
-    positive_int,
-    tunnel_liveness,
-)
+from gateway.ops import audit, diagnostics, gctune, settings, startup
 from gateway.ops.metricslink import MetricsLink, PeerSnapshots, SnapshotSender
 from gateway.ops.rlimits import raise_open_file_limit
-from gateway.wire.http1 import Limits
-from tunnel.identity import AgentNaming
 
 log = logging.getLogger("hubproxy.gateway")
 
 
-def _address(value: str) -> tuple[str, int]:
-    try:
-        return parse_address(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _duration(value: str) -> float:
-    try:
-        return parse_duration(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _size(value: str) -> int:
-    try:
-        return parse_size(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _rate(value: str) -> float:
-    try:
-        rate = float(value)
-    except ValueError:
-        rate = 0.0
-    if not rate > 0 or rate == float("inf"):
-        raise argparse.ArgumentTypeError(f"{value!r}: expected a positive number")
-    return rate
-
-
-def _non_negative_int(value: str) -> int:
-    number = int(value)
-    if number < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
-    return number
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``hubproxy gateway``: every setting of :class:`GatewayConfig`."""
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    net = parser.add_argument_group("listeners")
-    net.add_argument("--listen", type=_address, default=("0.0.0.0", 9092), metavar="HOST:PORT",
-                     help="front door for users, HTTPS (default: 0.0.0.0:9092)")
-    net.add_argument("--tunnel-listen", type=_address, default=("0.0.0.0", 8091),
-                     metavar="HOST:PORT", help="agent tunnel, mTLS 1.3 (default: 0.0.0.0:8091)")
-    net.add_argument("--health-listen", default="0.0.0.0:8000", metavar="HOST:PORT",
-                     help="plain HTTP /healthz /readyz /metrics /clusters, "
-                     "unauthenticated: keep it on a private address; 'off' to disable "
-                     "(default: 0.0.0.0:8000)")
-    tls = parser.add_argument_group("certificates (reloaded when the files change)")
-    tls.add_argument("--tls-dir", required=True, metavar="DIR",
-                     help="front-door serving certificate: DIR/tls.crt, DIR/tls.key")
-    tls.add_argument("--tunnel-tls-dir", required=True, metavar="DIR",
-                     help="tunnel serving certificate: DIR/tls.crt, DIR/tls.key")
-    tls.add_argument("--agent-ca", required=True, metavar="FILE",
-                     help="CA bundle that issued agent client certificates (REQUIRED: the "
-                     "gateway refuses to start without it)")
-    tls.add_argument("--agent-identity", choices=("uri", "ocm"), default="uri",
-                     help="where an agent certificate names its cluster. uri: the URI SAN "
-                     "hubproxy://cluster/<name> (hubproxy certs); ocm: the subject Open Cluster "
-                     "Management gives an add-on agent, CN=system:open-cluster-management:"
-                     "cluster:<name>:addon:<addon>:agent:<agent> (deploy/ocm) "
-                     "(default: %(default)s)")
-    tls.add_argument("--ocm-addon-name", default="hubproxy", metavar="NAME",
-                     help="with --agent-identity=ocm, the add-on whose agents may connect "
-                     "(default: %(default)s)")
-    hub = parser.add_argument_group("hub authentication and authorization")
-    hub.add_argument("--hub-kubeconfig", metavar="FILE",
-                     help="kubeconfig for the hub API (TokenReview, SubjectAccessReview); "
-                     "default: in-cluster service account")
-    hub.add_argument("--audience", action="append", default=[], metavar="AUD",
-                     help="accept only tokens for this audience (repeatable)")
-    hub.add_argument("--token-cache-ttl", type=_duration, default=10.0, metavar="DURATION",
-                     help="cache TokenReview/SubjectAccessReview outcomes this long "
-                     "(default: 10s; 0 disables)")
-    hub.add_argument("--hub-outage-grace", type=_duration, default=300.0, metavar="DURATION",
-                     help="while the hub cannot be asked (down, timing out, or past "
-                     "--hub-max-concurrent-reviews), keep accepting a token, and the "
-                     "managedclusters/proxy permission, that the hub itself confirmed less than "
-                     "--token-cache-ttl + DURATION ago; asked again once per --token-cache-ttl. "
-                     "Tokens never seen, and any the hub said no to, get 503 with Retry-After. "
-                     "A revocation made during the outage takes effect when the hub answers "
-                     "again (default: 5m; 0: refuse every request the hub cannot confirm)")
-    hub.add_argument("--identity-prefix", default="cluster:hub:", metavar="PREFIX",
-                     help="prefix for every hub user and group on managed clusters "
-                     "(default: %(default)s)")
-    hub.add_argument("--authorize", choices=("sar", "none"), default="sar",
-                     help="sar: hub SubjectAccessReview 'get managedclusters/proxy <cluster>' "
-                     "(group cluster.open-cluster-management.io); none: any authenticated hub "
-                     "user (default: %(default)s)")
-    hub.add_argument("--token-passthrough", action="store_true",
-                     help="forward a token the hub cleanly rejects, untouched and without "
-                     "impersonation (for managed-cluster tokens); off by default")
-    hub.add_argument("--auth-failure-rate", type=_rate, default=1.0, metavar="PER_SECOND",
-                     help="failed authentications allowed per second and client address "
-                     "(IPv6: per /64), sustained (default: %(default)s). Beyond it and the "
-                     "burst, that address's requests that would need a hub TokenReview get 429 "
-                     "with Retry-After; tokens already cached as valid still pass. Counted per "
-                     "gateway process (--workers, --replicas)")
-    hub.add_argument("--auth-failure-burst", type=positive_int, default=20, metavar="N",
-                     help="failed authentications a client address may make in a burst before "
-                     "--auth-failure-rate applies (default: %(default)s)")
-    hub.add_argument("--hub-max-concurrent-reviews", type=positive_int, default=64, metavar="N",
-                     help="TokenReview and SubjectAccessReview calls to the hub in flight at "
-                     "once, per gateway process (identical ones are coalesced; default: "
-                     "%(default)s)")
-    hub.add_argument("--hub-review-wait", type=_duration, default=1.0, metavar="DURATION",
-                     help="how long a review waits for one of those slots before the request "
-                     "gets 503 with Retry-After (default: 1s)")
-    lim = parser.add_argument_group("limits and timeouts")
-    lim.add_argument("--max-streams-per-identity", type=positive_int, default=500, metavar="N",
-                     help="long-running requests (watches, logs -f, exec, attach, "
-                     "port-forward) one identity may hold open on one cluster at once; 429 "
-                     "beyond (default: %(default)s). The identity is the hub user (with "
-                     "--token-passthrough: the token). A controller that watches every resource "
-                     "type of a CRD-heavy cluster (Argo CD's cluster cache) needs one watch per "
-                     "type: size it for that")
-    fair = parser.add_argument_group(
-        "fair queuing of short requests between identities (as kube-apiserver's API Priority "
-        "and Fairness; watches, logs -f, exec, attach and port-forward are not queued: "
-        "--max-streams-per-identity caps them)")
-    fair.add_argument("--max-executing-requests", type=_non_negative_int, default=400,
-                      metavar="N",
-                      help="short requests executing at once (seats; a request holds one from "
-                      "admission until its response ends). Past it, requests wait in queues, "
-                      "one set of queues per identity (the hub user), and a freed seat goes to "
-                      "the identity that has had the least seat-time, so one identity flooding "
-                      "the gateway cannot starve the others. Size it below the concurrency at "
-                      "which the gateway's latency grows; 0 turns fair queuing off (default: "
-                      "%(default)s, kube-apiserver's --max-requests-inflight)")
-    fair.add_argument("--fair-queues", type=positive_int, default=64, metavar="N",
-                      help="queues shared by all identities (default: %(default)s)")
-    fair.add_argument("--fair-hand-size", type=positive_int, default=8, metavar="N",
-                      help="queues each identity is shuffle-sharded onto: it takes the "
-                      "shortest of them and keeps it while it has requests waiting or "
-                      "executing (default: %(default)s; at most --fair-queues)")
-    fair.add_argument("--fair-queue-length", type=positive_int, default=128, metavar="N",
-                      help="requests waiting in one queue (so of one identity) at most; one "
-                      "more gets 429 with Retry-After (default: %(default)s)")
-    fair.add_argument("--fair-queue-wait", type=_duration, default=15.0, metavar="DURATION",
-                      help="how long a request may wait for a seat before it gets 429 with "
-                      "Retry-After (default: 15s, a quarter of kube-apiserver's request "
-                      "timeout)")
-    lim.add_argument("--revalidate-streams", action=argparse.BooleanOptionalAction,
-                     default=True,
-                     help="ask the hub again about open long-running requests (watches, logs "
-                     "-f, exec, attach, port-forward) as their cached TokenReview and "
-                     "authorization expire (--token-cache-ttl), and close them once the hub "
-                     "cleanly says no (token revoked, ServiceAccount deleted, "
-                     "managedclusters/proxy lost): within the TTL + 5s. A watch ends cleanly "
-                     "(client-go re-lists and gets 401/403), exec/attach end with a Status "
-                     "kubectl prints (WebSocket or SPDY), other streams are closed. Hub errors "
-                     "never close a "
-                     "stream. Not for --token-passthrough requests (default: on)")
-    lim.add_argument("--max-header-bytes", type=positive_int, default=64 * 1024,
-                     help="request head size limit (431 beyond; default: %(default)s)")
-    lim.add_argument("--max-headers", type=positive_int, default=128,
-                     help="header field count limit (431 beyond; default: %(default)s)")
-    lim.add_argument("--max-request-line", type=positive_int, default=16 * 1024,
-                     help="request line length limit (414 beyond; default: %(default)s)")
-    lim.add_argument("--max-request-body", type=_size, default=3 * 1024 * 1024, metavar="SIZE",
-                     help="request body size limit in bytes, or with Ki/Mi/Gi (default: 3Mi, "
-                     "kube-apiserver's own limit). 413 before anything is forwarded when "
-                     "Content-Length says more (no 100 Continue is sent); a chunked body is "
-                     "counted as it streams, and the request is cancelled upstream and "
-                     "answered 413 once it passes the limit")
-    lim.add_argument("--header-timeout", type=_duration, default=30.0, metavar="DURATION",
-                     help="time to receive a request head (408 beyond; default: 30s)")
-    lim.add_argument("--idle-timeout", type=_duration, default=120.0, metavar="DURATION",
-                     help="close keep-alive connections idle this long (default: 120s)")
-    lim.add_argument("--response-header-timeout", type=_duration, default=60.0,
-                     metavar="DURATION",
-                     help="time from a short request to its response head (504 beyond; 0: "
-                     "none; default: 60s, kube-apiserver's own request timeout). Watches, "
-                     "logs -f and upgrades are exempt, and there is no total timeout")
-    lim.add_argument("--max-connections", type=positive_int, default=10000,
-                     help="client connections at once (default: %(default)s)")
-    lim.add_argument("--max-inflight", type=positive_int, default=10000,
-                     help="requests in progress at once (429 beyond; default: %(default)s)")
-    lim.add_argument("--no-http2", action="store_true",
-                     help="offer only HTTP/1.1 at the front door (ALPN). By default h2 is "
-                     "offered too: kubectl and client-go then carry every request and watch of "
-                     "a context as streams of one connection (upgrades such as exec and "
-                     "port-forward still use HTTP/1.1)")
-    lim.add_argument("--max-h2-streams", type=positive_int, default=250, metavar="N",
-                     help="concurrent streams per HTTP/2 client connection "
-                     "(SETTINGS_MAX_CONCURRENT_STREAMS; default: %(default)s, Go's own). "
-                     "client-go opens another connection when one is full; each open stream "
-                     "is a request in progress (--max-inflight counts it)")
-    lim.add_argument("--unknown-cluster-grace", type=_duration, default=60.0,
-                     metavar="DURATION",
-                     help="after start, answer 503 (not 404) for clusters not seen yet, while "
-                     "agents reconnect (default: 60s). Only without a --cluster-inventory")
-    lim.add_argument("--cluster-inventory", default="auto",
-                     choices=("auto", "managedclusters", "clusterprofiles", "none"),
-                     help="where the hub lists its clusters, to answer a cluster that is not "
-                     "connected at once: 404 if the inventory does not know it, 503 if it "
-                     "does. managedclusters: OCM ManagedCluster objects; clusterprofiles: "
-                     "ClusterProfile objects (in the --clusterprofile-namespace namespaces, "
-                     "default all); auto: the first of the two that the hub has, the gateway "
-                     "may list, and that lists at least one cluster; none: no inventory, "
-                     "--unknown-cluster-grace instead (default: %(default)s). Needs list and "
-                     "watch on the resource (deploy/hub grants both)")
-    lim.add_argument("--replicas", type=positive_int, default=None, metavar="N",
-                     help="deprecated: instances are discovered from Leases (--lease-namespace). "
-                     "Only without Leases: gateway pods sharing the tunnel address, i.e. the "
-                     "Deployment's replicas (default: 1); agents keep one session to each of "
-                     "replicas x workers processes. Given with Leases, it is ignored (a "
-                     "warning says so)")
-    lim.add_argument("--lease-namespace", default=None, metavar="NAMESPACE",
-                     help="live instance discovery: every gateway process (each worker too) "
-                     "holds a coordination.k8s.io Lease in this hub namespace, renewed every "
-                     "5s and deleted on exit, and tells its agents the live instances so they "
-                     "hold one session to each (no replica count to keep in step). Default: "
-                     "the pod's namespace when running in a cluster, else off; 'off' disables. "
-                     "Needs hub RBAC on leases in that namespace (deploy/hub/rbac.yaml)")
-    lim.add_argument("--lease-duration", type=positive_int, default=15, metavar="SECONDS",
-                     help="with Leases: an instance whose Lease was not renewed for this long "
-                     "is gone (killed, cut off) and no longer announced; renewed every third "
-                     "of it (default: %(default)s)")
-    lim.add_argument("--ready-wait", type=_duration, default=30.0, metavar="DURATION",
-                     help="with Leases: /readyz stays 503 until this instance serves every "
-                     "cluster the other live instances serve, for at most this long after "
-                     "start (default: 30s; 0: no gate), so the Service sends no request to an "
-                     "instance that agents have not reached yet")
-    lim.add_argument("--workers", type=positive_int, default=1, metavar="N",
-                     help="gateway processes sharing the front door and tunnel ports "
-                     "(default: %(default)s). Agents keep one session to each. Each worker "
-                     "uses one core and its own memory; worker 0 serves health and metrics "
-                     "(the sum of all workers, at most ~1s behind; /readyz is 200 only when "
-                     "every worker is ready, --ready-wait included) and writes ClusterProfiles")
-    lim.add_argument("--shutdown-timeout", type=_duration, default=25.0, metavar="DURATION",
-                     help="on SIGTERM, wait this long for in-flight requests (default: 25s)")
-    lim.add_argument("--shutdown-delay", type=_duration, default=0.0, metavar="DURATION",
-                     help="on SIGTERM, first answer /readyz with 503 and keep serving this "
-                     "long, so the Service and load balancers stop sending here before the "
-                     "front door closes; each HTTP/1.1 response meanwhile closes its "
-                     "connection, so keep-alive clients reconnect elsewhere (default: 0s; "
-                     "deploy/hub uses 5s). Then --shutdown-timeout applies")
-    add_tunnel_liveness_arguments(parser, "agent")
-    parser.add_argument("--log-level", default="info",
-                        choices=("debug", "info", "warning", "error"),
-                        help="log level of diagnostics on stderr (default: %(default)s); the "
-                        "audit trail (one JSON line per request) always goes to stdout")
-    join = parser.add_argument_group(
-        "joining clusters (hubproxy cluster add|list|remove; see deploy/README.md)")
-    join.add_argument("--join-ca-secret", metavar="NAME",
-                      help="enable joining: the Secret (in --join-namespace; tls.crt/tls.key = "
-                      "the tunnel CA, the CA of --agent-ca) that signs agents' certificate "
-                      "requests. The tunnel port then also serves the ALPN hubproxy-join/1: a "
-                      "join token + CSR, or a renewal with the current certificate. Off by "
-                      "default; when set and unreadable the gateway does not start")
-    join.add_argument("--join-namespace", default=_own_namespace(), metavar="NAMESPACE",
-                      help="namespace of the CA Secret and the cluster records (default: the "
-                      "pod's own namespace, else hubproxy)")
-    join.add_argument("--join-certificate-lifetime", type=_duration, default=7 * 86400.0,
-                      metavar="DURATION",
-                      help="lifetime of certificates signed for joined agents (default: 7d); "
-                      "agents renew at two thirds of it")
-    join.add_argument("--join-poll-interval", type=_duration, default=2.0, metavar="DURATION",
-                      help="how often every gateway process re-reads the cluster records: a "
-                      "removed cluster's sessions close within about this long (default: 2s)")
-    clusterprofile.add_arguments(parser)
-    ocm.add_arguments(parser)
-
-
-def _own_namespace() -> str:
-    try:
-        with open("/var/run/secrets/kubernetes.io/serviceaccount/namespace") as f:
-            return f.read().strip() or "hubproxy"
-    except OSError:
-        return "hubproxy"
+    settings.add_flags(parser, GatewayConfig)
 
 
 def config_from_args(args: argparse.Namespace) -> GatewayConfig:
     """A validated :class:`GatewayConfig`; ValueError with a clear message otherwise."""
-    from gateway.hub.admission.identity import validate_prefix
-    from gateway.wire.identity import IdentityError
-
-    if not args.agent_ca:
-        raise ValueError("--agent-ca is required: agents must be verified against a CA "
-                         "(refusing to start without one)")
-    if not os.path.isfile(args.agent_ca):
-        raise ValueError(f"--agent-ca {args.agent_ca}: no such file (refusing to start)")
-    startup.check_ca_file(args.agent_ca, "--agent-ca")
-    startup.check_key_pair(args.tls_dir, "--tls-dir")
-    startup.check_key_pair(args.tunnel_tls_dir, "--tunnel-tls-dir")
-    try:
-        validate_prefix(args.identity_prefix)
-    except IdentityError as exc:
-        raise ValueError(f"--identity-prefix: {exc}") from None
-    if args.fair_hand_size > args.fair_queues:
-        raise ValueError(f"--fair-hand-size {args.fair_hand_size} is more than --fair-queues "
-                         f"{args.fair_queues}")
-    keepalive, tunnel_timeout = tunnel_liveness(args)
-    try:
-        naming = AgentNaming(args.agent_identity, args.ocm_addon_name)
-    except ValueError as exc:
-        raise ValueError(f"--ocm-addon-name: {exc}") from None
-    health = None if args.health_listen in ("", "off") else parse_address(args.health_listen)
-    head = Limits(max_head_bytes=args.max_header_bytes, max_request_line=args.max_request_line,
-                  max_field_line=min(args.max_header_bytes, 64 * 1024),
-                  max_headers=args.max_headers)
-    limits = FrontDoorLimits(
-        head=head,
-        header_timeout=args.header_timeout,
-        idle_timeout=args.idle_timeout,
-        response_header_timeout=args.response_header_timeout,
-        max_connections=args.max_connections,
-        max_inflight=args.max_inflight,
-        max_request_body=args.max_request_body,
-        http2=not args.no_http2,
-        max_h2_streams=args.max_h2_streams,
-    )
-    return GatewayConfig(
-        listen=tuple(args.listen),
-        tunnel_listen=tuple(args.tunnel_listen),
-        health_listen=health,
-        tls_dir=args.tls_dir,
-        tunnel_tls_dir=args.tunnel_tls_dir,
-        agent_ca=args.agent_ca,
-        agent_naming=naming,
-        hub_kubeconfig=args.hub_kubeconfig,
-        audiences=tuple(args.audience or ()),
-        token_cache_ttl=args.token_cache_ttl,
-        hub_outage_grace=args.hub_outage_grace,
-        identity_prefix=args.identity_prefix,
-        authorize=args.authorize,
-        token_passthrough=bool(args.token_passthrough),
-        auth_failure_rate=args.auth_failure_rate,
-        auth_failure_burst=args.auth_failure_burst,
-        hub_max_concurrent_reviews=args.hub_max_concurrent_reviews,
-        hub_review_wait=args.hub_review_wait,
-        max_streams_per_identity=args.max_streams_per_identity,
-        max_executing_requests=args.max_executing_requests,
-        fair_queues=args.fair_queues,
-        fair_hand_size=args.fair_hand_size,
-        fair_queue_length=args.fair_queue_length,
-        fair_queue_wait=args.fair_queue_wait,
-        revalidate_streams=args.revalidate_streams,
-        limits=limits,
-        unknown_cluster_grace=args.unknown_cluster_grace,
-        cluster_inventory=args.cluster_inventory,
-        inventory_namespaces=tuple(getattr(args, "clusterprofile_namespace", None) or ()),
-        shutdown_timeout=args.shutdown_timeout,
-        shutdown_delay=args.shutdown_delay,
-        tunnel_keepalive=keepalive,
-        tunnel_timeout=tunnel_timeout,
-        workers=args.workers,
-        replicas=args.replicas or 1,
-        hub_instance=workers_instance_id(),
-        lease_namespace=lease_namespace(args.lease_namespace),
-        lease_duration=args.lease_duration,
-        ready_wait=args.ready_wait,
-        join_ca_secret=args.join_ca_secret or None,
-        join_namespace=args.join_namespace,
-        join_certificate_lifetime=args.join_certificate_lifetime,
-        join_poll_interval=args.join_poll_interval,
-    )
-
-
-SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
-
-
-def lease_namespace(flag: str | None) -> str | None:
-    """--lease-namespace: the namespace given, None for 'off', else the pod's namespace."""
-    if flag is not None:
-        return None if flag.strip() in ("", "off") else flag.strip()
-    with contextlib.suppress(OSError), open(SERVICE_ACCOUNT_NAMESPACE, encoding="utf-8") as file:
-        return file.read().strip() or None
-    return None
+    config = settings.from_args(GatewayConfig, args)
+    config.validate()
+    assert config.agent_ca is not None and config.tls_dir and config.tunnel_tls_dir
+    if not os.path.isfile(config.agent_ca):
+        raise ValueError(f"--agent-ca {config.agent_ca}: no such file (refusing to start)")
+    startup.check_ca_file(config.agent_ca, "--agent-ca")
+    startup.check_key_pair(config.tls_dir, "--tls-dir")
+    startup.check_key_pair(config.tunnel_tls_dir, "--tunnel-tls-dir")
+    return dataclasses.replace(config, hub_instance=workers_instance_id())
 
 
 def start_instance_discovery(config: GatewayConfig, gateway: Any, api_client: Any) -> Any:
@@ -443,8 +80,7 @@ def start_instance_discovery(config: GatewayConfig, gateway: Any, api_client: An
     return announcer
 
 
-async def serve(config: GatewayConfig, args: argparse.Namespace | None = None,
-                link: MetricsLink | None = None) -> int:
+async def serve(config: GatewayConfig, link: MetricsLink | None = None) -> int:
     from gateway.hub.app import build_gateway
 
     try:
@@ -499,13 +135,13 @@ async def serve(config: GatewayConfig, args: argparse.Namespace | None = None,
         print(f"hubproxy gateway ready: front door port {gateway.front_port}, tunnel port "
               f"{gateway.tunnel_port}, health port {gateway.health_port or 'off'}",
               file=sys.stderr, flush=True)
-        if args is not None and config.worker_index == 0:
-            if getattr(args, "clusterprofiles", None) is not None:
-                extras.append(asyncio.ensure_future(
-                    clusterprofile.run(args, api_client, gateway.registry)))
-            if getattr(args, "ocm_addon_conditions", False):
-                extras.append(asyncio.ensure_future(
-                    ocm.run(args, api_client, gateway.registry)))
+        if config.worker_index == 0 and config.tls_dir is not None:
+            if config.clusterprofiles.mode is not None:
+                extras.append(asyncio.ensure_future(clusterprofile.run(
+                    config.clusterprofiles, config.tls_dir, api_client, gateway.registry)))
+            if config.ocm_addon.enabled:
+                extras.append(asyncio.ensure_future(ocm.run(
+                    config.ocm_addon, config.ocm_addon_name, api_client, gateway.registry)))
         await stop.wait()
         log.info("shutting down: draining for up to %.0fs", config.shutdown_timeout)
         # The Lease goes first (in parallel with the drain): peers and agents stop counting
@@ -564,14 +200,10 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"hubproxy gateway: {exc}", file=sys.stderr)
         return 2
-    if args.replicas is not None and config.lease_namespace:
+    if config.replicas is not None and config.lease_namespace:
         log.warning("--replicas is deprecated and ignored: gateway instances are discovered "
                     "from Leases in namespace %s (--lease-namespace off to use the count)",
                     config.lease_namespace)
-    problem = clusterprofile.validate(args)
-    if problem:
-        print(f"hubproxy gateway: {problem}", file=sys.stderr)
-        return 2
     try:
         startup.require_cluster_or_kubeconfig(config.hub_kubeconfig, "--hub-kubeconfig")
         check_ports_free(config)
@@ -588,8 +220,8 @@ def run(args: argparse.Namespace) -> int:
         from gateway.hub import workers
 
         audit.install_writer(audit.AuditWriter(sys.stdout, atomic=True))
-        return workers.run(config, lambda worker, link: _serve_in_loop(worker, args, link))
-    return _serve_in_loop(config, args)
+        return workers.run(config, _serve_in_loop)
+    return _serve_in_loop(config)
 
 
 def check_ports_free(config: GatewayConfig) -> None:
@@ -600,10 +232,9 @@ def check_ports_free(config: GatewayConfig) -> None:
         startup.check_port_free(*config.health_listen, "--health-listen")
 
 
-def _serve_in_loop(config: GatewayConfig, args: argparse.Namespace,
-                   link: MetricsLink | None = None) -> int:
+def _serve_in_loop(config: GatewayConfig, link: MetricsLink | None = None) -> int:
     try:
         import uvloop
     except ImportError:
-        return asyncio.run(serve(config, args, link))
-    return uvloop.run(serve(config, args, link))
+        return asyncio.run(serve(config, link))
+    return uvloop.run(serve(config, link))

@@ -237,9 +237,7 @@ async def test_rule7_connection_limit(tls) -> None:  # noqa: F811
 
 
 async def test_rule7_oversize_head_refused_without_buffering_it(tls) -> None:  # noqa: F811
-    from gateway.wire.http1 import Limits
-
-    limits = FrontDoorLimits(head=Limits(max_head_bytes=4096, max_request_line=1024))
+    limits = FrontDoorLimits(max_header_bytes=4096, max_request_line=1024)
     async with running(tls, limits=limits) as h:
         h.connect_cluster("c1")
         data = await h.exchange(b"GET /c1/api HTTP/1.1\r\nHost: h\r\nX: " + b"a" * 1_000_000)
