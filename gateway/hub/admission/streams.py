@@ -25,7 +25,9 @@ import hashlib
 import hmac
 import secrets
 
-DEFAULT_MAX_STREAMS_PER_IDENTITY = 500
+from gateway.hub.config import GatewayConfig
+
+DEFAULT_MAX_STREAMS_PER_IDENTITY = GatewayConfig.max_streams_per_identity  # the flag's
 _TRUE = frozenset({b"1", b"t", b"T", b"true", b"TRUE", b"True"})
 _LONG_RUNNING_PARAMS = frozenset({b"watch", b"follow"})
 

@@ -27,6 +27,7 @@ from gateway.hub.clusterprofile.provider import (
     cluster_of,
     status_patch,
 )
+from gateway.hub.config import ClusterProfileSettings
 
 log = logging.getLogger("hubproxy.clusterprofile")
 
@@ -43,7 +44,7 @@ class AccessProviderWriter:
         ca_bundle: Callable[[], bytes],
         connected_clusters: Callable[[], Collection[str]],
         namespaces: Sequence[str] = (),
-        grace: float = 60.0,
+        grace: float = ClusterProfileSettings.grace,
         resync_interval: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Collection
 from typing import Any
 
+from gateway.hub.config import AddOnConditionSettings
 from gateway.hub.ocm.condition import GROUP, PLURAL, VERSION, status_patch
 
 log = logging.getLogger("hubproxy.ocm")
@@ -39,7 +40,7 @@ class AddOnConditionWriter:
         *,
         addon: str,
         connected_clusters: Callable[[], Collection[str]],
-        grace: float = 60.0,
+        grace: float = AddOnConditionSettings.grace,
         resync_interval: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
         timestamp: Callable[[], str] = _now,
