@@ -18,6 +18,7 @@ from gateway.hub.admission.auth import (
     build_hub_api_client,
 )
 from gateway.hub.admission.identity import map_identity
+from kubesim.testing import run_kubesim
 
 GOOD = "good-token"
 BAD = "bad-token"
@@ -340,8 +341,7 @@ def test_user_info_feeds_map_identity() -> None:
 async def test_kube_token_reviewer_against_kubesim(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    testing = pytest.importorskip("kubesim.testing")
-    async with testing.run_kubesim(
+    async with run_kubesim(
         tmp_path, users=[("weak-token", "weak", "uid-w", ["devs"])], api_audiences=["hub-api"]
     ) as sim:
         token = sim.mint_token("team-a", "deployer", audiences=["hubproxy"])

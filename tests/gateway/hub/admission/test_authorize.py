@@ -12,6 +12,7 @@ from gateway.hub.admission.authorize import (
     NotAuthorized,
     SarAuthorizer,
 )
+from kubesim.testing import run_kubesim
 
 ALICE = UserInfo("alice", "uid-a", ("devs",), {"k": ("v",)})
 BOB = UserInfo("bob", "uid-b", ("ops",))
@@ -111,8 +112,7 @@ async def test_no_authorizer_allows() -> None:
 
 
 async def test_sar_against_kubesim(tmp_path: Path) -> None:
-    testing = pytest.importorskip("kubesim.testing")
-    async with testing.run_kubesim(tmp_path) as sim:
+    async with run_kubesim(tmp_path) as sim:
         sim.grant(
             "Group:proxy-users",
             verbs=["get"],
