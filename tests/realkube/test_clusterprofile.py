@@ -15,8 +15,7 @@ import json
 import os
 import shutil
 import subprocess
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ import yaml
 from tests.realkube.apiserver import KUBECTL, write_private
 from tests.realkube.conftest import CLUSTER, Fleet
 from tests.realkube.hubproxy import Gateway, init_pki, start_gateway, wait_connected
-from tests.support import free_port
+from tests.support import eventually_blocking, free_port
 
 FOREIGN = {"name": "open-cluster-management", "cluster": {"server": "https://ocm-proxy/c1"}}
 CONDITION = {"type": "ControlPlaneHealthy", "status": "True", "reason": "Healthy",
@@ -49,13 +48,6 @@ def ours(fleet: Fleet, name: str) -> list[dict[str, Any]]:
     return [p for p in providers if p["name"] == "hubproxy"]
 
 
-def wait_until(check: Callable[[], bool], what: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"{what}: not within {timeout}s"
-        time.sleep(0.2)
-
-
 @pytest.fixture(scope="module")
 def writer(fleet: Fleet) -> Iterator[Gateway]:
     # Its own copy of the PKI: the rotation below must not change what other tests trust.
@@ -72,7 +64,8 @@ def writer(fleet: Fleet) -> Iterator[Gateway]:
         "--clusterprofile-namespace", "fleet", front_port=port)
     try:
         wait_connected(gateway, fleet.alice)
-        wait_until(lambda: bool(ours(fleet, CLUSTER)), "our entry written")
+        eventually_blocking(lambda: bool(ours(fleet, CLUSTER)), 30, "our entry written",
+                            interval=0.2)
         yield gateway
     finally:
         for process in (gateway.agent, gateway.process):
@@ -127,14 +120,15 @@ def test_entry_follows_a_rotated_front_ca(fleet: Fleet, writer: Gateway) -> None
                        ("tls.key", (fresh / "gateway" / "tls.key").read_bytes()),
                        ("tls.crt", (fresh / "gateway" / "tls.crt").read_bytes())):
         write_private(target / f".{name}.new", data).replace(target / name)
-    wait_until(lambda: writer.curl(f"/{CLUSTER}/version", fleet.alice,
-                                   ca_file=fresh / "front-ca" / "ca.crt")[0] == 200,
-               "the front door serves the new certificate")
+    eventually_blocking(lambda: writer.curl(f"/{CLUSTER}/version", fleet.alice,
+                                            ca_file=fresh / "front-ca" / "ca.crt")[0] == 200,
+                        30, "the front door serving the new certificate", interval=0.2)
     # The writer re-reads the CA on every reconcile: any ClusterProfile event starts one at
     # once (otherwise its 30 s resync would, which this test does not wait for).
     fleet.hub.admin("annotate", "clusterprofile", CLUSTER, "-n", "fleet", "rotated=yes")
-    wait_until(lambda: base64.b64decode(ours(fleet, CLUSTER)[0]["cluster"][
-        "certificate-authority-data"]) == new_ca + old_ca, "the new CA bundle published")
+    eventually_blocking(lambda: base64.b64decode(ours(fleet, CLUSTER)[0]["cluster"][
+        "certificate-authority-data"]) == new_ca + old_ca, 30, "the new CA bundle published",
+        interval=0.2)
     assert read_profile(fleet, CLUSTER)["status"]["conditions"] == [CONDITION]
     kubeconfig = kubeconfig_from_entry(fleet, fleet.root / "cp-rotated.kubeconfig")
     assert whoami(kubeconfig) == "cluster:hub:system:serviceaccount:fleet:alice"

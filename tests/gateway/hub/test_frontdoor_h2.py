@@ -7,7 +7,6 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
 
 import h2.events
 import h2.settings
@@ -24,6 +23,7 @@ from tests.gateway.hub.test_frontdoor_harness import (
     running,
     tls,  # noqa: F401 - the session fixture
 )
+from tests.support import eventually
 
 
 @pytest.fixture
@@ -278,12 +278,6 @@ async def test_request_body_is_acknowledged_only_as_the_tunnel_takes_it(
     await eventually(lambda: client.conn.local_flow_control_window(sid) > 0)
     client.conn.reset_stream(sid)
     client.flush()
-
-
-async def eventually(predicate: Any, timeout: float = 5.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.01)
 
 
 async def test_watch_is_audited_with_its_protocol(gw: Harness, client: H2Client,

@@ -19,6 +19,7 @@ from gateway.hub.admission.auth import (
 )
 from gateway.hub.admission.identity import map_identity
 from kubesim.testing import run_kubesim
+from tests.support import ManualClock
 
 GOOD = "good-token"
 BAD = "bad-token"
@@ -35,14 +36,6 @@ def ok_status(username: str = "system:serviceaccount:ns:sa", audiences: list[str
         },
         "audiences": audiences or [],
     }
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class FakeReviewer:
@@ -72,12 +65,12 @@ def reviewer() -> FakeReviewer:
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
+def clock() -> ManualClock:
+    return ManualClock()
 
 
 @pytest.fixture
-def authn(reviewer: FakeReviewer, clock: FakeClock) -> TokenAuthenticator:
+def authn(reviewer: FakeReviewer, clock: ManualClock) -> TokenAuthenticator:
     return TokenAuthenticator(reviewer, ttl=10.0, clock=clock)
 
 
@@ -125,7 +118,7 @@ async def test_unexpected_reviewer_exception_is_unavailable_not_401(
 
 
 async def test_ttl_expiry(
-    authn: TokenAuthenticator, reviewer: FakeReviewer, clock: FakeClock
+    authn: TokenAuthenticator, reviewer: FakeReviewer, clock: ManualClock
 ) -> None:
     await authn.authenticate(GOOD)
     clock.now += 9.9
@@ -143,7 +136,7 @@ async def test_ttl_expiry(
 
 
 async def test_through_a_hub_outage_a_confirmed_token_is_served_within_the_grace(
-    reviewer: FakeReviewer, clock: FakeClock
+    reviewer: FakeReviewer, clock: ManualClock
 ) -> None:
     authn = TokenAuthenticator(reviewer, ttl=10.0, clock=clock, stale_grace=60.0)
     user = await authn.authenticate(GOOD)
@@ -171,7 +164,7 @@ async def test_through_a_hub_outage_a_confirmed_token_is_served_within_the_grace
 
 
 async def test_a_clean_no_after_a_yes_wins_over_the_grace(
-    reviewer: FakeReviewer, clock: FakeClock
+    reviewer: FakeReviewer, clock: ManualClock
 ) -> None:
     authn = TokenAuthenticator(reviewer, ttl=10.0, clock=clock, stale_grace=60.0)
     await authn.authenticate(GOOD)
@@ -186,7 +179,7 @@ async def test_a_clean_no_after_a_yes_wins_over_the_grace(
 
 
 async def test_without_a_grace_an_outage_refuses_even_a_confirmed_token(
-    authn: TokenAuthenticator, reviewer: FakeReviewer, clock: FakeClock
+    authn: TokenAuthenticator, reviewer: FakeReviewer, clock: ManualClock
 ) -> None:
     await authn.authenticate(GOOD)
     reviewer.fail = AuthUnavailable("hub down")
