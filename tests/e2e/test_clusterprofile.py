@@ -32,7 +32,7 @@ import yaml
 
 from certs import layout
 from gateway.access.clusterprofile import build_configuration, load_providers
-from gateway.demo import (
+from gateway.fixtures import (
     AGENT_USER,
     DEMO_USER,
     GATEWAY_USER,

@@ -459,7 +459,7 @@ def test_rule5_no_token_or_hub_identity_in_logs_at_debug(tmp_path: Path) -> None
     gateway's own hub credential, the agent's credential, a passthrough token. Then the whole
     output of both processes (stdout and stderr) is searched."""
     from certs import layout
-    from gateway.demo import (
+    from gateway.fixtures import (
         AGENT_USER,
         GATEWAY_USER,
         agent_args,
