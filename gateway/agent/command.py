@@ -225,6 +225,7 @@ async def serve(config: AgentConfig) -> int:
     agent.metrics.version = version()
     agent.metrics.certificates = CertificateFiles({"agent": str(cert)}).expiries
     agent.metrics.impersonation_profile = lambda: profile.profile.name
+    log.info("settings not at their defaults: %s", " ".join(settings.changed(config)) or "none")
     log.info("agent for cluster %s: hub %s:%d, apiserver %s, services allowed: %s",
              cluster, hub_host, hub_port, kube.describe(),
              ", ".join(f"{n}/{s}:{p}" for n, s, p in config.allow_services) or "none")

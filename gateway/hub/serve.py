@@ -132,6 +132,9 @@ async def serve(config: GatewayConfig, link: MetricsLink | None = None) -> int:
             joining.listener = gateway.tunnel_listener
             extras.append(asyncio.ensure_future(joining.run()))
         gctune.settle()
+        if config.worker_index == 0:
+            log.info("settings not at their defaults: %s",
+                     " ".join(settings.changed(config)) or "none")
         print(f"hubproxy gateway ready: front door port {gateway.front_port}, tunnel port "
               f"{gateway.tunnel_port}, health port {gateway.health_port or 'off'}",
               file=sys.stderr, flush=True)

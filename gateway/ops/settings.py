@@ -14,7 +14,9 @@ From the class:
 * :func:`from_args` builds the config back from what argparse parsed (validation stays with the
   config: its ``validate()``);
 * :func:`flags_of` lists every setting, for the generated reference (``docs/flags.md``) and the
-  test that no parser default differs from its field.
+  test that no parser default differs from its field;
+* :func:`changed` says which settings differ from their defaults, as flags (the programs log
+  it at start).
 
 Adding a flag is adding one field.
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
@@ -236,3 +239,25 @@ def _build(config: type[Any], parsed: Mapping[str, Any]) -> Any:
             declared = Declared((f.name,), _field_default(f), f.metadata[_FLAG])
             values[f.name] = declared.value(parsed[declared.dest])
     return config(**values)
+
+
+def changed(config: object) -> list[str]:
+    """``--flag=value`` for every setting of ``config`` that is not at its default, in
+    declaration order, each value as an operator would type it. Settings hold paths, names
+    and numbers, never credentials (those are read from the files named here)."""
+    out = []
+    for declared in flags_of(type(config)):
+        value: Any = functools.reduce(getattr, declared.path, config)
+        if value == declared.default:
+            continue
+        show = declared.flag.kind.show
+        if declared.flag.repeatable:
+            shown = ",".join(show(item) for item in value)
+        elif declared.flag.kind is SWITCH:
+            shown = show(not value if declared.flag.negated else value)
+        elif value is None:  # only "off" turns a setting with a default to None
+            shown = flags.OFF
+        else:
+            shown = show(value)
+        out.append(f"{declared.option}={shown}")
+    return out

@@ -19,6 +19,7 @@ from gateway.ops.settings import (
     SIZE,
     SWITCH,
     add_flags,
+    changed,
     flags_of,
     from_args,
     section,
@@ -88,6 +89,14 @@ def test_help_writes_the_default_as_an_operator_types_it() -> None:
     # No default to show: a switch that is off, a repeatable flag with none.
     assert "say more\n" in text and "(repeatable)\n" in text
     assert "--internal" not in text
+
+
+def test_changed_lists_what_differs_from_the_defaults_as_flags() -> None:
+    assert changed(Example()) == []
+    args = parser_for(Example).parse_args(["--listen", "off", "--name", "a", "--name", "b",
+                                           "--wait", "2m", "--no-fast", "--no-recheck"])
+    assert changed(from_args(Example, args)) == [
+        "--listen=off", "--wait=2m", "--name=a,b", "--recheck=off", "--no-fast=on"]
 
 
 def test_a_flag_declared_twice_is_refused() -> None:
