@@ -420,6 +420,10 @@ class GatewayConfig:
         if not self.agent_ca:
             raise ValueError("--agent-ca is required: agents must be verified against a CA "
                              "(refusing to start without one)")
+        for flag, directory in (("--tls-dir", self.tls_dir),
+                                ("--tunnel-tls-dir", self.tunnel_tls_dir)):
+            if not directory:
+                raise ValueError(f"{flag} is required")
         try:
             validate_prefix(self.identity_prefix)
         except IdentityError as exc:

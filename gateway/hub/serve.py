@@ -54,7 +54,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
     """A validated :class:`GatewayConfig`; ValueError with a clear message otherwise."""
     config = settings.from_args(GatewayConfig, args)
     config.validate()
-    assert config.agent_ca is not None and config.tls_dir and config.tunnel_tls_dir
+    assert config.agent_ca and config.tls_dir and config.tunnel_tls_dir  # validate() said so
     if not os.path.isfile(config.agent_ca):
         raise ValueError(f"--agent-ca {config.agent_ca}: no such file (refusing to start)")
     startup.check_ca_file(config.agent_ca, "--agent-ca")

@@ -104,6 +104,10 @@ def test_config_validation_names_the_flag() -> None:
     ):
         with pytest.raises(ValueError, match=message):
             config_from_args(build_parser().parse_args(["gateway", *argv, *extra]))
+    parser = build_parser()
+    apply_environment(parser, {"HUBPROXY_TLS_DIR": ""})  # a manifest's empty variable
+    with pytest.raises(ValueError, match="--tls-dir is required"):
+        config_from_args(parser.parse_args(["gateway", *argv[2:]]))
     agent = build_parser().parse_args(["agent", *REQUIRED["agent"][0],
                                        "--allow-service", "a/b:1", "--insecure-service", "a/c:1"])
     with pytest.raises(ValueError, match="--insecure-service names a Service"):
