@@ -35,6 +35,7 @@ import ssl
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--agent-restart-delay", type=float, default=5.0, metavar="SECONDS",
                         help="when an agent exits, show what callers see, then start it again "
                         "after this long (default: %(default)s)")
+
+
+def static_plugin(environ: Mapping[str, str]) -> Path | None:
+    """The static hubproxy-creds that deploy/plugin/build.sh leaves in its cache
+    ($HUBPROXY_PLUGIN_CACHE, default ~/.cache/hubproxy-plugin), if it was built."""
+    cache = environ.get("HUBPROXY_PLUGIN_CACHE") or os.path.join(
+        environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "hubproxy-plugin")
+    path = Path(cache) / "hubproxy-plugin"
+    return path if os.access(path, os.X_OK) else None
+
+
+def creds_command(plugin: Path | None, token_file: Path) -> dict[str, Any]:
+    """The exec plugin of the demo's providers file: the static build when there is one,
+    else this Python's hubproxy-creds."""
+    prefix = [str(plugin)] if plugin else [sys.executable, "-m", "gateway.access.creds"]
+    return {"command": prefix[0], "args": [*prefix[1:], "--token-file", str(token_file)]}
 
 
 # Written to DIR/consumer.py: what a ClusterProfile consumer does, in Python.
@@ -408,9 +425,7 @@ class Demo:
             write_private(self.root / "providers.json", json.dumps({"providers": [{
                 "name": "hubproxy", "execConfig": {
                     "apiVersion": "client.authentication.k8s.io/v1",
-                    "command": sys.executable,
-                    "args": ["-m", "gateway.access.creds", "--token-file",
-                             str(self.root / "token")],
+                    **creds_command(static_plugin(os.environ), self.root / "token"),
                     "provideClusterInfo": True, "interactiveMode": "Never"}}]}, indent=2))
             write_private(self.root / "consumer.py", CONSUMER_EXAMPLE.format(
                 hub_kubeconfig=self.root / "hub.kubeconfig",
@@ -456,6 +471,7 @@ class Demo:
             f"  kubectl --kubeconfig {d / 'hub.kubeconfig'} -n {DEMO_NAMESPACE} get "
             "clusterprofiles cluster1 -o jsonpath='{.status.accessProviders}'",
             f"a consumer (MultiKueue, Argo CD...) with the exec plugin in {d / 'providers.json'}:",
+            *("  " + line for line in (d / "providers.json").read_text().splitlines()),
             f"  python3 {d / 'consumer.py'} cluster2",
             "",
         ]

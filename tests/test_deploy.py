@@ -312,14 +312,16 @@ async def test_caller_role_example_grants_exactly_its_cluster(tmp_path: Path) ->
 
 
 def test_argocd_cluster_secret_example_names_its_cluster_for_hubproxy_creds() -> None:
+    """The form for Argo CD before 3.5 (no provideClusterInfo): --cluster names the cluster."""
     from gateway.access.creds import build_parser, parse_exec_info
 
-    secret = yaml.safe_load((CALLERS / "argocd-cluster-secret.yaml").read_text())
+    secret = yaml.safe_load((DEPLOY / "examples" / "argocd" / "cluster-secret-before-3.5.yaml")
+                            .read_text())
     assert secret["metadata"]["labels"]["argocd.argoproj.io/secret-type"] == "cluster"
     data = secret["stringData"]
     config = json.loads(data["config"])
     provider = config["execProviderConfig"]
-    assert provider["command"] == "hubproxy-creds"
+    assert provider["command"] == "/plugins/hubproxy/bin/hubproxy-plugin"
     args = build_parser().parse_args(provider["args"])
     assert data["server"].endswith("/" + args.cluster) and data["name"] == args.cluster
     # What client-go sends Argo CD's plugin: no cluster information; --cluster fills it in.

@@ -8,7 +8,8 @@
 #
 # 1. mmdebstrap makes two Debian bookworm root filesystems, cached as tarballs in
 #    $HUBPROXY_IMAGE_CACHE (default ~/.cache/hubproxy-image):
-#    - the build image: minbase + python3, python3-venv, binutils;
+#    - the build image: minbase + python3, python3-venv, libpython3.11, binutils (shared with
+#      deploy/plugin/build.sh; see bases.sh);
 #    - the runtime image: python3 and the libraries it links, extracted only (no shell, no
 #      package manager, no maintainer scripts), the standard library compiled, /tmp.
 # 2. buildah imports them as localhost/hubproxy-build-base:bookworm-<hash> and
@@ -46,41 +47,9 @@ if [ -n "${HUBPROXY_IMAGE_STORE:-}" ]; then
   buildah+=(--root "$HUBPROXY_IMAGE_STORE/root" --runroot "$HUBPROXY_IMAGE_STORE/run")
 fi
 
-# Never read in a container: documentation, manual pages, translations.
-slim=(--dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/share/doc/*/copyright'
-      --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/info/*'
-      --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-exclude=/usr/share/lintian/*')
-# bookworm's usrmerge package would pull in perl; the hook makes the merged /usr itself.
-merged=(--hook-dir=/usr/share/mmdebstrap/hooks/merged-usr)
+. "$ROOT/deploy/image/bases.sh"
 
-# NAME MMDEBSTRAP-ARGS...: a base image made from a cached mmdebstrap tarball. Both are named
-# after a hash of the arguments, so changing the recipe here makes new ones (old ones stay until
-# the cache directory or the images are removed).
-base_image() {
-  local name="$1" key
-  shift
-  key="$(printf '%s\n' "${slim[@]}" "${merged[@]}" "$@" | sha256sum | cut -c1-12)"
-  local image="localhost/hubproxy-$name:bookworm-$key" tar="$CACHE/$name-$key.tar"
-  if ! "${buildah[@]}" inspect --type image "$image" >/dev/null 2>&1; then
-    if [ ! -s "$tar" ]; then
-      mkdir -p "$CACHE"
-      echo "build.sh: making $tar with mmdebstrap (once)" >&2
-      mmdebstrap --format=tar "${slim[@]}" "${merged[@]}" "$@" bookworm "$tar.part" \
-        ${DEBIAN_MIRROR:+"$DEBIAN_MIRROR"} >&2
-      mv "$tar.part" "$tar"
-    fi
-    echo "build.sh: importing $tar as $image" >&2
-    local ctr
-    ctr="$("${buildah[@]}" from scratch)"
-    "${buildah[@]}" add "$ctr" "$tar" / >/dev/null
-    "${buildah[@]}" config --env PATH=/usr/local/bin:/usr/bin:/bin "$ctr"
-    "${buildah[@]}" commit --rm --quiet "$ctr" "$image" >/dev/null
-  fi
-  echo "$image"
-}
-
-BUILD_BASE="$(base_image build-base --variant=minbase \
-  --include=python3,python3-venv,binutils --aptopt='APT::Install-Recommends "false"')"
+BUILD_BASE="$(build_base)"
 # extract: packages unpacked, no maintainer scripts, so no shell or package manager needed in
 # the image; the standard library is compiled here instead (py3compile would have in postinst;
 # the image's root filesystem is read-only at run time), and /tmp made.

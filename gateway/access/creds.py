@@ -19,291 +19,51 @@ Contract: the ExecCredential goes to stdout with the input's apiVersion and, whe
 JWT with ``exp``, an ``expirationTimestamp``. Any failure prints one line to stderr and exits 1;
 usage errors, and a hub kubeconfig that cannot be used (missing, not YAML, none outside a pod),
 exit 2. A token is never written anywhere but stdout.
+
+Each credential refresh starts this program, so the default mode imports only the standard
+library (:mod:`gateway.access.execcredential`); the modes that call the hub API live in
+:mod:`gateway.access.hubtokens` and are imported only when asked for. The static build,
+``hubproxy-plugin`` (deploy/plugin), leaves them out and says so; ``--install`` copies that
+build for an initContainer.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import base64
-import binascii
 import json
 import os
-import re
 import sys
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from collections.abc import Sequence
 from pathlib import Path
 
-from gateway.ops import startup
-from gateway.ops.version import version
+from gateway.access.execcredential import (
+    DEFAULT_TOKEN_FILE,
+    CredentialError,
+    ExecRequest,
+    exec_credential,
+    parse_exec_info,
+    read_token_file,
+    token_expiry,
+)
 
-EXEC_API_VERSIONS = ("client.authentication.k8s.io/v1", "client.authentication.k8s.io/v1beta1")
-SERVICEACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-DEFAULT_TOKEN_FILE = SERVICEACCOUNT_DIR / "token"
+__all__ = ["CredentialError", "build_parser", "exec_credential", "main", "parse_exec_info",
+           "token_expiry"]
+
 # Set while we run so that a kubeconfig whose user is this very plugin cannot loop back into it.
 REENTRY_GUARD = "HUBPROXY_CREDS_ACTIVE"
-
-_DNS1123_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
-_DNS1123_SUBDOMAIN = re.compile(rf"^{_DNS1123_LABEL}(\.{_DNS1123_LABEL})*$")
-
-
-class CredentialError(Exception):
-    """A failure to report on stderr (exit 1). Messages never contain a token."""
+# The static build (deploy/plugin: PyInstaller, then staticx) runs from an unpacked copy of
+# itself; staticx names the executable that was started here.
+STATIC_EXECUTABLE_ENV = "STATICX_PROG_PATH"
 
 
-@dataclass(frozen=True)
-class ExecRequest:
-    """What the plugin needs from ``KUBERNETES_EXEC_INFO``."""
+class _PrintVersion(argparse.Action):
+    """--version, reading the package metadata only when asked (it costs a start-up)."""
 
-    api_version: str
-    cluster_name: str
-    server: str
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        from gateway.ops.version import version
 
-
-def parse_exec_info(raw: str | None, cluster_name: str | None = None) -> ExecRequest:
-    """Validate an ExecCredential input document as client-go writes it.
-
-    ``cluster_name`` (``--cluster``) stands in for the cluster information when the client
-    cannot send it: Argo CD's ``execProviderConfig`` has no ``provideClusterInfo``. What the
-    client sends, when it sends it, wins.
-    """
-    if raw is None or not raw.strip():
-        raise CredentialError(
-            "KUBERNETES_EXEC_INFO is not set: run hubproxy-creds as a client-go exec plugin"
-            " with provideClusterInfo: true"
-        )
-    try:
-        document = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise CredentialError(f"KUBERNETES_EXEC_INFO is not valid JSON: {exc.msg}") from None
-    if not isinstance(document, dict):
-        raise CredentialError("KUBERNETES_EXEC_INFO must be a JSON object (an ExecCredential)")
-    if document.get("kind") != "ExecCredential":
-        raise CredentialError(
-            f"KUBERNETES_EXEC_INFO has kind {document.get('kind')!r}, expected ExecCredential"
-        )
-    api_version = document.get("apiVersion")
-    if api_version not in EXEC_API_VERSIONS:
-        raise CredentialError(
-            f"unsupported ExecCredential apiVersion {api_version!r};"
-            f" supported: {', '.join(EXEC_API_VERSIONS)}"
-        )
-    spec = document.get("spec")
-    cluster = spec.get("cluster") if isinstance(spec, dict) else None
-    if not isinstance(cluster, dict) and cluster_name is not None:
-        cluster = {"config": {"clusterName": cluster_name}}
-    if not isinstance(cluster, dict):
-        raise CredentialError(
-            "no cluster information in KUBERNETES_EXEC_INFO: set provideClusterInfo: true"
-            " in the exec configuration (or pass --cluster NAME)"
-        )
-    config = cluster.get("config")
-    cluster_name = config.get("clusterName") if isinstance(config, dict) else None
-    if not isinstance(cluster_name, str) or not cluster_name:
-        raise CredentialError(
-            "spec.cluster.config.clusterName is missing: add the exec extension"
-            ' client.authentication.k8s.io/exec {"clusterName": "<cluster>"} to the cluster'
-        )
-    if len(cluster_name) > 253 or not _DNS1123_SUBDOMAIN.match(cluster_name):
-        raise CredentialError(
-            f"clusterName {cluster_name!r} is not a valid DNS-1123 subdomain"
-        )
-    server = cluster.get("server")
-    return ExecRequest(api_version, cluster_name, server if isinstance(server, str) else "")
-
-
-def token_expiry(token: str) -> datetime | None:
-    """The ``exp`` claim of a JWT, unverified (the issuer verifies); None for opaque tokens."""
-    parts = token.split(".")
-    if len(parts) != 3:
-        return None
-    payload = parts[1] + "=" * (-len(parts[1]) % 4)
-    try:
-        claims = json.loads(base64.urlsafe_b64decode(payload))
-    except (binascii.Error, ValueError):
-        return None
-    exp = claims.get("exp") if isinstance(claims, dict) else None
-    if not isinstance(exp, int | float) or isinstance(exp, bool):
-        return None
-    try:
-        return datetime.fromtimestamp(exp, tz=UTC)
-    except (OverflowError, OSError, ValueError):
-        return None
-
-
-def token_claims(token: str) -> dict[str, object]:
-    parts = token.split(".")
-    if len(parts) != 3:
-        return {}
-    try:
-        claims = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
-    except (binascii.Error, ValueError):
-        return {}
-    return claims if isinstance(claims, dict) else {}
-
-
-def exec_credential(api_version: str, token: str, expires: datetime | None) -> dict[str, object]:
-    status: dict[str, str] = {"token": token}
-    if expires is not None:
-        status["expirationTimestamp"] = expires.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    return {"apiVersion": api_version, "kind": "ExecCredential", "status": status}
-
-
-def read_token_file(path: Path) -> str:
-    try:
-        token = path.read_text().strip()
-    except OSError as exc:
-        raise CredentialError(f"cannot read token file {path}: {exc.strerror}") from None
-    if not token:
-        raise CredentialError(f"token file {path} is empty")
-    return token
-
-
-def own_namespace(
-    environ: Mapping[str, str], namespace_file: Path, kubeconfig_namespace: str | None
-) -> str:
-    """NAMESPACE, then the service-account namespace file, then the kubeconfig context."""
-    if environ.get("NAMESPACE"):
-        return environ["NAMESPACE"]
-    try:
-        from_file = namespace_file.read_text().strip()
-    except OSError:
-        from_file = ""
-    if from_file:
-        return from_file
-    return kubeconfig_namespace or "default"
-
-
-def secret_token(secret_data: Mapping[str, str] | None, namespace: str, name: str) -> str:
-    if not secret_data or "token" not in secret_data:
-        raise CredentialError(f"Secret {namespace}/{name} has no key 'token'")
-    try:
-        token = base64.b64decode(secret_data["token"], validate=True).decode().strip()
-    except (binascii.Error, UnicodeDecodeError):
-        raise CredentialError(
-            f"Secret {namespace}/{name} key 'token' is not valid base64 text"
-        ) from None
-    if not token:
-        raise CredentialError(f"Secret {namespace}/{name} key 'token' is empty")
-    return token
-
-
-# --- talking to the hub (only the TokenRequest and managed-serviceaccount modes need it) ---
-
-
-def check_hub_kubeconfig(kubeconfig: str | None, environ: Mapping[str, str]) -> None:
-    """Fail before any hub call, with one line naming the flag, when no hub credential can be
-    loaded: a missing or malformed --hub-kubeconfig, or none outside a pod."""
-    if kubeconfig:
-        startup.read_kubeconfig(kubeconfig, "--hub-kubeconfig")
-        return
-    if environ.get("KUBERNETES_SERVICE_HOST"):
-        return
-    paths = [p for p in environ.get("KUBECONFIG", "").split(os.pathsep) if p]
-    fallback = paths[0] if paths else str(Path.home() / ".kube" / "config")
-    if not os.path.exists(fallback):
-        raise startup.StartupError(
-            f"not running in a pod and no kubeconfig at {fallback}: give --hub-kubeconfig FILE"
-        )
-    startup.read_kubeconfig(fallback, "--hub-kubeconfig (defaulted from $KUBECONFIG)"
-                            if paths else "--hub-kubeconfig (defaulted to ~/.kube/config)")
-
-
-async def _hub_client(kubeconfig: str | None):  # -> (ApiClient, context namespace)
-    from kubernetes_asyncio import client, config
-
-    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-        try:
-            config.load_incluster_config()
-        except config.ConfigException as exc:
-            raise startup.StartupError(
-                f"in-cluster credential unusable ({exc}): give --hub-kubeconfig FILE"
-            ) from None
-        return client.ApiClient(), None
-    configuration = client.Configuration()
-    try:
-        await config.load_kube_config(
-            config_file=kubeconfig, client_configuration=configuration, persist_config=False
-        )
-    except (config.ConfigException, OSError, ValueError, TypeError, KeyError) as exc:
-        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise startup.StartupError(
-            f"--hub-kubeconfig {kubeconfig or '(default)'}: cannot use it ({why})"
-        ) from None
-    namespace = None
-    try:
-        _, active = config.list_kube_config_contexts(config_file=kubeconfig)
-        namespace = (active or {}).get("context", {}).get("namespace")
-    except config.ConfigException:
-        namespace = None
-    return client.ApiClient(configuration), namespace
-
-
-def _api_failure(what: str, exc: Exception) -> CredentialError:
-    status = getattr(exc, "status", None)
-    reason = getattr(exc, "reason", None)
-    if status:
-        return CredentialError(f"{what}: the hub answered {status} {reason or ''}".rstrip())
-    return CredentialError(f"{what}: cannot reach the hub API ({type(exc).__name__})")
-
-
-async def managed_serviceaccount_token(
-    cluster_name: str, msa_name: str, kubeconfig: str | None
-) -> str:
-    from kubernetes_asyncio import client
-
-    api_client, context_namespace = await _hub_client(kubeconfig)
-    namespace = own_namespace(os.environ, SERVICEACCOUNT_DIR / "namespace", context_namespace)
-    secret_name = f"{cluster_name}-{msa_name}"
-    async with api_client:
-        try:
-            secret = await client.CoreV1Api(api_client).read_namespaced_secret(
-                secret_name, namespace
-            )
-        except client.ApiException as exc:
-            if exc.status == 404:
-                raise CredentialError(f"Secret {namespace}/{secret_name} not found") from None
-            raise _api_failure(f"reading Secret {namespace}/{secret_name}", exc) from None
-        except Exception as exc:  # connection errors of any kind
-            raise _api_failure(f"reading Secret {namespace}/{secret_name}", exc) from None
-    return secret_token(secret.data, namespace, secret_name)
-
-
-async def requested_token(
-    audience: str, expiration_seconds: int, token_file: Path, service_account: str | None,
-    kubeconfig: str | None,
-) -> tuple[str, datetime | None]:
-    from kubernetes_asyncio import client
-
-    if service_account:
-        namespace, _, name = service_account.partition("/")
-    else:
-        claims = token_claims(read_token_file(token_file))
-        k8s = claims.get("kubernetes.io") if isinstance(claims.get("kubernetes.io"), dict) else {}
-        sa = k8s.get("serviceaccount") if isinstance(k8s, dict) else None
-        namespace = str(k8s.get("namespace", "")) if isinstance(k8s, dict) else ""
-        name = str(sa.get("name", "")) if isinstance(sa, dict) else ""
-    if not namespace or not name:
-        raise CredentialError(
-            "cannot tell which service account to mint a token for:"
-            " pass --service-account NAMESPACE/NAME"
-        )
-    api_client, _ = await _hub_client(kubeconfig)
-    body = client.AuthenticationV1TokenRequest(
-        spec=client.V1TokenRequestSpec(audiences=[audience], expiration_seconds=expiration_seconds)
-    )
-    async with api_client:
-        try:
-            answer = await client.CoreV1Api(api_client).create_namespaced_service_account_token(
-                name, namespace, body
-            )
-        except Exception as exc:
-            raise _api_failure(f"TokenRequest for {namespace}/{name}", exc) from None
-    token = answer.status.token
-    expires = answer.status.expiration_timestamp or token_expiry(token)
-    return token, expires
+        print(f"hubproxy-creds {version()}")
+        parser.exit()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -316,13 +76,14 @@ def build_parser() -> argparse.ArgumentParser:
             ' the cluster extension client.authentication.k8s.io/exec {"clusterName": NAME}.'
         ),
     )
-    parser.add_argument("--version", action="version",
-                        version=f"hubproxy-creds {version()}")
+    parser.add_argument("--version", action=_PrintVersion, nargs=0,
+                        help="print the version and exit")
     parser.add_argument(
         "--cluster",
         metavar="NAME",
-        help="the cluster's name when the client cannot send cluster information (Argo CD's"
-        " execProviderConfig has no provideClusterInfo); what the client sends wins",
+        help="the cluster's name when the client cannot send cluster information (Argo CD"
+        " before 3.5: its execProviderConfig has no provideClusterInfo); what the client sends"
+        " wins",
     )
     parser.add_argument(
         "--token-file",
@@ -353,6 +114,14 @@ def build_parser() -> argparse.ArgumentParser:
         " (for gateways running with --token-passthrough)",
     )
     parser.add_argument(
+        "--install",
+        metavar="FILE",
+        type=Path,
+        help="static build (hubproxy-plugin) only: copy this executable to FILE (mode 0555) and"
+        " exit; for an initContainer that fills a volume where the plugin image cannot be"
+        " mounted as an image volume",
+    )
+    parser.add_argument(
         "--hub-kubeconfig",
         default=os.environ.get("HUBPROXY_HUB_KUBECONFIG"),
         help="kubeconfig for the hub API (default: in-cluster, then $KUBECONFIG)",
@@ -360,27 +129,56 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-async def _credential(args: argparse.Namespace, request: ExecRequest) -> dict[str, object]:
-    if args.managed_serviceaccount:
-        token = await managed_serviceaccount_token(
-            request.cluster_name, args.managed_serviceaccount, args.hub_kubeconfig
-        )
-        return exec_credential(request.api_version, token, token_expiry(token))
-    if args.token_request_audience:
-        token, expires = await requested_token(
-            args.token_request_audience,
-            args.token_expiration_seconds,
-            args.token_file,
-            args.service_account,
-            args.hub_kubeconfig,
-        )
-        return exec_credential(request.api_version, token, expires)
+def hub_mode(args: argparse.Namespace) -> bool:
+    """Whether the token comes from the hub API rather than from --token-file."""
+    return bool(args.managed_serviceaccount or args.token_request_audience)
+
+
+def credential(args: argparse.Namespace, request: ExecRequest) -> dict[str, object]:
+    if hub_mode(args):
+        # Only these modes talk to the hub, so only they import its client (kubernetes-asyncio,
+        # aiohttp, ssl): the default mode is a process start per credential refresh, and the
+        # static plugin (deploy/plugin) leaves that client out.
+        try:
+            from gateway.access import hubtokens
+        except ImportError:
+            raise CredentialError(
+                "--managed-serviceaccount and --token-request-audience need the hub API client,"
+                " which this build of hubproxy-creds leaves out: use the Python package"
+                " (pip install hubproxy) or the hubproxy image"
+            ) from None
+        return hubtokens.credential(args, request)
     token = read_token_file(args.token_file)
     return exec_credential(request.api_version, token, token_expiry(token))
 
 
+def install_static_executable(target: Path) -> None:
+    """Copy the running static executable to ``target``, atomically, mode 0555."""
+    source = os.environ.get(STATIC_EXECUTABLE_ENV)
+    if not source:
+        raise CredentialError("--install copies the static build (hubproxy-plugin) only")
+    import shutil
+
+    partial = target.with_name(f".{target.name}.partial")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, partial)
+        partial.chmod(0o555)
+        partial.replace(target)
+    except OSError as exc:
+        raise CredentialError(f"cannot install {target}: {exc.strerror}") from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.install is not None:
+        try:
+            install_static_executable(args.install)
+        except CredentialError as exc:
+            print(f"hubproxy-creds: {exc}", file=sys.stderr)
+            return exc.exit_code
+        print(f"hubproxy-creds: installed {args.install}")
+        return 0
     if os.environ.get(REENTRY_GUARD):
         print(
             "hubproxy-creds: called recursively (the hub kubeconfig uses hubproxy-creds itself);"
@@ -390,17 +188,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     os.environ[REENTRY_GUARD] = "1"
     try:
-        request = parse_exec_info(os.environ.get("KUBERNETES_EXEC_INFO"), args.cluster)
-        if args.managed_serviceaccount or args.token_request_audience:
-            check_hub_kubeconfig(args.hub_kubeconfig, os.environ)
-        credential = asyncio.run(_credential(args, request))
-    except startup.StartupError as exc:
-        print(f"hubproxy-creds: {exc}", file=sys.stderr)
-        return startup.EXIT_CODE
+        answer = credential(args, parse_exec_info(os.environ.get("KUBERNETES_EXEC_INFO"),
+                                                  args.cluster))
     except CredentialError as exc:
         print(f"hubproxy-creds: {exc}", file=sys.stderr)
-        return 1
-    sys.stdout.write(json.dumps(credential) + "\n")
+        return exc.exit_code
+    sys.stdout.write(json.dumps(answer) + "\n")
     return 0
 
 

@@ -15,11 +15,10 @@ import pytest
 from gateway.access.creds import (
     CredentialError,
     exec_credential,
-    own_namespace,
     parse_exec_info,
-    secret_token,
     token_expiry,
 )
+from gateway.access.hubtokens import own_namespace, secret_token
 
 V1BETA1 = "client.authentication.k8s.io/v1beta1"
 CA_DATA = base64.b64encode(b"-----BEGIN CERTIFICATE-----\n...").decode()
@@ -182,3 +181,49 @@ def test_plugin_errors_are_one_line_exit_1_and_never_leak_the_token(tmp_path: Pa
 def test_plugin_usage_error_exits_2(tmp_path: Path) -> None:
     result = run_plugin(["--no-such-flag"], None, tmp_path)
     assert result.returncode == 2
+
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_default_mode_imports_no_hub_client(tmp_path: Path) -> None:
+    """A credential refresh is a process start: the default mode loads only the standard
+    library (no asyncio, ssl, YAML, kubernetes-asyncio or aiohttp), which is also what lets
+    the static build leave the hub client out."""
+    token_file = tmp_path / "token"
+    token_file.write_text("t0k")
+    probe = (
+        "import sys\n"
+        "from gateway.access.creds import main\n"
+        f"code = main(['--token-file', {str(token_file)!r}])\n"
+        "heavy = {'asyncio', 'ssl', 'yaml', 'kubernetes_asyncio', 'aiohttp',"
+        " 'importlib.metadata'}\n"
+        "print(code, sorted(m for m in sys.modules if m in heavy or m.split('.')[0] in heavy),"
+        " file=sys.stderr)\n"
+    )
+    env = {"PYTHONPATH": str(ROOT), "KUBERNETES_EXEC_INFO": client_go_input(
+        "client.authentication.k8s.io/v1", config={"clusterName": "c1"})}
+    # -S: no site-packages and no .pth hooks, so only what the plugin imports is counted.
+    result = subprocess.run([sys.executable, "-S", "-c", probe], env=env, capture_output=True,
+                            text=True, timeout=30, cwd=tmp_path)
+    assert result.stderr.strip() == "0 []", result.stderr
+    assert json.loads(result.stdout)["status"]["token"] == "t0k"
+
+
+def test_install_copies_only_the_static_build(tmp_path: Path) -> None:
+    """--install copies the executable staticx says it started from (STATICX_PROG_PATH);
+    without one (the Python package) it refuses in one line."""
+    refused = run_plugin(["--install", str(tmp_path / "out")], None, tmp_path)
+    assert refused.returncode == 1 and "static build" in refused.stderr
+    assert not (tmp_path / "out").exists()
+    executable = tmp_path / "hubproxy-plugin"
+    executable.write_bytes(b"\x7fELF static")
+    env = {k: v for k, v in os.environ.items() if k != "HUBPROXY_CREDS_ACTIVE"}
+    env["STATICX_PROG_PATH"] = str(executable)
+    target = tmp_path / "plugins" / "bin" / "hubproxy-plugin"
+    done = subprocess.run([sys.executable, "-m", "gateway.access.creds", "--install", str(target)],
+                          env=env, capture_output=True, text=True, timeout=30, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert target.read_bytes() == b"\x7fELF static"
+    assert target.stat().st_mode & 0o777 == 0o555
+    assert [p.name for p in target.parent.iterdir()] == ["hubproxy-plugin"]  # no partial left
