@@ -303,7 +303,8 @@ class Gateway:
         log.info("gateway listening: front door %s:%d, tunnel %s, health %s", host,
                  self.front_port, f"{config.tunnel_listen[0]}:{self.tunnel_port}"
                  if self._tunnel else "off",
-                 f"{config.health_listen[0]}:{self.health_port}" if self._health else "off")
+                 f"{config.health_listen[0]}:{self.health_port}"
+                 if self._health and config.health_listen else "off")
 
     async def shutdown(self, timeout: float | None = None) -> None:
         """Stop accepting, let in-flight requests finish (bounded), close everything."""
