@@ -15,13 +15,15 @@ from dataclasses import dataclass, field
 
 from gateway.ops import shared_settings as shared
 from gateway.ops import startup
-from gateway.ops.flags import OFF, check_tunnel_liveness
+from gateway.ops.flags import OFF, Network, check_tunnel_liveness
+from gateway.ops.k8saudit.backends import AUDIT_FLAGS, WebhookSettings
 from gateway.ops.settings import (
     ADDRESS,
     COUNT,
     COUNT_OR_ZERO,
     DURATION,
     NAME_OR_NONE,
+    NETWORKS,
     RATE,
     SECONDS,
     SIZE,
@@ -38,6 +40,8 @@ from tunnel.identity import AgentNaming
 LISTENERS = "listeners"
 CERTIFICATES = "certificates (reloaded when the files change)"
 HUB = "hub authentication and authorization"
+EDGE = ("the real client behind a load balancer or an ingress (both off by default: the "
+        "connection's address is the client)")
 LIMITS = "limits and timeouts"
 FAIR = ("fair queuing of short requests between identities (as kube-apiserver's API Priority "
         "and Fairness; watches, logs -f, exec, attach and port-forward are not queued: "
@@ -243,6 +247,26 @@ class GatewayConfig:
         20, kind=COUNT, group=HUB,
         help="failed authentications a client address may make in a burst before "
         "--auth-failure-rate applies")
+    # The real client behind a load balancer (gateway.hub.admission.forwarded; empty: off).
+    # Connections from these addresses must start with a PROXY protocol header (v1 or v2),
+    # whose source is then the client (gateway.hub.proxyaccept); from elsewhere, one is refused.
+    proxy_protocol_from: tuple[Network, ...] = setting(
+        (), kind=NETWORKS, repeatable=True, group=EDGE,
+        help="load balancers that send the PROXY protocol (v1 or v2; HAProxy send-proxy-v2, "
+        "AWS NLB proxy protocol v2, ...): a connection from these addresses must start with a "
+        "PROXY header, read before TLS, and its source address is the client for the "
+        "failed-authentication limit, the audit trail and the X-Forwarded-For sent on; a LOCAL "
+        "or UNKNOWN header keeps the balancer's address. A connection from there without a "
+        "valid header (within --header-timeout), or from anywhere else with one, is closed "
+        "before TLS. Repeatable, or comma-separated")
+    # Requests on connections from these addresses come from the right-most X-Forwarded-For
+    # entry that is not one of them.
+    forwarded_for_from: tuple[Network, ...] = setting(
+        (), kind=NETWORKS, repeatable=True, group=EDGE,
+        help="proxies that terminate TLS in front of the gateway and append the client to "
+        "X-Forwarded-For (an ingress): on connections from these addresses the client is the "
+        "right-most X-Forwarded-For entry that is not one of them (what a client writes "
+        "further left is ignored). Repeatable, or comma-separated")
     hub_max_concurrent_reviews: int = setting(
         64, kind=COUNT, group=HUB,
         help="TokenReview and SubjectAccessReview calls to the hub in flight at once, per "
@@ -394,6 +418,27 @@ class GatewayConfig:
         help="how often every gateway process re-reads the cluster records: a removed "
         "cluster's sessions close within about this long (default: {default})")
 
+    # Kubernetes-format audit (gateway.hub.audittrail): on when a backend is named. The log
+    # path "-" is stdout, where the events then replace the gateway's JSON lines.
+    audit_log_path: str | None = setting(
+        None, kind=NAME_OR_NONE, metavar="PATH", group=AUDIT_FLAGS,
+        help="write an audit.k8s.io/v1 Event per request stage to PATH, one JSON object per "
+        "line, appended (as kube-apiserver's --audit-log-path with --audit-log-format=json; "
+        "rotate with copytruncate); '-': stdout, instead of the gateway's JSON lines")
+    audit_webhook_config_file: str | None = setting(  # a kubeconfig naming the webhook
+        None, kind=NAME_OR_NONE, metavar="FILE", group=AUDIT_FLAGS,
+        help="post the Events to a webhook, as kube-apiserver's flag of that name: a "
+        "kubeconfig whose current cluster's server is the URL (its CA verifies it) and whose "
+        "user authenticates the gateway (token, token file, client certificate or exec "
+        "plugin); an audit.k8s.io/v1 EventList per batch")
+    audit_policy_file: str | None = setting(  # None: every request at Metadata
+        None, kind=NAME_OR_NONE, metavar="FILE", group=AUDIT_FLAGS,
+        help="which requests are audited: an audit.k8s.io/v1 Policy whose rules have a level "
+        "(None or Metadata) and may list users, userGroups, verbs and clusters (hubproxy's "
+        "own); the first matching rule wins, no match is None. Anything else in a rule is "
+        "refused at start. Default: every request at Metadata. Never a token, never a body")
+    audit_webhook: WebhookSettings = section(WebhookSettings)
+
     clusterprofiles: ClusterProfileSettings = section(ClusterProfileSettings)
     ocm_addon: AddOnConditionSettings = section(AddOnConditionSettings)
 
@@ -432,6 +477,10 @@ class GatewayConfig:
             raise ValueError(f"--fair-hand-size {self.fair_hand_size} is more than "
                              f"--fair-queues {self.fair_queues}")
         check_tunnel_liveness(self.tunnel_keepalive, self.tunnel_timeout)
+        if self.audit_policy_file and not (self.audit_log_path
+                                           or self.audit_webhook_config_file):
+            raise ValueError("--audit-policy-file needs --audit-log-path or "
+                             "--audit-webhook-config-file (where the events go)")
         try:
             self.agent_naming  # noqa: B018 -- constructing it is the check
         except ValueError as exc:

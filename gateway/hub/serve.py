@@ -60,7 +60,24 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
     startup.check_ca_file(config.agent_ca, "--agent-ca")
     startup.check_key_pair(config.tls_dir, "--tls-dir")
     startup.check_key_pair(config.tunnel_tls_dir, "--tunnel-tls-dir")
+    check_audit_files(config)
     return dataclasses.replace(config, hub_instance=workers_instance_id())
+
+
+def check_audit_files(config: GatewayConfig) -> None:
+    """The Kubernetes-audit files exist and the policy can be used: said at start, not at the
+    first request (ValueError naming the flag)."""
+    from gateway.ops.k8saudit.policy import PolicyError, load_policy
+
+    for flag, path in (("--audit-policy-file", config.audit_policy_file),
+                       ("--audit-webhook-config-file", config.audit_webhook_config_file)):
+        if path and not os.path.isfile(path):
+            raise ValueError(f"{flag} {path}: no such file")
+    if config.audit_policy_file:
+        try:
+            load_policy(config.audit_policy_file)
+        except PolicyError as exc:
+            raise ValueError(f"--audit-policy-file {config.audit_policy_file}: {exc}") from None
 
 
 def start_instance_discovery(config: GatewayConfig, gateway: Any, api_client: Any) -> Any:

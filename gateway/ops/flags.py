@@ -9,12 +9,14 @@ would type it (``3Mi``, ``30s``, ``0.0.0.0:9092``), for ``--help`` and the flag 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+import ipaddress
+from collections.abc import Callable, Iterable
 from typing import TypeVar
 
 T = TypeVar("T")
 
 OFF = "off"  # the word that turns an optional listener off
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 def parse_address(value: str, default_host: str = "0.0.0.0") -> tuple[str, int]:
@@ -86,6 +88,22 @@ def parse_rate(value: str) -> float:
     if not rate > 0 or rate == float("inf"):
         raise ValueError(f"{value!r}: expected a positive number")
     return rate
+
+
+def parse_networks(values: Iterable[str], flag: str) -> tuple[Network, ...]:
+    """CIDRs (or single addresses) as networks; ValueError naming ``flag`` otherwise."""
+    networks: list[Network] = []
+    for value in values:
+        for item in value.split(","):
+            text = item.strip()
+            if not text:
+                continue
+            try:
+                networks.append(ipaddress.ip_network(text, strict=False))
+            except ValueError:
+                raise ValueError(f"{flag} {text!r}: not an address or CIDR") from None
+    return tuple(networks)
+
 
 
 def _argparse_type(parse: Callable[[str], T]) -> Callable[[str], T]:

@@ -57,6 +57,10 @@ class Kind:
     parse: Callable[[str], Any] | None  # None: the text itself
     show: Callable[[Any], str] = str
     metavar: str | None = None
+    # For text that can only be judged whole (CIDRs, several to a flag): what argparse parsed,
+    # and the flag's name, to the field's value; a ValueError names the flag (the programs
+    # report it as they report the config's own validation).
+    convert: Callable[[Any, str], Any] | None = None
 
 
 TEXT = Kind(None)
@@ -68,6 +72,8 @@ SIZE = Kind(flags.size, flags.show_size, "SIZE")
 RATE = Kind(flags.rate, flags.show_number, "PER_SECOND")
 ADDRESS = Kind(flags.address, flags.show_address, "HOST:PORT")
 ADDRESS_OR_OFF = Kind(flags.address_or_off, flags.show_address, "HOST:PORT")
+# Repeatable, each flag one CIDR or address or several comma-separated: a tuple of networks.
+NETWORKS = Kind(None, str, "CIDR", convert=flags.parse_networks)
 NAME_OR_NONE = Kind(flags.text_or_none)
 SWITCH = Kind(None, lambda on: "on" if on else "off")
 
@@ -144,6 +150,8 @@ class Declared:
         """The field's value for what argparse parsed."""
         if self.flag.negated:
             return not parsed
+        if self.flag.kind.convert is not None:
+            return self.flag.kind.convert(parsed, self.option)
         if self.flag.repeatable:
             return tuple(parsed)
         return parsed

@@ -391,7 +391,7 @@ def make_config(**overrides: Any) -> GatewayConfig:
 
 
 @contextlib.asynccontextmanager
-async def running(tls: Tls, *, authorizer: Any = None,
+async def running(tls: Tls, *, authorizer: Any = None, audit_trail: Any = None,
                   clock: Callable[[], float] = time.monotonic, **overrides: Any
                   ) -> AsyncIterator[Harness]:
     """A started gateway with fakes around it; ``clock`` is the one the token cache and the
@@ -408,7 +408,7 @@ async def running(tls: Tls, *, authorizer: Any = None,
 
     gateway = Gateway(config, authenticator=authenticator,
                       authorizer=authorizer or NoAuthorizer(), registry=registry,
-                      front_ssl=tls.server, hub_probe=probe)
+                      front_ssl=tls.server, hub_probe=probe, audit_trail=audit_trail)
     gateway.auth_failures = FailedAuthLimiter(rate=config.auth_failure_rate,
                                               burst=config.auth_failure_burst, clock=clock)
     await gateway.start()
