@@ -17,6 +17,7 @@ from gateway.ops import shared_settings as shared
 from gateway.ops import startup
 from gateway.ops.flags import OFF, Network, check_tunnel_liveness
 from gateway.ops.k8saudit.backends import AUDIT_FLAGS, WebhookSettings
+from gateway.ops.metrics import BASIC_SERIES_PER_CLUSTER, REQUEST_BUCKETS
 from gateway.ops.settings import (
     ADDRESS,
     COUNT,
@@ -49,11 +50,17 @@ FAIR = ("fair queuing of short requests between identities (as kube-apiserver's 
 INSTANCES = "instances, workers and shutdown"
 JOIN = "joining clusters (hubproxy cluster add|list|remove; see deploy/README.md)"
 CLUSTERPROFILES = "ClusterProfile access provider (multicluster.x-k8s.io/v1alpha1)"
+FLEET = "fleet scale: writes to the hub and per-cluster metrics"
 OCM = "Open Cluster Management add-on (deploy/ocm)"
 
 DEFAULT_MAX_REQUEST_BODY = 3 * 1024 * 1024  # kube-apiserver's MaxRequestBodyBytes
 # Longest single header field line: the whole head may be larger (--max-header-bytes).
 MAX_FIELD_LINE = 64 * 1024
+# Hub writes per second and burst, per gateway process (gateway.hub.hubwrites). client-go's
+# rest.Config defaults are 5 and 10; controllers built on it (controller-runtime) raise them to
+# 20 and 30, which a fleet's writes need and a hub takes easily.
+DEFAULT_HUB_WRITE_QPS = 20.0
+DEFAULT_HUB_WRITE_BURST = 30
 
 
 @dataclass(frozen=True)
@@ -142,8 +149,9 @@ class ClusterProfileSettings:
         "dropped, only CAs are published")
     grace: float = setting(
         60.0, option="--clusterprofile-grace", kind=SECONDS, group=CLUSTERPROFILES,
-        help="keep a cluster's entry this long after its last agent disconnects, so a "
-        "reconnecting agent does not make consumers flap (default: {default})")
+        help="keep a cluster's entry this long after its last agent disconnects, and after the "
+        "gateway starts, so a reconnecting agent (or a restarted gateway) does not make "
+        "consumers flap (default: {default})")
 
     def validate(self) -> None:
         if self.mode == "on" and not self.public_url:
@@ -159,8 +167,9 @@ class AddOnConditionSettings:
         False, option="--ocm-addon-conditions", kind=SWITCH, group=OCM,
         help="keep a TunnelConnected condition on each served cluster's ManagedClusterAddOn "
         "(named --ocm-addon-name, in the cluster's namespace): True while its agent holds a "
-        "session here, False once none has for --ocm-addon-grace. Needs hub RBAC: get "
-        "managedclusteraddons, patch managedclusteraddons/status. Off by default")
+        "session here, False once none has for --ocm-addon-grace. Needs hub RBAC: get, list "
+        "and watch managedclusteraddons, patch managedclusteraddons/status (without list, each "
+        "add-on is read before it is written). Off by default")
     grace: float = setting(
         60.0, option="--ocm-addon-grace", kind=SECONDS, group=OCM,
         help="wait this long after a cluster's last agent left before writing False, so a "
@@ -375,8 +384,9 @@ class GatewayConfig:
         1, kind=COUNT, group=INSTANCES,
         help="gateway processes sharing the front door and tunnel ports (default: {default}). "
         "Agents keep one session to each. Each worker uses one core and its own memory; worker "
-        "0 serves health and metrics (the sum of all workers, at most ~1s behind; /readyz is "
-        "200 only when every worker is ready, --ready-wait included) and writes ClusterProfiles")
+        "0 serves health and metrics (the sum of all workers: requests and sessions at most ~1s "
+        "behind, an idle session's RTT and bytes at most ~30s; /readyz is 200 only when every "
+        "worker is ready, --ready-wait included) and writes ClusterProfiles")
     shutdown_timeout: float = setting(
         25.0, kind=DURATION, group=INSTANCES,
         help="on SIGTERM, wait this long for in-flight requests")
@@ -388,6 +398,31 @@ class GatewayConfig:
         "Service and load balancers stop sending here before the front door closes; each "
         "HTTP/1.1 response meanwhile closes its connection, so keep-alive clients reconnect "
         "elsewhere (default: {default}; deploy/hub uses 5s). Then --shutdown-timeout applies")
+
+    # Writes to the hub (ClusterProfiles, OCM conditions, the instance Lease), per process:
+    # a token bucket shared by every writer (gateway.hub.hubwrites).
+    hub_write_qps: float = setting(
+        DEFAULT_HUB_WRITE_QPS, kind=RATE, group=FLEET,
+        help="requests per second this gateway process may send to write hub objects as agents "
+        "come and go (ClusterProfile access providers, OCM TunnelConnected conditions, its "
+        "instance Lease, and the reads that prepare those writes), after a burst of "
+        "--hub-write-burst, as client-go's QPS. Writes are coalesced per object: a storm of "
+        "reconnecting agents costs at most one write per object that must change, at this rate "
+        "(default: {default})")
+    hub_write_burst: int = setting(
+        DEFAULT_HUB_WRITE_BURST, kind=COUNT, group=FLEET,
+        help="hub writes allowed at once before --hub-write-qps applies (default: {default})")
+    # Per-cluster series on /metrics: "basic" (bounded counters and gauges) or "detailed"
+    # (plus per-cluster latency histograms and agent certificate expiry).
+    cluster_metrics: str = setting(
+        "basic", choices=("basic", "detailed"), group=FLEET,
+        help="per-cluster series on /metrics. basic: counters and gauges only, at most "
+        f"{BASIC_SERIES_PER_CLUSTER} series per cluster (requests by status class; tunnel "
+        "sessions, RTT, open and opened streams, bytes each way; agent version); latency "
+        "histograms for the whole gateway, and the earliest agent certificate expiry with "
+        "counts expiring within 7 and 30 days. detailed: also latency histograms per cluster "
+        f"({len(REQUEST_BUCKETS) + 3} series per cluster and request class) and each cluster's "
+        "agent certificate expiry (default: {default})")
 
     tunnel_keepalive: float = shared.tunnel_keepalive("agent")
     tunnel_timeout: float = shared.tunnel_timeout("agent")

@@ -89,7 +89,8 @@ def start_instance_discovery(config: GatewayConfig, gateway: Any, api_client: An
     announcer = InstanceAnnouncer(
         api_client, config.lease_namespace, config.hub_instance,
         clusters=gateway.registry.clusters, on_change=gateway.announce_instances,
-        duration=config.lease_duration, ready_wait=config.ready_wait)
+        duration=config.lease_duration, ready_wait=config.ready_wait,
+        writes=gateway.hub_writes)
     gateway.registry.subscribe(announcer.cluster_changed)
     if config.ready_wait > 0:
         gateway.readiness.gates.append(announcer.readiness_reason)
@@ -142,8 +143,13 @@ async def serve(config: GatewayConfig, link: MetricsLink | None = None) -> int:
                                                                  config.workers))
         elif link is not None:
             peers = link.sender(config.worker_index)
-            peers.start(lambda: {**gateway.metrics.snapshot(),
-                                 WORKER_NOT_READY: gateway.readiness.reason()})
+
+            def part() -> dict[str, Any]:
+                figures = gateway.metrics.part()
+                figures["scalars"][WORKER_NOT_READY] = gateway.readiness.reason()
+                return figures
+
+            peers.start(part, changed=gateway.metrics.take_changed)
         announcer = start_instance_discovery(config, gateway, api_client)
         if joining is not None:  # every process: each has its own listener to police
             joining.listener = gateway.tunnel_listener
@@ -158,10 +164,12 @@ async def serve(config: GatewayConfig, link: MetricsLink | None = None) -> int:
         if config.worker_index == 0 and config.tls_dir is not None:
             if config.clusterprofiles.mode is not None:
                 extras.append(asyncio.ensure_future(clusterprofile.run(
-                    config.clusterprofiles, config.tls_dir, api_client, gateway.registry)))
+                    config.clusterprofiles, config.tls_dir, api_client, gateway.registry,
+                    gateway.hub_writes)))
             if config.ocm_addon.enabled:
                 extras.append(asyncio.ensure_future(ocm.run(
-                    config.ocm_addon, config.ocm_addon_name, api_client, gateway.registry)))
+                    config.ocm_addon, config.ocm_addon_name, api_client, gateway.registry,
+                    gateway.hub_writes)))
         await stop.wait()
         log.info("shutting down: draining for up to %.0fs", config.shutdown_timeout)
         # The Lease goes first (in parallel with the drain): peers and agents stop counting

@@ -21,6 +21,7 @@ from typing import Any
 from gateway.hub.clusterprofile.provider import ca_certificates_only
 from gateway.hub.clusterprofile.writer import AccessProviderWriter
 from gateway.hub.config import ClusterProfileSettings
+from gateway.hub.hubwrites import HubWrites
 
 log = logging.getLogger("hubproxy.clusterprofile")
 
@@ -33,8 +34,9 @@ def ca_file(settings: ClusterProfileSettings, tls_dir: str) -> Path:
 
 
 def build_writer(settings: ClusterProfileSettings, tls_dir: str, api_client: Any,
-                 registry: Any) -> AccessProviderWriter:
-    """A writer fed by the session registry (`clusters()` and `subscribe(cb)`)."""
+                 registry: Any, writes: HubWrites | None = None) -> AccessProviderWriter:
+    """A writer fed by the session registry (`clusters()` and `subscribe(cb)`), its writes at
+    the process's shared rate (``writes``)."""
     path = ca_file(settings, tls_dir)
     writer = AccessProviderWriter(
         api_client,
@@ -44,17 +46,18 @@ def build_writer(settings: ClusterProfileSettings, tls_dir: str, api_client: Any
         connected_clusters=registry.clusters,
         namespaces=list(settings.namespaces),
         grace=settings.grace,
+        writes=writes,
     )
     registry.subscribe(writer.cluster_changed)
     return writer
 
 
 async def run(settings: ClusterProfileSettings, tls_dir: str, api_client: Any,
-              registry: Any) -> None:
+              registry: Any, writes: HubWrites | None = None) -> None:
     """Run the feature as configured until cancelled (returns at once when unset)."""
     if settings.mode is None:
         return
-    writer = build_writer(settings, tls_dir, api_client, registry)
+    writer = build_writer(settings, tls_dir, api_client, registry, writes)
     if settings.mode == "on":
         await writer.run()
         return

@@ -10,15 +10,17 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.hub.config import AddOnConditionSettings
+from gateway.hub.hubwrites import HubWrites
 from gateway.hub.ocm.writer import AddOnConditionWriter
 
 
 async def run(settings: AddOnConditionSettings, addon: str, api_client: Any,
-              registry: Any) -> None:
-    """Run the writer for the add-on ``addon`` until cancelled (returns at once when off)."""
+              registry: Any, writes: HubWrites | None = None) -> None:
+    """Run the writer for the add-on ``addon`` until cancelled (returns at once when off), its
+    writes at the process's shared rate (``writes``)."""
     if not settings.enabled:
         return
     writer = AddOnConditionWriter(api_client, addon=addon, connected_clusters=registry.clusters,
-                                  grace=settings.grace)
+                                  grace=settings.grace, writes=writes)
     registry.subscribe(writer.cluster_changed)
     await writer.run()
