@@ -16,6 +16,7 @@ from gateway.ops import shared_settings as shared
 from gateway.ops.flags import check_tunnel_liveness, parse_address
 from gateway.ops.settings import ADDRESS, COUNT, SECONDS, SWITCH, Kind, setting
 from tunnel.identity import AgentNaming
+from tunnel.session_state import AGENT_PING_AFTER
 
 HUB = "hub"
 KUBE = "kube-apiserver (default: in-cluster service account)"
@@ -138,7 +139,7 @@ class AgentConfig:
         "HTTP/1.1 each request in progress holds one, and a watch or logs -f holds it while it "
         "is open, about 50 KiB each: raise this together with the memory limit; over HTTP/2 "
         "one holds up to --apiserver-h2-streams of them. Beyond it requests are answered 429")
-    tunnel_keepalive: float = shared.tunnel_keepalive("hub")
+    tunnel_keepalive: float = shared.tunnel_keepalive("hub", AGENT_PING_AFTER)
     tunnel_timeout: float = shared.tunnel_timeout("hub")
     tunnel_memory_budget: int = shared.tunnel_memory_budget()
     health_listen: Address | None = shared.health_listen(

@@ -174,6 +174,8 @@ class Gateway:
         self.metrics.hub_outage_answers = lambda: outage_answers(authenticator, authorizer)
         self.metrics.handshake_failures = lambda: (
             self._tunnel.handshake_failures if self._tunnel is not None else {})
+        self.metrics.tunnel_admission = lambda: (
+            self._tunnel.admission() if self._tunnel is not None else {})
         self.audit_trail = audit_trail or AuditTrail(
             lines=audit.logger.isEnabledFor(logging.INFO))
         self.metrics.audit_events = self.audit_trail.events
@@ -312,6 +314,7 @@ class Gateway:
                     thost, tport, self.tunnel_ssl, self.registry, self.session_config,
                     reuse_port=shared, naming=config.agent_naming,
                     join=self.tunnel_join, refuse=self.tunnel_refuse,
+                    max_handshakes=config.tunnel_max_handshakes, backlog=config.tunnel_backlog,
                 )
             except OSError as exc:
                 raise startup.bind_error(exc, thost, tport, "--tunnel-listen") from None

@@ -35,7 +35,9 @@ from gateway.ops.settings import (
 )
 from gateway.wire.http1 import DEFAULT_LIMITS, Limits
 from gateway.wire.identity import DEFAULT_PREFIX, IdentityError, validate_prefix
+from tunnel.admission import DEFAULT_BACKLOG, DEFAULT_MAX_HANDSHAKES
 from tunnel.identity import AgentNaming
+from tunnel.session_state import HUB_PING_AFTER
 
 # --help sections, in the order they are first used below
 LISTENERS = "listeners"
@@ -190,6 +192,16 @@ class GatewayConfig:
         ("0.0.0.0", 9092), kind=ADDRESS, group=LISTENERS, help="front door for users, HTTPS")
     tunnel_listen: tuple[str, int] = setting(
         ("0.0.0.0", 8091), kind=ADDRESS, group=LISTENERS, help="agent tunnel, mTLS 1.3")
+    # Agent admission (tunnel.admission): handshakes at once, and the listen queue behind them.
+    tunnel_max_handshakes: int = setting(
+        DEFAULT_MAX_HANDSHAKES, kind=COUNT, group=LISTENERS,
+        help="agent TLS handshakes in flight at most; further agents wait in the listen queue, "
+        "and one that waited nearly an agent's handshake timeout is told the hub is busy before "
+        "any TLS work (default: {default})")
+    tunnel_backlog: int = setting(
+        DEFAULT_BACKLOG, kind=COUNT, group=LISTENERS,
+        help="listen queue of the tunnel port: agents waiting for a handshake (the kernel caps "
+        "it at net.core.somaxconn; default: {default})")
     health_listen: tuple[str, int] | None = shared.health_listen(
         LISTENERS, "/healthz /readyz /metrics /clusters")
 
@@ -424,7 +436,7 @@ class GatewayConfig:
         f"({len(REQUEST_BUCKETS) + 3} series per cluster and request class) and each cluster's "
         "agent certificate expiry (default: {default})")
 
-    tunnel_keepalive: float = shared.tunnel_keepalive("agent")
+    tunnel_keepalive: float = shared.tunnel_keepalive("agent", HUB_PING_AFTER)
     tunnel_timeout: float = shared.tunnel_timeout("agent")
     tunnel_memory_budget: int = shared.tunnel_memory_budget()
     log_level: str = shared.log_level(

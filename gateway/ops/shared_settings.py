@@ -8,9 +8,10 @@ Each function is a :func:`gateway.ops.settings.setting` for a field of ``Gateway
 
 from __future__ import annotations
 
-from gateway.ops.flags import show_size
+from gateway.ops.flags import show_duration, show_size
 from gateway.ops.settings import ADDRESS_OR_OFF, DURATION, SIZE, setting
 from tunnel.identity import NAMING_SCHEMES, URI_NAMING
+from tunnel.liveness import MAX_TICK
 from tunnel.session_state import DEFAULT_PROCESS_MEMORY_BUDGET, SessionConfig
 
 TUNNEL = "tunnel"
@@ -20,19 +21,22 @@ DEFAULT_HEALTH_LISTEN = ("0.0.0.0", 8000)
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
-def tunnel_keepalive(peer: str) -> float:
-    """PING after this much silence from ``peer`` (the tunnel's 3 s)."""
-    return setting(_TUNNEL_DEFAULTS.ping_after, kind=DURATION, group=TUNNEL,
+def tunnel_keepalive(peer: str, default: float) -> float:
+    """PING after this much silence from ``peer``. ``default`` is this side's
+    (``tunnel.session_state``: the agent pings an idle session, the hub's keepalive is longer
+    and it mostly answers)."""
+    return setting(default, kind=DURATION, group=TUNNEL,
                    help=f"send a PING after this long without a frame from the {peer} "
                    "(default: {default}; busy sessions never ping)")
 
 
 def tunnel_timeout(peer: str) -> float:
-    """The session is dead after this much silence from ``peer`` (the tunnel's 8 s)."""
+    """The session is dead after this much silence from ``peer`` (the tunnel's 8 s, either
+    side)."""
     return setting(_TUNNEL_DEFAULTS.dead_after, kind=DURATION, group=TUNNEL,
                    help="declare the session dead (its requests end, 503) after this long "
                    f"without a frame from the {peer} (default: {{default}}; a frozen peer is "
-                   "found within it plus a quarter of the keepalive)")
+                   f"found within it plus {show_duration(MAX_TICK)})")
 
 
 def tunnel_memory_budget() -> int:
