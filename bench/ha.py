@@ -174,7 +174,7 @@ class System:
 
     def start_clusters(self) -> None:
         from certs import layout
-        from gateway.demo import agent_kubeconfig, managed_rbac, token_csv, write_private
+        from gateway.fixtures import agent_kubeconfig, managed_rbac, token_csv, write_private
 
         layout.init(self.pki, layout.InitOptions(clusters=CLUSTERS))
         for cluster in CLUSTERS:

@@ -16,9 +16,10 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
+from gateway.ops.settings import env_name
 from gateway.ops.version import version
 
-ENV_PREFIX = "HUBPROXY_"
+__all__ = ["apply_environment", "build_parser", "env_name", "main"]
 
 # name -> (module, one-line help). Modules are imported only when the parser is built.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -51,11 +52,6 @@ def _unavailable(name: str) -> int:
           "container image ships only the gateway, the agent and their tools). Run it from "
           "a source checkout: pip install -e .", file=sys.stderr)
     return 2
-
-
-def env_name(option: str) -> str:
-    """``--tunnel-listen`` -> ``HUBPROXY_TUNNEL_LISTEN``."""
-    return ENV_PREFIX + option.lstrip("-").upper().replace("-", "_")
 
 
 _TRUE = {"1", "true", "yes", "on"}

@@ -18,6 +18,9 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 LOOPBACK = "127.0.0.1"
 
@@ -195,9 +198,41 @@ class ProcessGroup:
             proc.stop()
 
 
-async def eventually(check: Callable[[], object], timeout: float = 10.0) -> None:
-    """Until ``check()`` is true, polling; fails the test after ``timeout`` seconds."""
+POLL_INTERVAL = 0.02
+
+
+class ManualClock:
+    """A clock for code that takes one (``clock=``): time moves only when the test moves it,
+    so a test of a TTL, a refill or a grace neither sleeps nor races a busy machine."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+async def eventually(check: Callable[[], T], timeout: float = 10.0,
+                     what: str = "condition") -> T:
+    """Until ``check()`` is true, polling, and what it returned then; fails the test, naming
+    ``what``, after ``timeout`` seconds. The tests' one polling helper
+    (:func:`eventually_blocking` outside a loop)."""
     deadline = asyncio.get_running_loop().time() + timeout
-    while not check():
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.02)
+    while not (found := check()):
+        assert asyncio.get_running_loop().time() < deadline, f"{what} not reached in {timeout}s"
+        await asyncio.sleep(POLL_INTERVAL)
+    return found
+
+
+def eventually_blocking(check: Callable[[], T], timeout: float = 10.0,
+                        what: str = "condition", interval: float = POLL_INTERVAL) -> T:
+    """:func:`eventually` for tests that run outside an event loop (processes, kubectl):
+    ``interval`` spaces checks that are themselves expensive."""
+    deadline = time.monotonic() + timeout
+    while not (found := check()):
+        assert time.monotonic() < deadline, f"{what} not reached in {timeout}s"
+        time.sleep(interval)
+    return found

@@ -286,7 +286,7 @@ CALLERS = DEPLOY / "examples" / "callers"
 async def test_caller_role_example_grants_exactly_its_cluster(tmp_path: Path) -> None:
     """The example binding, applied to a hub, lets its subjects through the gateway's
     SubjectAccessReview for cluster1 and for nothing else."""
-    from gateway.demo import api
+    from gateway.fixtures import api
     from kubesim.testing import run_kubesim
 
     rbac = list(yaml.safe_load_all((CALLERS / "rbac.yaml").read_text()))

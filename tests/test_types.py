@@ -1,4 +1,4 @@
-"""The tunnel, certs, the admission filters and the wire code type-check strictly.
+"""The tunnel, certs, the wire code, the agent, the hub and the settings type-check strictly.
 
 The packages and the settings are in pyproject.toml (``[tool.mypy]``); a type error there fails
 the suite like a failing test.

@@ -72,6 +72,9 @@ OCM_SUBJECT_PREFIX = "system:open-cluster-management:cluster:"
 _OCM_AGENT = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 
 
+NAMING_SCHEMES = ("uri", "ocm")
+
+
 @dataclass(frozen=True)
 class AgentNaming:
     """Where the cluster name of an agent certificate is read from; one scheme per gateway.
@@ -85,7 +88,7 @@ class AgentNaming:
     ocm_addon: str = "hubproxy"
 
     def __post_init__(self) -> None:
-        if self.scheme not in ("uri", "ocm"):
+        if self.scheme not in NAMING_SCHEMES:
             raise ValueError(f"agent naming scheme {self.scheme!r}: expected uri or ocm")
         if not _OCM_AGENT.fullmatch(self.ocm_addon):
             raise ValueError(f"OCM add-on name {self.ocm_addon!r} is not a DNS-1123 label")

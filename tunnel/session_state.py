@@ -20,11 +20,10 @@ Guarantees:
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tunnel import frames as f
 from tunnel.errors import (
@@ -48,40 +47,6 @@ HUB_PING_AFTER = 5.0
 DEAD_AFTER = 8.0
 
 
-@dataclass
-class SessionConfig:
-    initial_window: int = f.DEFAULT_INITIAL_WINDOW     # receive window per new stream (advertised)
-    max_stream_window: int = 16 * 1024 * 1024          # auto-tuning ceiling per stream
-    max_frame_size: int = 256 * 1024                   # largest payload we accept (advertised)
-    max_concurrent_streams: int = f.DEFAULT_MAX_CONCURRENT_STREAMS  # peer-opened, advertised
-    max_pending_opens: int = 1000                      # peer OPENs we have not answered yet
-    max_metadata_size: int = f.DEFAULT_MAX_METADATA_SIZE
-    # Liveness (PROTOCOL.md §8): a frozen peer is declared dead within dead_after plus one
-    # keepalive tick (tunnel.liveness, at most 0.25 s), under the 10 s operators ask for. The
-    # default is the agent's; the hub's is HUB_PING_AFTER (see there).
-    ping_after: float = AGENT_PING_AFTER               # PING after this long without a frame
-    dead_after: float = DEAD_AFTER                     # session dead after this long without one
-    rtt_interval: float = 10.0                         # RTT probe period while streams are open
-    session_memory_budget: int = 256 * 1024 * 1024     # window growth budget per session
-    write_high_water: int = 256 * 1024                 # stream send buffer -> pause_writing
-    write_low_water: int = 64 * 1024                   # ... -> resume_writing
-    quantum: int = 256 * 1024                          # round-robin quantum per stream
-    flush_limit: int = 1024 * 1024                     # DATA bytes per flush (then yield)
-    max_pings_per_second: int = 50
-    max_settings_per_second: int = 10
-    max_resets_per_second: int = 2000
-    max_refused_per_second: int = 2000
-    # Hub side only (0 / 1: not sent): this hub process's id and how many share its address.
-    hub_instance: int = 0
-    hub_instances: int = 1
-    # Hub side, with instance discovery: the live instances (HUB_PEER). The gateway replaces it
-    # as instances come and go, so each new session announces the latest set.
-    hub_peers: tuple[int, ...] = ()
-    # Agent side only (0: not sent): the agent's packed release and its process's random id.
-    agent_version: int = 0
-    agent_instance: int = 0
-
-
 class MemoryBudget:
     """Bytes reserved for grown receive windows (beyond the initial window)."""
 
@@ -101,10 +66,51 @@ class MemoryBudget:
         self.used = max(0, self.used - n)
 
 
+# Window growth of every session of a process together (PROTOCOL.md §6). The programs
+# size it with --tunnel-memory-budget and hand their own MemoryBudget to every session.
+DEFAULT_PROCESS_MEMORY_BUDGET = 1 << 30
+PROCESS_BUDGET = MemoryBudget(DEFAULT_PROCESS_MEMORY_BUDGET)
+
+
+@dataclass
+class SessionConfig:
+    initial_window: int = f.DEFAULT_INITIAL_WINDOW     # receive window per new stream (advertised)
+    max_stream_window: int = 16 * 1024 * 1024          # auto-tuning ceiling per stream
+    max_frame_size: int = 256 * 1024                   # largest payload we accept (advertised)
+    max_concurrent_streams: int = f.DEFAULT_MAX_CONCURRENT_STREAMS  # peer-opened, advertised
+    max_pending_opens: int = 1000                      # peer OPENs we have not answered yet
+    max_metadata_size: int = f.DEFAULT_MAX_METADATA_SIZE
+    # Liveness (PROTOCOL.md §8): a frozen peer is declared dead within dead_after plus one
+    # keepalive tick (tunnel.liveness, at most 0.25 s), under the 10 s operators ask for. The
+    # default is the agent's; the hub's is HUB_PING_AFTER (see there).
+    ping_after: float = AGENT_PING_AFTER               # PING after this long without a frame
+    dead_after: float = DEAD_AFTER                     # session dead after this long without one
+    rtt_interval: float = 10.0                         # RTT probe period while streams are open
+    session_memory_budget: int = 256 * 1024 * 1024     # window growth budget per session
+    # Shared by the process's sessions: one object, not a size (default: PROCESS_BUDGET).
+    process_budget: MemoryBudget = field(default=PROCESS_BUDGET, compare=False, repr=False)
+    write_high_water: int = 256 * 1024                 # stream send buffer -> pause_writing
+    write_low_water: int = 64 * 1024                   # ... -> resume_writing
+    quantum: int = 256 * 1024                          # round-robin quantum per stream
+    flush_limit: int = 1024 * 1024                     # DATA bytes per flush (then yield)
+    max_pings_per_second: int = 50
+    max_settings_per_second: int = 10
+    max_resets_per_second: int = 2000
+    max_refused_per_second: int = 2000
+    # Hub side only (0 / 1: not sent): this hub process's id and how many share its address.
+    hub_instance: int = 0
+    hub_instances: int = 1
+    # Hub side, with instance discovery: the live instances (HUB_PEER). The gateway replaces it
+    # as instances come and go, so each new session announces the latest set.
+    hub_peers: tuple[int, ...] = ()
+    # Agent side only (0: not sent): the agent's packed release and its process's random id.
+    agent_version: int = 0
+    agent_instance: int = 0
+
+
 # Queued writes of one stream smaller than this are joined into one DATA frame.
 COALESCE_BELOW = 16 * 1024
 
-PROCESS_BUDGET = MemoryBudget(int(os.environ.get("HUBPROXY_TUNNEL_MEMORY_BUDGET", 1 << 30)))
 
 
 # Events -------------------------------------------------------------------------------------
@@ -263,7 +269,7 @@ class Session:
         self._pending_in = 0
         self._peer_streams = 0
         self.budget = MemoryBudget(cfg.session_memory_budget)
-        self.process_budget = process_budget or PROCESS_BUDGET
+        self.process_budget = process_budget or cfg.process_budget
         self.last_received = clock()
         self.rtt: float | None = None
         self.last_ping = -math.inf  # when the last PING went out (RTT probes are spaced from it)

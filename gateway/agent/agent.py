@@ -98,7 +98,8 @@ class Agent:
     # ---------------------------------------------------------------- tunnel callback ----
     def on_open(self, request: OpenRequest) -> StreamProtocol:
         self.stats.streams += 1
-        target = request.target
+        # The codec decodes only these three kinds; anything else is refused, never trusted.
+        target: object = request.target
         log.debug("stream opened for a %s", type(target).__name__)
         if isinstance(target, KubeAPITarget):
             return self._kube_exchange(request)

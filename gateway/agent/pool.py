@@ -34,6 +34,7 @@ from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Protocol
 
+from gateway.agent.config import AgentConfig
 from gateway.agent.h2pool import H2Stream, H2Upstream
 
 log = logging.getLogger(__name__)
@@ -177,14 +178,14 @@ class UpstreamConnection(asyncio.BufferedProtocol):
 
 Upstream = UpstreamConnection | H2Stream  # what an exchange holds: a connection or a stream
 PROTOCOLS = ("auto", "h1", "h2")
-H2_MAX_STREAMS = 100
+H2_MAX_STREAMS = AgentConfig.apiserver_h2_streams  # the flag's default
 
 
 class UpstreamPool:
     def __init__(
         self,
         *,
-        max_connections: int = 2048,
+        max_connections: int = AgentConfig.max_upstream_connections,
         max_idle_per_key: int = 32,
         idle_timeout: float = 30.0,
         connect_timeout: float = 10.0,

@@ -65,7 +65,7 @@ from tunnel.connection import ALPN, SessionConfig
 from tunnel.join import JOIN_ALPN, JoinHandler
 from tunnel.listener import RefuseHook, start_tunnel_listener
 from tunnel.registry import SessionRegistry
-from tunnel.session_state import HUB_PING_AFTER
+from tunnel.session_state import MemoryBudget
 
 log = logging.getLogger("hubproxy.gateway")
 
@@ -331,7 +331,8 @@ class Gateway:
         log.info("gateway listening: front door %s:%d, tunnel %s, health %s", host,
                  self.front_port, f"{config.tunnel_listen[0]}:{self.tunnel_port}"
                  if self._tunnel else "off",
-                 f"{config.health_listen[0]}:{self.health_port}" if self._health else "off")
+                 f"{config.health_listen[0]}:{self.health_port}"
+                 if self._health and config.health_listen else "off")
 
     async def shutdown(self, timeout: float | None = None) -> None:
         """Stop accepting, let in-flight requests finish (bounded), close everything."""
@@ -452,19 +453,16 @@ def _tunnel_alpn() -> list[str]:
 
 
 def session_settings(config: GatewayConfig) -> SessionConfig:
-    """Tunnel settings of the hub side: the tunnel's defaults, this process's instance, and
-    the liveness flags."""
-    liveness: dict[str, float] = {"ping_after": HUB_PING_AFTER}
-    if config.tunnel_keepalive is not None:
-        liveness["ping_after"] = config.tunnel_keepalive
-    if config.tunnel_timeout is not None:
-        liveness["dead_after"] = config.tunnel_timeout
+    """Tunnel settings of the hub side: the tunnel's defaults, this process's instance, the
+    liveness flags and the process's window memory budget (one for all its sessions)."""
     # With instance discovery the count and the set follow the Leases (see
     # Gateway.announce_instances); until the first listing, agents hold at least this one.
-    instances = 1 if config.lease_namespace else config.replicas * config.workers
+    instances = 1 if config.lease_namespace else (config.replicas or 1) * config.workers
     peers = (config.hub_instance,) if config.lease_namespace and config.hub_instance else ()
     return SessionConfig(hub_instance=config.hub_instance, hub_instances=instances,
-                         hub_peers=peers, **liveness)
+                         hub_peers=peers, ping_after=config.tunnel_keepalive,
+                         dead_after=config.tunnel_timeout,
+                         process_budget=MemoryBudget(config.tunnel_memory_budget))
 
 
 async def hub_api_client(kubeconfig: str | None,

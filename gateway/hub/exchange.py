@@ -191,11 +191,16 @@ class Exchange:
         self.bytes_in += len(data)
         if self.spdy_in is not None:
             self.spdy_in.feed(data)  # which stream is the error stream
-        self.stream.write(data)
+        if self.stream is not None:  # else the session let go of it: nothing takes bytes
+            self.stream.write(data)
 
     def send_eof(self) -> None:
         if not self.eof_sent and self._state != _DONE:
             self.eof_sent = True
+            self._stream_eof()
+
+    def _stream_eof(self) -> None:
+        if self.stream is not None:
             self.stream.write_eof()
 
     # --- StreamProtocol ----------------------------------------------------------------------
@@ -290,9 +295,9 @@ class Exchange:
         self.stream = None
         self.admitted.session = session
         session.open_stream(self.admitted.target, self.admitted.metadata, self,
-                            initial_data=self.replay)
-        if self.eof_sent and self.stream is not None and not self._lost:
-            self.stream.write_eof()
+                            initial_data=self.replay)  # connection_made: self.stream again
+        if self.eof_sent and not self._lost:
+            self._stream_eof()
         return True
 
     def pause_writing(self) -> None:

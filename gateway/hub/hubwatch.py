@@ -16,6 +16,7 @@ Permissions decide the mode: without ``list`` (403 on the first page) the caller
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -42,7 +43,7 @@ async def list_pages(writes: HubWrites, resource: str, call: Callable[..., Any],
     while True:
         page_args = {**kwargs, "limit": PAGE_SIZE, **({"_continue": token} if token else {})}
         try:
-            answer = await writes.send(resource, lambda a=page_args: call(*args, **a),
+            answer = await writes.send(resource, functools.partial(call, *args, **page_args),
                                        write=False)
         except Exception as exc:
             if getattr(exc, "status", None) == 403:

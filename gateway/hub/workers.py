@@ -97,8 +97,8 @@ def run(config: GatewayConfig,
     rc = 0
     while children:
         pid, status = os.wait()
-        index = children.pop(pid, None)
-        if index is None:
+        index = children.pop(pid, -1)
+        if index < 0:  # not one of ours
             continue
         code = os.waitstatus_to_exitcode(status)
         if not stopping:

@@ -61,6 +61,18 @@ def read_kubeconfig(path: str, flag: str) -> dict[str, Any]:
     return document
 
 
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def pod_namespace() -> str | None:
+    """The namespace of the pod this runs in (its service account's), or None outside one."""
+    try:
+        with open(SERVICE_ACCOUNT_NAMESPACE, encoding="utf-8") as file:
+            return file.read().strip() or None
+    except OSError:
+        return None
+
+
 def require_cluster_or_kubeconfig(kubeconfig: str | None, flag: str) -> None:
     """Without ``flag``, the program needs the in-cluster service account: say so plainly."""
     if kubeconfig:

@@ -143,6 +143,18 @@ def check_value(value: str, what: str, *, allow_empty: bool = False) -> None:
         raise IdentityError(f"{what} contains a control character")
 
 
+# Every hub user and group reaches managed clusters under this prefix (--identity-prefix).
+DEFAULT_PREFIX = "cluster:hub:"
+
+
+def validate_prefix(prefix: str) -> str:
+    """The identity prefix must be able to keep hub names off reserved ones."""
+    if not prefix or not prefix.endswith(":") or prefix.startswith("system:"):
+        raise IdentityError("identity prefix must be non-empty, end with ':' and not be system:")
+    check_value(prefix, "identity prefix")
+    return prefix
+
+
 def _check_extra_key(key: str) -> None:
     check_value(key, "extra key")
     if key != key.lower():

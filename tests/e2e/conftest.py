@@ -28,7 +28,7 @@ import yaml
 
 from certs import layout
 from gateway.access.kubeconfig import build_kubeconfig
-from gateway.demo import (
+from gateway.fixtures import (
     AGENT_USER,
     GATEWAY_USER,
     agent_args,

@@ -22,7 +22,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +32,7 @@ import yaml
 
 from certs import layout
 from gateway.access.clusterprofile import build_configuration, load_providers
-from gateway.demo import (
+from gateway.fixtures import (
     AGENT_USER,
     DEMO_USER,
     GATEWAY_USER,
@@ -46,7 +45,7 @@ from gateway.demo import (
     write_private,
 )
 from kubesim.testing import CLUSTERPROFILE_CRD, RunningKubeSim, run_kubesim_in_thread
-from tests.support import ProcessGroup, free_port, wait_for_port
+from tests.support import ProcessGroup, eventually_blocking, free_port, wait_for_port
 
 API = "multicluster.x-k8s.io/v1alpha1"
 FOREIGN = {"name": "open-cluster-management", "cluster": {"server": "https://ocm-proxy/cluster1"}}
@@ -72,14 +71,6 @@ class Fleet:
     def ours(self, name: str) -> list[dict[str, Any]]:
         providers = (self.profile(name).get("status") or {}).get("accessProviders") or []
         return [p for p in providers if p.get("name") == "hubproxy"]
-
-
-def wait_until(check, timeout: float = 20.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached within {timeout}s")
-        time.sleep(0.1)
 
 
 def profile(name: str) -> dict[str, Any]:
@@ -146,7 +137,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         fleet = Fleet(root, pki, hub, cluster1, group, front, hub_reader_kc, demo_token_file,
                       managed_sa_token, gateway)
         try:
-            wait_until(lambda: bool(fleet.ours("cluster1")), 30, "access provider entry")
+            eventually_blocking(lambda: bool(fleet.ours("cluster1")), 30,
+                                "access provider entry", interval=0.1)
         except AssertionError:
             raise AssertionError(gateway.output[-4000:]) from None
         yield fleet
@@ -247,7 +239,7 @@ def test_clusterprofiles_off_removes_only_our_entry(fleet: Fleet) -> None:
                       hub_kubeconfig=hub_kc),
         "--clusterprofiles", "off", "--clusterprofile-namespace", "fleet")
     try:
-        wait_until(lambda: fleet.ours("cluster1") == [], 20, "entry removed")
+        eventually_blocking(lambda: fleet.ours("cluster1") == [], 20, "entry removed", interval=0.1)
     except AssertionError:
         raise AssertionError(off.output[-3000:]) from None
     finally:

@@ -9,6 +9,7 @@ import time
 
 from tests.e2e.conftest import CURL, System
 from tests.e2e.test_kubectl import read_lines, stop
+from tests.support import eventually_blocking
 
 
 def audit_protocols(system: System, needle: str) -> set[str]:
@@ -29,12 +30,8 @@ def audit_protocols(system: System, needle: str) -> set[str]:
 
 
 def eventually_protocols(system: System, needle: str, timeout: float = 10) -> set[str]:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = audit_protocols(system, needle)
-        if found or time.monotonic() > deadline:
-            return found
-        time.sleep(0.1)
+    return eventually_blocking(lambda: audit_protocols(system, needle), timeout,
+                               f"an audit line for {needle}")
 
 
 def test_kubectl_get_watch_apply_negotiate_h2(system: System) -> None:

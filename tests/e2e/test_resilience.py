@@ -12,19 +12,11 @@ import time
 import pytest
 
 from tests.e2e.conftest import CURL, System, split_status
+from tests.support import eventually_blocking
 
 
 def watchers(system: System, cluster: str) -> int:
     return system.clusters[cluster].watcher_count
-
-
-def wait_until(predicate, timeout: float, interval: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
 
 
 def test_slow_reader_on_one_watch_does_not_stall_others(system: System) -> None:
@@ -72,12 +64,14 @@ def test_client_disconnect_mid_watch_cancels_upstream(system: System) -> None:
     before = watchers(system, "cluster1")
     proc = system.kubectl_popen("get", "configmaps", "-w", "-n", "kube-public")
     try:
-        assert wait_until(lambda: watchers(system, "cluster1") > before, 20)
+        eventually_blocking(lambda: watchers(system, "cluster1") > before, 20, "a new watcher",
+                            interval=0.05)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(5)
     # kubesim sees the watch connection close: its watcher goes away.
-    assert wait_until(lambda: watchers(system, "cluster1") <= before, 10)
+    eventually_blocking(lambda: watchers(system, "cluster1") <= before, 10, "the watch ended",
+                        interval=0.05)
 
 
 def test_agent_killed_mid_request_fails_promptly_then_recovers(system: System) -> None:

@@ -23,7 +23,7 @@ import yaml
 from aiohttp import web
 
 from gateway.access.kubeconfig import build_kubeconfig
-from gateway.demo import agent_args, gateway_args, write_private
+from gateway.fixtures import agent_args, gateway_args, write_private
 from tests.e2e.conftest import KUBECTL, System
 from tests.support import BackgroundProcess, free_port, wait_for_port
 

@@ -62,7 +62,7 @@ async def test_rule1_no_identity_refused_at_agent_even_if_gateway_bypassed(
                          alpn_protocols=tunnel_alpn())
     port = free_port()
     listener = await start_tunnel_listener("127.0.0.1", port, ctx, registry, SessionConfig())
-    from gateway.demo import agent_args
+    from gateway.fixtures import agent_args
 
     agent = system.group.hubproxy(*agent_args(
         system.pki, "cluster1", hub=f"127.0.0.1:{port}",
@@ -214,7 +214,7 @@ def test_rule4_agent_with_certificate_from_another_ca_never_registers(
 
 
 def test_rule4_agent_refuses_a_certificate_for_another_cluster(system: System) -> None:
-    from gateway.demo import agent_args, hubproxy_command
+    from gateway.fixtures import agent_args, hubproxy_command
 
     args = agent_args(system.pki, "cluster1", hub=f"127.0.0.1:{system.tunnel_port}",
                       kubeconfig=system.root / "agents" / "cluster1" / "kubeconfig",

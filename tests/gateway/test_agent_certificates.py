@@ -24,7 +24,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 from certs import layout
 from certs.files import load_issued, write_pair
 from certs.issue import _issue_leaf, create_ca, issue_agent
-from gateway.demo import agent_args
+from gateway.fixtures import agent_args
 from tests.gateway.hub.hubsim import agent_kubeconfig_file, hub_and_cluster, start_gateway
 from tests.support import BackgroundProcess, ProcessGroup, free_port
 from tunnel.connection import ALPN

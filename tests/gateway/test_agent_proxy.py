@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from certs import layout
-from gateway.demo import agent_args
+from gateway.fixtures import agent_args
 from tests.gateway.hub.hubsim import (
     DEMO_USER,
     agent_kubeconfig_file,

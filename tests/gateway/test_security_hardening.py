@@ -32,6 +32,7 @@ from tests.gateway.hub.test_frontdoor_harness import (
     tls,  # noqa: F401
 )
 from tests.gateway.hub.test_frontdoor_harness import gw as gw
+from tests.support import ManualClock
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -309,9 +310,8 @@ async def test_bodies_up_to_the_limit_pass(gw: Harness) -> None:
 
 
 async def test_rule7_failed_authentications_are_rate_limited_per_address(tls) -> None:  # noqa: F811
-    # A slow refill (one try per 2 s), so a loaded machine taking its time over the nine
-    # refused requests cannot earn a tenth try in between.
-    async with running(tls, auth_failure_burst=3, auth_failure_rate=0.5) as h:
+    clock = ManualClock()  # a refill happens when the test says, however slow the machine
+    async with running(tls, auth_failure_burst=3, auth_failure_rate=0.5, clock=clock) as h:
         h.connect_cluster("c1")
         assert parse_raw(await h.exchange(get("/c1/api", close=True)))[0] == 200  # cached now
         reviews = len(h.reviewer.seen)
@@ -326,7 +326,7 @@ async def test_rule7_failed_authentications_are_rate_limited_per_address(tls) ->
         # a token already cached as valid still passes from the limited address...
         assert parse_raw(await h.exchange(get("/c1/api", close=True)))[0] == 200
         # ...and after the refill (0.5/s) the address may try again: the hub is asked once more
-        await asyncio.sleep(2.1)
+        clock.advance(2.1)
         assert status_of(await h.exchange(get("/c1/api", token="guess-y", close=True)))[0] == 401
         assert h.reviewer.seen[-1] == "guess-y"
 
@@ -459,7 +459,7 @@ def test_rule5_no_token_or_hub_identity_in_logs_at_debug(tmp_path: Path) -> None
     gateway's own hub credential, the agent's credential, a passthrough token. Then the whole
     output of both processes (stdout and stderr) is searched."""
     from certs import layout
-    from gateway.demo import (
+    from gateway.fixtures import (
         AGENT_USER,
         GATEWAY_USER,
         agent_args,

@@ -22,6 +22,7 @@ from tests.gateway.hub.test_frontdoor_harness import (
     tls,  # noqa: F401
 )
 from tests.gateway.hub.test_frontdoor_harness import gw as gw
+from tests.support import ManualClock
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -191,21 +192,22 @@ async def test_rule6_hub_unavailable_fails_closed_with_503(gw: Harness) -> None:
 
 
 async def test_rule6_a_hub_outage_serves_only_what_the_hub_confirmed(tls) -> None:  # noqa: F811
-    async with running(tls, token_cache_ttl=0.3, hub_outage_grace=30.0) as h:
+    clock = ManualClock()
+    async with running(tls, token_cache_ttl=0.3, hub_outage_grace=30.0, clock=clock) as h:
         h.connect_cluster("c1")
         assert parse_raw(await h.exchange(get("/c1/api", close=True)))[0] == 200
         h.reviewer.down = True
-        await asyncio.sleep(0.4)  # the cached review has expired: the hub is asked, and fails
+        clock.advance(0.4)  # the cached review has expired: the hub is asked, and fails
         assert parse_raw(await h.exchange(get("/c1/api", close=True)))[0] == 200
         status, headers, _ = parse_raw(await h.exchange(get("/c1/api", token="fresh",
                                                             close=True)))
         assert status == 503 and int(headers["retry-after"]) >= 1
         assert "hubproxy_hub_outage_answers_total 1" in h.gateway.metrics.render().decode()
-    async with running(tls, token_cache_ttl=0.3, hub_outage_grace=0.0) as h:
+    async with running(tls, token_cache_ttl=0.3, hub_outage_grace=0.0, clock=clock) as h:
         h.connect_cluster("c1")
         assert parse_raw(await h.exchange(get("/c1/api", close=True)))[0] == 200
         h.reviewer.down = True
-        await asyncio.sleep(0.4)
+        clock.advance(0.4)
         assert parse_raw(await h.exchange(get("/c1/api", close=True)))[0] == 503
 
 
@@ -237,9 +239,7 @@ async def test_rule7_connection_limit(tls) -> None:  # noqa: F811
 
 
 async def test_rule7_oversize_head_refused_without_buffering_it(tls) -> None:  # noqa: F811
-    from gateway.wire.http1 import Limits
-
-    limits = FrontDoorLimits(head=Limits(max_head_bytes=4096, max_request_line=1024))
+    limits = FrontDoorLimits(max_header_bytes=4096, max_request_line=1024)
     async with running(tls, limits=limits) as h:
         h.connect_cluster("c1")
         data = await h.exchange(b"GET /c1/api HTTP/1.1\r\nHost: h\r\nX: " + b"a" * 1_000_000)

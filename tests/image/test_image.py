@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gateway.demo import agent_kubeconfig, write_private
+from gateway.fixtures import agent_kubeconfig, write_private
 from tests.gateway.hub.hubsim import DEMO_USER, hub_and_cluster
 from tests.support import ProcessGroup, free_port
 

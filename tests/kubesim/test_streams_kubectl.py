@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from kubesim.testing import run_kubesim
 from tests.kubesim.test_streams_support import (
     KUBECTL,
     KubectlResult,
@@ -39,14 +40,6 @@ class Target:
     upgrades: Callable[[], list[tuple[str, str, str, str]]]  # (sub, method, Upgrade, WS protocols)
 
 
-def _kubesim_available() -> bool:
-    try:
-        import kubesim.testing  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 @pytest.fixture(params=["streams-app", "kubesim"])
 async def target(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Target]:
     if request.param == "streams-app":
@@ -59,10 +52,6 @@ async def target(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterato
                 ],
             )
         return
-    if not _kubesim_available():
-        pytest.skip("kubesim.testing is not there yet")
-    from kubesim.testing import run_kubesim
-
     async with run_kubesim(tmp_path) as sim:
         sim.apply(
             [

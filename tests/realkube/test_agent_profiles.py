@@ -11,7 +11,6 @@ the constrained verb the agent lacks, while through the legacy agent it succeeds
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,6 +21,7 @@ from tests.realkube.apiserver import write_private
 from tests.realkube.binaries import REPO
 from tests.realkube.conftest import Fleet
 from tests.realkube.hubproxy import CLUSTER, Gateway, start_gateway, wait_connected
+from tests.support import eventually_blocking
 
 NAMESPACE = "hubproxy-agent"
 ACCOUNT = "read-only-agent"
@@ -70,14 +70,14 @@ def configmap(name: str) -> str:
 
 
 def wait_for_log(gateway: Gateway, text: str, timeout: float = 20.0) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def line() -> str:
         agent_log = gateway.agent.output if gateway.agent else ""
-        for line in agent_log.splitlines():
-            if text in line:
-                return line
-        time.sleep(0.2)
-    raise AssertionError(f"no {text!r} in the agent log:\n{gateway.logs()[-3000:]}")
+        return next((line for line in agent_log.splitlines() if text in line), "")
+
+    try:
+        return eventually_blocking(line, timeout, f"{text!r} in the agent log", interval=0.2)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}:\n{gateway.logs()[-3000:]}") from None
 
 
 def test_read_only_profile_reads_and_watches(fleet: Fleet, read_only: Gateway) -> None:

@@ -18,7 +18,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ import yaml
 from tests.realkube.apiserver import KUBECTL, write_private
 from tests.realkube.conftest import CLUSTER, Fleet
 from tests.realkube.hubproxy import Gateway, init_pki, start_gateway, wait_connected
-from tests.support import free_port
+from tests.support import eventually_blocking, free_port
 
 FOREIGN = {"name": "open-cluster-management", "cluster": {"server": "https://ocm-proxy/c1"}}
 CONDITION = {"type": "ControlPlaneHealthy", "status": "True", "reason": "Healthy",
@@ -51,13 +51,6 @@ def ours(fleet: Fleet, name: str) -> list[dict[str, Any]]:
     return [p for p in providers if p["name"] == "hubproxy"]
 
 
-def wait_until(check: Callable[[], bool], what: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"{what}: not within {timeout}s"
-        time.sleep(0.2)
-
-
 WRITER_ARGS = ("--clusterprofiles", "on", "--clusterprofile-namespace", "fleet")
 
 
@@ -76,7 +69,8 @@ def writer(fleet: Fleet) -> Iterator[Gateway]:
         "--public-url", f"https://127.0.0.1:{port}", front_port=port)
     try:
         wait_connected(gateway, fleet.alice)
-        wait_until(lambda: bool(ours(fleet, CLUSTER)), "our entry written")
+        eventually_blocking(lambda: bool(ours(fleet, CLUSTER)), 30, "our entry written",
+                            interval=0.2)
         yield gateway
     finally:
         for process in (gateway.agent, gateway.process):
@@ -131,14 +125,15 @@ def test_entry_follows_a_rotated_front_ca(fleet: Fleet, writer: Gateway) -> None
                        ("tls.key", (fresh / "gateway" / "tls.key").read_bytes()),
                        ("tls.crt", (fresh / "gateway" / "tls.crt").read_bytes())):
         write_private(target / f".{name}.new", data).replace(target / name)
-    wait_until(lambda: writer.curl(f"/{CLUSTER}/version", fleet.alice,
-                                   ca_file=fresh / "front-ca" / "ca.crt")[0] == 200,
-               "the front door serves the new certificate")
+    eventually_blocking(lambda: writer.curl(f"/{CLUSTER}/version", fleet.alice,
+                                            ca_file=fresh / "front-ca" / "ca.crt")[0] == 200,
+                        30, "the front door serving the new certificate", interval=0.2)
     # The writer re-reads the CA on every reconcile: any ClusterProfile event starts one at
     # once (otherwise its 30 s resync would, which this test does not wait for).
     fleet.hub.admin("annotate", "clusterprofile", CLUSTER, "-n", "fleet", "rotated=yes")
-    wait_until(lambda: base64.b64decode(ours(fleet, CLUSTER)[0]["cluster"][
-        "certificate-authority-data"]) == new_ca + old_ca, "the new CA bundle published")
+    eventually_blocking(lambda: base64.b64decode(ours(fleet, CLUSTER)[0]["cluster"][
+        "certificate-authority-data"]) == new_ca + old_ca, 30, "the new CA bundle published",
+        interval=0.2)
     assert read_profile(fleet, CLUSTER)["status"]["conditions"] == [CONDITION]
     kubeconfig = kubeconfig_from_entry(fleet, fleet.root / "cp-rotated.kubeconfig")
     assert whoami(kubeconfig) == "cluster:hub:system:serviceaccount:fleet:alice"
@@ -171,8 +166,8 @@ def test_a_restarted_gateway_keeps_the_entry_and_writes_nothing(
                           front_port=writer.front_port)
     try:
         # The front door serves the rotated certificate now: watch the log, not a request.
-        wait_until(lambda: f"cluster {CLUSTER} connected" in again.process.output,
-                   "the agent is back")
+        eventually_blocking(lambda: f"cluster {CLUSTER} connected" in again.process.output,
+                            30, "the agent is back", interval=0.2)
         time.sleep(3)  # the new writer has listed the profiles and seen the agent
         assert read_profile(fleet, CLUSTER)["status"]["accessProviders"] == before
         writes = [e["requestURI"] for e in fleet.hub.audit_events()

@@ -16,6 +16,7 @@ import pytest
 
 from tests.realkube.apiserver import KUBECTL
 from tests.realkube.conftest import Fleet
+from tests.support import eventually_blocking
 
 
 @pytest.fixture(scope="module")
@@ -39,10 +40,7 @@ def protocols(fleet: Fleet, needle: str) -> set[str]:
 
 
 def eventually(fleet: Fleet, needle: str) -> set[str]:
-    deadline = time.monotonic() + 10
-    while not (found := protocols(fleet, needle)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return found
+    return eventually_blocking(lambda: protocols(fleet, needle), 10, f"an audit line for {needle}")
 
 
 def test_kubectl_speaks_h2_to_the_gateway_for_apply_get_watch(fleet: Fleet, alice_h2: Path) -> None:

@@ -8,14 +8,12 @@ addon-manager owns stays as it was throughout.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from typing import Any
 
 from tests.realkube.binaries import REPO
 from tests.realkube.conftest import Fleet
 from tests.realkube.hubproxy import CLUSTER, start_gateway
-from tests.support import ProcessGroup
+from tests.support import ProcessGroup, eventually_blocking
 
 ADDON_PATH = (f"/apis/addon.open-cluster-management.io/v1alpha1/namespaces/{CLUSTER}"
               "/managedclusteraddons/hubproxy")
@@ -28,13 +26,6 @@ def conditions(fleet: Fleet) -> dict[str, dict[str, Any]]:
     status, addon = fleet.hub.request("GET", ADDON_PATH)
     assert status == 200, addon
     return {c["type"]: c for c in (addon.get("status") or {}).get("conditions") or []}
-
-
-def wait_until(check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.2)
 
 
 def test_tunnel_connected_follows_the_agent(fleet: Fleet) -> None:
@@ -54,8 +45,9 @@ def test_tunnel_connected_follows_the_agent(fleet: Fleet) -> None:
         gateway = start_gateway(group, fleet.pki, fleet.gateway_kubeconfig,
                                 fleet.agent_kubeconfig, "--ocm-addon-conditions",
                                 "--ocm-addon-grace", "1")
-        wait_until(lambda: conditions(fleet).get("TunnelConnected", {}).get("status") == "True",
-                   f"TunnelConnected never became True\n{gateway.logs()[-3000:]}")
+        eventually_blocking(
+            lambda: conditions(fleet).get("TunnelConnected", {}).get("status") == "True", 30,
+            f"TunnelConnected True\n{gateway.logs()[-3000:]}", interval=0.2)
         up = conditions(fleet)
         assert up["TunnelConnected"]["reason"] == "TunnelUp"
         assert up["Available"] == AVAILABLE
@@ -69,8 +61,9 @@ def test_tunnel_connected_follows_the_agent(fleet: Fleet) -> None:
 
         assert gateway.agent is not None
         gateway.agent.stop()
-        wait_until(lambda: conditions(fleet)["TunnelConnected"]["status"] == "False",
-                   f"TunnelConnected never became False\n{gateway.logs()[-3000:]}")
+        eventually_blocking(lambda: conditions(fleet)["TunnelConnected"]["status"] == "False",
+                            30, f"TunnelConnected False\n{gateway.logs()[-3000:]}",
+                            interval=0.2)
         down = conditions(fleet)
         assert down["TunnelConnected"]["reason"] == "TunnelDown"
         assert down["TunnelConnected"]["lastTransitionTime"] >= \

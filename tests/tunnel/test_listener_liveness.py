@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import eventually
 from tests.tunnel.conftest import Collector
 from tests.tunnel.pki import PKI, make_pki
-from tests.tunnel.test_listener_dialer import echo_on_open, echo_through, eventually
+from tests.tunnel.test_listener_dialer import echo_on_open, echo_through
 from tunnel.backoff import Backoff
 from tunnel.connection import SessionConfig
 from tunnel.dialer import AgentDialer

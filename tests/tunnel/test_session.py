@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support import ManualClock
 from tunnel import frames as f
 from tunnel import session_state as ss
 from tunnel.errors import (
@@ -19,14 +20,6 @@ from tunnel.errors import (
 )
 from tunnel.session_state import Session, SessionConfig
 from tunnel.targets import KubeAPITarget
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def wire(session: Session) -> bytes:
@@ -45,7 +38,7 @@ def feed(session: Session, data: bytes) -> list[ss.Event]:
 
 
 def pair(hub_cfg=None, agent_cfg=None, clock=None):
-    clock = clock or Clock()
+    clock = clock or ManualClock(100.0)
     hub = Session(hub_cfg, opens_odd=True, clock=clock)
     agent = Session(agent_cfg, opens_odd=False, clock=clock)
     feed(agent, wire(hub))
@@ -55,16 +48,16 @@ def pair(hub_cfg=None, agent_cfg=None, clock=None):
 
 
 def fresh_agent(cfg=None) -> Session:
-    agent = Session(cfg, opens_odd=False, clock=Clock())
+    agent = Session(cfg, opens_odd=False, clock=ManualClock(100.0))
     wire(agent)
     return agent
 
 
 def test_settings_sent_first_and_acked():
-    hub = Session(SessionConfig(initial_window=65536), clock=Clock())
+    hub = Session(SessionConfig(initial_window=65536), clock=ManualClock(100.0))
     out = wire(hub)
     assert out[:12] == f.header(f.SETTINGS, 0, 0, 24)
-    agent = Session(opens_odd=False, clock=Clock())
+    agent = Session(opens_odd=False, clock=ManualClock(100.0))
     wire(agent)
     [ev] = feed(agent, out)
     assert isinstance(ev, ss.SettingsReceived) and agent.peer_initial_window == 65536
@@ -213,7 +206,7 @@ def test_round_robin_with_quantum_and_control_first():
 
 
 def test_window_auto_tunes_when_rtt_bound():
-    clock = Clock()
+    clock = ManualClock(100.0)
     hub, agent, _ = pair(agent_cfg=SessionConfig(initial_window=4096, max_stream_window=16384),
                          clock=clock)
     agent.rtt = 0.01
@@ -387,7 +380,7 @@ def test_agent_announces_its_version_and_instance_and_old_peers_ignore_them():
     # On the wire they are two more (id, value) pairs in the first SETTINGS: a hub that does
     # not know ids 7 and 8 ignores them, as it ignores any unknown id.
     first = next(fr for fr, _ in f.decode_frames(
-        memoryview(wire(Session(cfg, opens_odd=False, clock=Clock()))), 1 << 20))
+        memoryview(wire(Session(cfg, opens_odd=False, clock=ManualClock(100.0)))), 1 << 20))
     settings = f.parse_settings(first.payload)
     assert settings[f.S_AGENT_VERSION] == cfg.agent_version
     assert settings[f.S_AGENT_INSTANCE] == 0xCAFE

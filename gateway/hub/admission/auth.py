@@ -44,6 +44,8 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
+from gateway.hub.config import GatewayConfig
+
 log = logging.getLogger(__name__)
 
 ANONYMOUS = "system:anonymous"
@@ -287,7 +289,7 @@ class TokenAuthenticator:
         self,
         reviewer: TokenReviewer,
         *,
-        ttl: float = 10.0,
+        ttl: float = GatewayConfig.token_cache_ttl,
         audiences: Iterable[str] = (),
         max_entries: int = 10000,
         clock: Callable[[], float] = time.monotonic,

@@ -122,13 +122,15 @@ class AdmissionContext(Protocol):
     authenticator: Authenticator
     authorizer: Authorizer
     identities: IdentityCache
-    registry: ClusterSessions
     known_clusters: set[str]
     auth_failures: FailedAuthLimiter
     stream_quota: StreamQuota
     seats: Seats | None  # None: fair queuing off (--max-executing-requests 0)
     draining: bool
     inflight: int  # requests between head and response end (--max-inflight)
+
+    @property
+    def registry(self) -> ClusterSessions: ...  # read-only here: any registry that can pick
 
     @property
     def metrics(self) -> AuthLookups: ...

@@ -42,11 +42,14 @@ from __future__ import annotations
 import hashlib
 from collections import deque
 
-DEFAULT_QUEUES = 64  # kube-apiserver's defaults for a priority level
-DEFAULT_HAND_SIZE = 8
-# kube-apiserver allows 50 per queue, and spreads one flow over its hand of 8 queues (up to 400
-# waiting); here an identity keeps one queue, so it gets a longer one.
-DEFAULT_QUEUE_LENGTH = 128
+from gateway.hub.config import GatewayConfig
+
+# The flags' defaults (gateway.hub.config): 64 queues and hands of 8, kube-apiserver's for a
+# priority level. kube-apiserver allows 50 per queue, and spreads one flow over its hand of 8
+# queues (up to 400 waiting); here an identity keeps one queue, so it gets a longer one (128).
+DEFAULT_QUEUES = GatewayConfig.fair_queues
+DEFAULT_HAND_SIZE = GatewayConfig.fair_hand_size
+DEFAULT_QUEUE_LENGTH = GatewayConfig.fair_queue_length
 # The service time charged at dispatch, corrected when the request ends (kube-apiserver guesses
 # too: its estimated service duration).
 ESTIMATED_SERVICE = 1.0

@@ -25,27 +25,12 @@ from __future__ import annotations
 
 import functools
 import ipaddress
-from collections.abc import Iterable
 
+from gateway.ops.flags import Network, parse_networks
 from gateway.wire.http1 import RequestHead
 
-Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+__all__ = ["MAX_HOPS", "Network", "client_address", "parse_networks", "trusts"]
 MAX_HOPS = 16  # trusted proxies skipped at most, walking from the right
-
-
-def parse_networks(values: Iterable[str], flag: str) -> tuple[Network, ...]:
-    """CIDRs (or single addresses) as networks; ValueError naming ``flag`` otherwise."""
-    networks: list[Network] = []
-    for value in values:
-        for item in value.split(","):
-            text = item.strip()
-            if not text:
-                continue
-            try:
-                networks.append(ipaddress.ip_network(text, strict=False))
-            except ValueError:
-                raise ValueError(f"{flag} {text!r}: not an address or CIDR") from None
-    return tuple(networks)
 
 
 def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:

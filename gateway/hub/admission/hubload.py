@@ -35,12 +35,14 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 
 from gateway.hub.admission.auth import AuthUnavailable
+from gateway.hub.config import GatewayConfig
 
-DEFAULT_FAILURE_RATE = 1.0  # failed authentications per second and address, sustained
-DEFAULT_FAILURE_BURST = 20
+# The defaults are the gateway's flags' (gateway.hub.config).
+DEFAULT_FAILURE_RATE = GatewayConfig.auth_failure_rate  # per second and address, sustained
+DEFAULT_FAILURE_BURST = GatewayConfig.auth_failure_burst
 DEFAULT_MAX_ADDRESSES = 65536  # ~100 bytes each
-DEFAULT_MAX_CONCURRENT_REVIEWS = 64
-DEFAULT_MAX_REVIEW_WAIT = 1.0
+DEFAULT_MAX_CONCURRENT_REVIEWS = GatewayConfig.hub_max_concurrent_reviews
+DEFAULT_MAX_REVIEW_WAIT = GatewayConfig.hub_review_wait
 
 
 class TooManyFailures(Exception):

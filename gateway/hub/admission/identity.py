@@ -26,23 +26,21 @@ from collections.abc import Mapping
 from typing import Any
 
 from gateway.hub.admission.auth import UserInfo
-from gateway.wire.identity import Identity, IdentityError, check_value, validate_identity
+from gateway.wire.identity import (
+    DEFAULT_PREFIX,
+    Identity,
+    IdentityError,
+    check_value,
+    validate_identity,
+    validate_prefix,
+)
 
-DEFAULT_PREFIX = "cluster:hub:"
 DROPPED_GROUPS = frozenset({"system:authenticated", "system:unauthenticated"})
 
 DEFAULT_EXTRA_ALLOW: Mapping[str, str] = {
     f"authentication.kubernetes.io/{name}": f"hubproxy.dev/hub-{name}"
     for name in ("pod-name", "pod-uid", "node-name", "node-uid", "credential-id")
 }
-
-
-def validate_prefix(prefix: str) -> str:
-    """The identity prefix must be able to keep hub names off reserved ones."""
-    if not prefix or not prefix.endswith(":") or prefix.startswith("system:"):
-        raise IdentityError("identity prefix must be non-empty, end with ':' and not be system:")
-    check_value(prefix, "identity prefix")
-    return prefix
 
 
 def map_identity(

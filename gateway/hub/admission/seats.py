@@ -36,10 +36,13 @@ from gateway.hub.admission.fairness import (
     QueueFull,
     Ticket,
 )
+from gateway.hub.config import GatewayConfig
 from gateway.ops.metrics import FAIR_WAIT_BUCKETS, Histogram
 
-DEFAULT_MAX_EXECUTING = 400  # kube-apiserver's --max-requests-inflight default
-DEFAULT_MAX_WAIT = 15.0  # kube-apiserver: a quarter of its 60 s request timeout
+# The flags' defaults (gateway.hub.config), kube-apiserver's: --max-requests-inflight, and a
+# quarter of its 60 s request timeout.
+DEFAULT_MAX_EXECUTING = GatewayConfig.max_executing_requests
+DEFAULT_MAX_WAIT = GatewayConfig.fair_queue_wait
 RETRY_AFTER = 1  # seconds, as kube-apiserver's 429s say
 MAX_FLOW_LABELS = 20
 OTHER_FLOW = "_other"

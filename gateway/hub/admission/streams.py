@@ -22,7 +22,9 @@ import hashlib
 import hmac
 import secrets
 
-DEFAULT_MAX_STREAMS_PER_IDENTITY = 500
+from gateway.hub.config import GatewayConfig
+
+DEFAULT_MAX_STREAMS_PER_IDENTITY = GatewayConfig.max_streams_per_identity  # the flag's
 
 
 class TooManyStreams(Exception):

@@ -37,6 +37,7 @@ from gateway.hub.clusterprofile.provider import (
     cluster_of,
     status_patch,
 )
+from gateway.hub.config import ClusterProfileSettings
 from gateway.hub.hubwatch import follow, list_pages
 from gateway.hub.hubwrites import DirtyKeys, HubWrites, drain
 
@@ -58,7 +59,7 @@ class AccessProviderWriter:
         ca_bundle: Callable[[], bytes],
         connected_clusters: Callable[[], Collection[str]],
         namespaces: Sequence[str] = (),
-        grace: float = 60.0,
+        grace: float = ClusterProfileSettings.grace,
         resync_interval: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
         writes: HubWrites | None = None,

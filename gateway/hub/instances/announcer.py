@@ -30,12 +30,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gateway.hub.config import GatewayConfig
 from gateway.hub.hubwrites import HubWrites
 from gateway.hub.instances import leases
 
 log = logging.getLogger("hubproxy.gateway")
 
-DEFAULT_DURATION = 15  # seconds a Lease stays live without renewal
+DEFAULT_DURATION = GatewayConfig.lease_duration  # seconds a Lease stays live without renewal
 DEFAULT_INTERVAL = 2.0  # listing period: how soon a new or departed instance is seen
 PUBLISH_GAP = 1.0  # between two steps, however often clusters come and go (bounds Lease writes)
 RESOURCE = "leases"
@@ -50,7 +51,7 @@ class InstanceAnnouncer:
                  clusters: Callable[[], list[str]],
                  on_change: Callable[[tuple[int, ...]], None], *,
                  duration: int = DEFAULT_DURATION, interval: float = DEFAULT_INTERVAL,
-                 ready_wait: float = 30.0, holder: str | None = None,
+                 ready_wait: float = GatewayConfig.ready_wait, holder: str | None = None,
                  writes: HubWrites | None = None) -> None:
         from kubernetes_asyncio import client
 

@@ -164,4 +164,4 @@ def agent_manifests(*, cluster: str, hub: str, token: str, hub_ca_pem: str,
 
 
 def render(objects: list[dict[str, Any]]) -> str:
-    return yaml.safe_dump_all(objects, sort_keys=False)
+    return str(yaml.safe_dump_all(objects, sort_keys=False))

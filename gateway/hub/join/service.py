@@ -43,6 +43,7 @@ from cryptography.hazmat.primitives import serialization
 
 from certs.issue import Issued
 from certs.sign import CSRError, sign_agent_csr
+from gateway.hub.config import GatewayConfig
 from gateway.hub.join.records import ClusterRecord, TokenError, token_cluster
 from gateway.hub.join.store import CASecretError, Conflict, RecordStore
 from gateway.ops import audit
@@ -63,7 +64,8 @@ REFUSED = "join token not valid (unknown, used, expired or removed)"
 
 class JoinService:
     def __init__(self, store: RecordStore, ca_secret: str, *,
-                 lifetime: datetime.timedelta, poll_interval: float = 2.0,
+                 lifetime: datetime.timedelta,
+                 poll_interval: float = GatewayConfig.join_poll_interval,
                  clock: Callable[[], datetime.datetime] | None = None) -> None:
         self.store = store
         self.ca_secret = ca_secret

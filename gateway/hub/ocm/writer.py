@@ -26,11 +26,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import functools
 import logging
 import time
 from collections.abc import Callable, Collection
 from typing import Any
 
+from gateway.hub.config import AddOnConditionSettings
 from gateway.hub.hubwatch import follow
 from gateway.hub.hubwrites import DirtyKeys, HubWrites, drain
 from gateway.hub.ocm.condition import GROUP, PLURAL, VERSION, status_patch
@@ -62,7 +64,7 @@ class AddOnConditionWriter:
         *,
         addon: str,
         connected_clusters: Callable[[], Collection[str]],
-        grace: float = 60.0,
+        grace: float = AddOnConditionSettings.grace,
         resync_interval: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
         timestamp: Callable[[], str] = _now,
@@ -223,8 +225,9 @@ class AddOnConditionWriter:
             connected, patch = wanted
             try:
                 written = await self.writes.send(
-                    RESOURCE, lambda p=patch: self._api.patch_namespaced_custom_object_status(
-                        GROUP, VERSION, cluster, PLURAL, self.addon, p,
+                    RESOURCE, functools.partial(
+                        self._api.patch_namespaced_custom_object_status,
+                        GROUP, VERSION, cluster, PLURAL, self.addon, patch,
                         _content_type="application/merge-patch+json"), take=False)
             except ApiException as exc:
                 if exc.status in (404, 409):  # gone, or changed under us: read it again

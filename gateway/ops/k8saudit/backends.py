@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from gateway.ops.audit import AuditWriter
+from gateway.ops.settings import COUNT, DURATION, setting
 
 log = logging.getLogger("hubproxy.audit")
 
@@ -51,15 +52,31 @@ BACKOFF_JITTER = 0.2
 SEND_TIMEOUT = 30.0  # seconds for one POST, as kube-apiserver's webhook client
 
 
+# The --help section of the audit flags (the gateway's config declares the others in it).
+AUDIT_FLAGS = ("Kubernetes-format audit (opt-in; the gateway's own JSON line per request stays "
+               "on stdout unless --audit-log-path is -)")
+MAX_ATTEMPTS = 5  # sends of one batch, the first included (kube-apiserver's)
+
+
 @dataclass(frozen=True)
 class WebhookSettings:
-    """The webhook backend's knobs (``--audit-webhook-*``); the defaults are the flags'."""
+    """The webhook backend's knobs, each a ``--audit-webhook-*`` flag of the gateway."""
 
-    batch_max_size: int = 400
-    batch_max_wait: float = 5.0
-    buffer_size: int = 10000
-    initial_backoff: float = 1.0
-    max_attempts: int = 5
+    batch_max_size: int = setting(
+        400, option="--audit-webhook-batch-max-size", kind=COUNT, group=AUDIT_FLAGS,
+        help="events per EventList at most")
+    batch_max_wait: float = setting(
+        5.0, option="--audit-webhook-batch-max-wait", kind=DURATION, group=AUDIT_FLAGS,
+        help="how long a batch waits to fill before it is sent")
+    buffer_size: int = setting(
+        10000, option="--audit-webhook-batch-buffer-size", kind=COUNT, group=AUDIT_FLAGS,
+        help="events held while the webhook is slow or down; past it, events are dropped and "
+        "counted in hubproxy_audit_events_dropped_total, never making a request wait")
+    initial_backoff: float = setting(
+        1.0, option="--audit-webhook-initial-backoff", kind=DURATION, group=AUDIT_FLAGS,
+        help="wait before a failed batch (connection error, 429, 5xx) is sent again, "
+        f"{BACKOFF_FACTOR:g} times longer each time, {MAX_ATTEMPTS} attempts in all")
+    max_attempts: int = MAX_ATTEMPTS
 
 
 class WebhookError(Exception):

@@ -11,7 +11,7 @@ import pytest
 
 from gateway.agent.agent import Agent
 from gateway.agent.kubeapi import from_kubeconfig
-from gateway.demo import managed_rbac
+from gateway.fixtures import managed_rbac
 from kubesim.testing import RunningKubeSim, run_kubesim
 from tests.gateway.agent.conftest import FakeStream
 from tests.gateway.agent.test_exchange import FakePolicy, Open, get, identity_metadata

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from certs import layout
-from gateway.demo import agent_args, agent_kubeconfig, managed_rbac, write_private
+from gateway.fixtures import agent_args, agent_kubeconfig, managed_rbac, write_private
 from gateway.wire.identity import Identity
 from kubesim.testing import RunningKubeSim, run_kubesim
 from tests.gateway.agent.conftest import Collect

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from gateway.demo import GATEWAY_USER, hub_rbac, managed_rbac, write_private
+from gateway.fixtures import GATEWAY_USER, hub_rbac, managed_rbac, write_private
 from kubesim.testing import RunningKubeSim, run_kubesim
 
 DEMO_USER = "cluster:hub:system:serviceaccount:demo:demo"
@@ -63,7 +63,7 @@ class Fleet:
 
 def agent_kubeconfig_file(sims: HubAndCluster, directory: Path) -> Path:
     """A kubeconfig with which an agent reaches the managed kubesim with its own token."""
-    from gateway.demo import agent_kubeconfig
+    from gateway.fixtures import agent_kubeconfig
 
     token_file = write_private(directory / "agent-token", sims.agent_token)
     return write_private(directory / "agent-kc", yaml.safe_dump(agent_kubeconfig(
@@ -97,7 +97,7 @@ async def gateway_and_agent(tmp_path: Path, *, gateway_flags: tuple[str, ...] = 
     import asyncio
 
     from certs import layout
-    from gateway.demo import agent_args
+    from gateway.fixtures import agent_args
     from tests.support import ProcessGroup, free_port
 
     pki = tmp_path / "pki"

@@ -17,7 +17,7 @@ import pytest
 from aiohttp import web
 
 from gateway.cli import build_parser
-from gateway.demo import sample_pod
+from gateway.fixtures import sample_pod
 from gateway.hub.serve import config_from_args
 from tests.gateway.hub.hubsim import Fleet, gateway_and_agent
 

@@ -25,6 +25,7 @@ from tests.gateway.hub.test_frontdoor_harness import (
     running,
     tls,  # noqa: F401 - fixture
 )
+from tests.support import eventually
 
 
 @pytest.fixture(scope="module")
@@ -60,12 +61,6 @@ class HeldAgent:
         stream.send_eof()
 
 
-async def until(predicate: Any, timeout: float = 5.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.005)
-
-
 @contextlib.asynccontextmanager
 async def gateway(server_tls: Tls, **fair: Any) -> AsyncIterator[tuple[Harness, HeldAgent]]:
     agent = HeldAgent()
@@ -93,15 +88,15 @@ async def test_rule7_a_flooding_identity_does_not_starve_another_over_h1(fair_tl
         seats = h.gateway.seats
         assert seats is not None
         flood = [asyncio.create_task(h1_request(h, HUB_TOKEN)) for _ in range(8)]
-        await until(lambda: seats.executing == 2 and seats.waiting == 6)
+        await eventually(lambda: seats.executing == 2 and seats.waiting == 6)
         bob = asyncio.create_task(h1_request(h, OTHER_TOKEN))
-        await until(lambda: seats.waiting == 7)
+        await eventually(lambda: seats.waiting == 7)
         agent.release.release()  # one of alice's seats frees: bob is next, not alice's 6
         status, _, body = await asyncio.wait_for(bob, 5)
         assert status == 200 and json.loads(body)["user"].endswith(BOB)
         assert agent.order[:3] == [f"cluster:hub:{ALICE}"] * 2 + [f"cluster:hub:{BOB}"]
         # ... while alice's requests are still queued (bob's seat went to the next of them).
-        await until(lambda: seats.executing == 2)
+        await eventually(lambda: seats.executing == 2)
         assert seats.waiting == 5 and sum(t.done() for t in flood) <= 1
         for _ in range(8):
             agent.release.release()
@@ -117,14 +112,14 @@ async def test_rule7_a_flooding_identity_does_not_starve_another_over_h2(fair_tl
         bob = await H2Client.connect(h.port, h.tls.ca_file)
         try:
             flood = [alice.start("/c1/api/v1/pods", token=HUB_TOKEN) for _ in range(8)]
-            await until(lambda: seats.executing == 2 and seats.waiting == 6)
+            await eventually(lambda: seats.executing == 2 and seats.waiting == 6)
             sid = bob.start("/c1/api/v1/pods", token=OTHER_TOKEN)
-            await until(lambda: seats.waiting == 7)
+            await eventually(lambda: seats.waiting == 7)
             agent.release.release()
             answer = await bob.wait(sid)
             assert answer.status == 200 and json.loads(answer.body)["user"].endswith(BOB)
             assert agent.order[2] == f"cluster:hub:{BOB}"
-            await until(lambda: seats.executing == 2)
+            await eventually(lambda: seats.executing == 2)
             assert seats.waiting == 5
             assert sum(1 for s in flood if alice.responses[s].ended) <= 1
             for _ in range(8):
@@ -142,7 +137,7 @@ async def test_a_full_queue_is_429_with_retry_after_over_h1(fair_tls: Tls) -> No
         seats = h.gateway.seats
         assert seats is not None
         held = [asyncio.create_task(h1_request(h, HUB_TOKEN)) for _ in range(3)]
-        await until(lambda: seats.executing == 1 and seats.waiting == 2)
+        await eventually(lambda: seats.executing == 1 and seats.waiting == 2)
         status, headers, body = await h1_request(h, HUB_TOKEN)
         assert status == 429 and headers["retry-after"] == "1"
         status_obj = json.loads(body)
@@ -168,7 +163,7 @@ async def test_a_full_queue_is_429_with_retry_after_over_h2(fair_tls: Tls) -> No
         client = await H2Client.connect(h.port, h.tls.ca_file)
         try:
             held = [client.start("/c1/api/v1/pods", token=HUB_TOKEN) for _ in range(3)]
-            await until(lambda: seats.executing == 1 and seats.waiting == 2)
+            await eventually(lambda: seats.executing == 1 and seats.waiting == 2)
             refused = await client.request("/c1/api/v1/pods", token=HUB_TOKEN)
             assert refused.status == 429 and refused.headers["retry-after"] == "1"
             assert json.loads(refused.body)["reason"] == "TooManyRequests"
@@ -185,7 +180,7 @@ async def test_a_request_that_waits_too_long_is_429_and_leaves_its_queue(fair_tl
         seats = h.gateway.seats
         assert seats is not None
         held = asyncio.create_task(h1_request(h, HUB_TOKEN))
-        await until(lambda: seats.executing == 1)
+        await eventually(lambda: seats.executing == 1)
         status, headers, body = await h1_request(h, OTHER_TOKEN)
         assert status == 429 and headers["retry-after"] == "1"
         assert "waited too long" in json.loads(body)["message"]
@@ -199,12 +194,12 @@ async def test_a_client_that_leaves_while_queued_frees_its_place(fair_tls: Tls) 
         seats = h.gateway.seats
         assert seats is not None
         held = asyncio.create_task(h1_request(h, HUB_TOKEN))
-        await until(lambda: seats.executing == 1)
+        await eventually(lambda: seats.executing == 1)
         _reader, writer = await h.open()
         writer.write(get("/c1/api/v1/pods", OTHER_TOKEN))
-        await until(lambda: seats.waiting == 1)
+        await eventually(lambda: seats.waiting == 1)
         writer.close()
-        await until(lambda: seats.waiting == 0)
+        await eventually(lambda: seats.waiting == 0)
         assert h.gateway.inflight == 1
         agent.release.release()
         assert (await held)[0] == 200
@@ -229,7 +224,7 @@ async def test_watches_take_no_seat(fair_tls: Tls) -> None:
         seats = h.gateway.seats
         assert seats is not None
         held = asyncio.create_task(h1_request(h, HUB_TOKEN))
-        await until(lambda: seats.executing == 1)
+        await eventually(lambda: seats.executing == 1)
         reader, writer = await h.open()
         writer.write(get("/c1/api/v1/pods?watch=1", HUB_TOKEN))
         status, _, _ = await read_head_only(reader)
@@ -250,7 +245,7 @@ async def test_with_fair_queuing_off_nothing_queues(fair_tls: Tls, seats: int) -
     async with gateway(fair_tls, max_executing_requests=seats) as (h, agent):
         assert h.gateway.seats is None
         flood = [asyncio.create_task(h1_request(h, HUB_TOKEN)) for _ in range(4)]
-        await until(lambda: len(agent.order) == 4)  # all four reached the cluster at once
+        await eventually(lambda: len(agent.order) == 4)  # all four reached the cluster at once
         for _ in range(4):
             agent.release.release()
         assert [r[0] for r in await asyncio.gather(*flood)] == [200] * 4

@@ -17,7 +17,7 @@ import yaml
 
 from gateway.agent.agent import Agent
 from gateway.agent.kubeapi import from_kubeconfig
-from gateway.demo import managed_rbac, sample_pod
+from gateway.fixtures import managed_rbac, sample_pod
 from kubesim.testing import run_kubesim
 from tests.gateway.agent.test_exchange import FakePolicy
 from tests.gateway.hub.test_frontdoor_harness import (

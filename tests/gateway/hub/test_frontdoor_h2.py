@@ -7,7 +7,6 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
 
 import h2.events
 import h2.settings
@@ -24,6 +23,7 @@ from tests.gateway.hub.test_frontdoor_harness import (
     running,
     tls,  # noqa: F401 - the session fixture
 )
+from tests.support import eventually
 
 
 @pytest.fixture
@@ -297,12 +297,6 @@ async def test_a_body_that_fills_its_window_during_admission_gets_it_back(
         sent += n
     r = await client.wait(sid)
     assert r.status == 200 and len(json.loads(r.body)["body"]) == size
-
-
-async def eventually(predicate: Any, timeout: float = 5.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.01)
 
 
 async def test_watch_is_audited_with_its_protocol(gw: Harness, client: H2Client,

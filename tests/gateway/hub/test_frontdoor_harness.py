@@ -15,6 +15,7 @@ import contextlib
 import json
 import logging
 import ssl
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -24,6 +25,7 @@ import trustme
 
 from gateway.hub.admission.auth import AuthUnavailable, TokenAuthenticator
 from gateway.hub.admission.authorize import NoAuthorizer
+from gateway.hub.admission.hubload import FailedAuthLimiter
 from gateway.hub.app import Gateway
 from gateway.hub.config import FrontDoorLimits, GatewayConfig
 from gateway.wire.http1 import find_head_end, framing_for_request, parse_request_head
@@ -390,12 +392,16 @@ def make_config(**overrides: Any) -> GatewayConfig:
 
 @contextlib.asynccontextmanager
 async def running(tls: Tls, *, authorizer: Any = None, audit_trail: Any = None,
-                  **overrides: Any) -> AsyncIterator[Harness]:
+                  clock: Callable[[], float] = time.monotonic, **overrides: Any
+                  ) -> AsyncIterator[Harness]:
+    """A started gateway with fakes around it; ``clock`` is the one the token cache and the
+    failed-authentication limiter read (a ``ManualClock``: their time moves when the test
+    says)."""
     config = make_config(**overrides)
     registry = FakeRegistry()
     reviewer = StubReviewer()
     authenticator = TokenAuthenticator(reviewer, ttl=config.token_cache_ttl,
-                                       stale_grace=config.hub_outage_grace)
+                                       stale_grace=config.hub_outage_grace, clock=clock)
 
     async def probe() -> None:
         await reviewer.review("probe", ())
@@ -403,6 +409,8 @@ async def running(tls: Tls, *, authorizer: Any = None, audit_trail: Any = None,
     gateway = Gateway(config, authenticator=authenticator,
                       authorizer=authorizer or NoAuthorizer(), registry=registry,
                       front_ssl=tls.server, hub_probe=probe, audit_trail=audit_trail)
+    gateway.auth_failures = FailedAuthLimiter(rate=config.auth_failure_rate,
+                                              burst=config.auth_failure_burst, clock=clock)
     await gateway.start()
     harness = Harness(gateway, registry, reviewer, tls)
     try:

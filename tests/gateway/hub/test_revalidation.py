@@ -28,6 +28,7 @@ from tests.gateway.hub.test_frontdoor_harness import (
     running,
     tls,  # noqa: F401
 )
+from tests.support import eventually
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -63,12 +64,6 @@ def streaming_agent(first: bytes) -> tuple[list[FakeStream], object]:
     return streams, agent
 
 
-async def wait_for(predicate: object, timeout: float = 5.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():  # type: ignore[operator]
-            await asyncio.sleep(0.02)
-
-
 async def read_chunks(reader: asyncio.StreamReader, timeout: float) -> list[bytes]:
     """Chunks of a chunked body up to and including the terminating (empty) one."""
     chunks = []
@@ -96,7 +91,7 @@ async def test_rule1_revoked_token_ends_a_watch_with_its_last_chunk(tls, carol) 
         assert await read_chunks(reader, timeout=5) == [EVENT, b""]
         took = asyncio.get_running_loop().time() - started
         assert took < TTL + 0.5 + 3.0, took  # TTL + period + slack for a busy machine
-        await wait_for(lambda: streams[0].closed)  # the managed cluster's watch is cancelled
+        await eventually(lambda: streams[0].closed)  # the managed cluster's watch is cancelled
         # The connection stays usable, and the client's re-list gets the 401.
         writer.write(get("/c1/api/v1/namespaces/team/configmaps", carol, close=True))
         status, _, body = await read_response(reader)
@@ -119,7 +114,7 @@ async def test_a_watch_mid_chunk_ends_after_that_chunk(tls, carol) -> None:  # n
         # The rest of that event and one more: only the first completes, then the last chunk.
         streams[0].send(EVENT[10:] + b"\r\n" + chunk(b"NOT-RELAYED"))
         assert await read_chunks(reader, timeout=5) == [EVENT, b""]
-        await wait_for(lambda: streams[0].closed)
+        await eventually(lambda: streams[0].closed)
         writer.close()
 
 
@@ -135,7 +130,7 @@ async def test_a_watch_stalled_mid_chunk_is_closed_after_the_grace(tls, carol) -
         async with asyncio.timeout(TTL + 0.5 + 5.0 + 2.0):  # + ENDING_GRACE
             rest = await reader.read(-1)  # the connection closes
         assert rest == b"40\r\nabc"
-        await wait_for(lambda: streams[0].closed)
+        await eventually(lambda: streams[0].closed)
         writer.close()
 
 
@@ -185,7 +180,7 @@ async def test_revalidation_can_be_turned_off(tls, carol) -> None:  # noqa: F811
         await asyncio.sleep(4 * TTL + 0.5)
         assert not streams[0].closed
         writer.close()
-        await wait_for(lambda: streams[0].closed)
+        await eventually(lambda: streams[0].closed)
 
 
 class RevocableAuthorizer:
@@ -256,7 +251,7 @@ async def test_rule1_lost_cluster_access_ends_an_exec_with_a_status_and_a_close_
             opcode, payload = await read_ws_frame(reader)  # a normal close ends the channel
             assert opcode == 8 and struct.unpack("!H", payload[:2])[0] == 1000
             assert await reader.read(-1) == b""  # then the connection closes
-        await wait_for(lambda: streams[0].closed)
+        await eventually(lambda: streams[0].closed)
         writer.close()
 
 
@@ -283,7 +278,7 @@ async def test_spdy_without_a_known_error_stream_is_closed_at_the_connection(
         del USERS[carol]
         async with asyncio.timeout(TTL + 0.5 + 4.0):
             assert await reader.read(-1) == b"spdy-bytes"
-        await wait_for(lambda: streams[0].closed)
+        await eventually(lambda: streams[0].closed)
         writer.close()
 
 
@@ -321,7 +316,7 @@ async def test_a_port_forward_websocket_gets_a_close_frame_that_says_why(tls, ca
             assert opcode == 8 and struct.unpack("!H", payload[:2])[0] == 1008
             assert payload[2:] == b"the bearer token is no longer valid on the hub"
             assert await reader.read(-1) == b""
-        await wait_for(lambda: streams[0].closed)
+        await eventually(lambda: streams[0].closed)
         writer.close()
 
 
@@ -342,11 +337,11 @@ async def test_rule1_a_group_change_ends_a_watch_as_revocation_does(tls, carol) 
         USERS[carol] = {**USERS[carol], "groups": ["devs", "readers"]}  # the hub adds one
         assert await read_chunks(reader, timeout=TTL + 0.5 + 3.0) == [EVENT, b""]
         assert asyncio.get_running_loop().time() - started < TTL + 0.5 + 3.0
-        await wait_for(lambda: streams[0].closed)  # the managed cluster's watch is cancelled
+        await eventually(lambda: streams[0].closed)  # the managed cluster's watch is cancelled
         writer.write(get(WATCH, carol))  # the client watches again
         async with asyncio.timeout(5):
             assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
-        await wait_for(lambda: len(streams) == 2)
+        await eventually(lambda: len(streams) == 2)
         assert json.loads(streams[1].metadata)["groups"] == ["cluster:hub:devs",
                                                              "cluster:hub:readers"]
         USERS[carol] = {**USERS[carol], "groups": ["readers", "devs"]}
@@ -354,7 +349,7 @@ async def test_rule1_a_group_change_ends_a_watch_as_revocation_does(tls, carol) 
         assert not streams[1].closed
         USERS[carol] = {**USERS[carol], "groups": ["ops"]}  # the hub moves carol once more
         assert await read_chunks(reader, timeout=TTL + 0.5 + 3.0) == [EVENT, b""]
-        await wait_for(lambda: streams[1].closed)
+        await eventually(lambda: streams[1].closed)
         assert h.gateway.revalidator is not None and h.gateway.revalidator.revoked == 2
         writer.close()
 
@@ -377,5 +372,5 @@ async def test_a_group_change_ends_an_exec_with_a_status_that_says_why(tls, caro
             assert "groups changed" in status["message"]
             opcode, payload = await read_ws_frame(reader)
             assert opcode == 8
-        await wait_for(lambda: streams[0].closed)
+        await eventually(lambda: streams[0].closed)
         writer.close()

@@ -18,7 +18,7 @@ import yaml
 
 from certs import layout
 from gateway.cli import apply_environment, build_parser
-from gateway.demo import GATEWAY_USER, hub_rbac, write_private
+from gateway.fixtures import GATEWAY_USER, hub_rbac, write_private
 from gateway.hub.serve import config_from_args
 from kubesim.testing import run_kubesim_in_thread
 from tests.support import ProcessGroup, free_port, wait_for_port

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from certs import layout
-from gateway.demo import agent_args, agent_kubeconfig, write_private
+from gateway.fixtures import agent_args, agent_kubeconfig, write_private
 from tests.gateway.hub.hubsim import DEMO_USER as USER
 from tests.gateway.hub.hubsim import hub_and_cluster
 from tests.support import ProcessGroup, free_port

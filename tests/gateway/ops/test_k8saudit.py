@@ -50,7 +50,7 @@ from gateway.ops.k8saudit.policy import (
     policy_from,
 )
 from gateway.wire.requestinfo import request_info
-from tests.support import free_port
+from tests.support import eventually, free_port
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -245,12 +245,6 @@ async def sink(tmp_path: Path) -> AsyncIterator[tuple[Sink, Path]]:
         yield sink, kubeconfig
     finally:
         await runner.cleanup()
-
-
-async def eventually(predicate: Any, timeout: float = 10.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.01)
 
 
 async def test_webhook_posts_event_lists_in_batches(sink: tuple[Sink, Path]) -> None:

@@ -53,3 +53,12 @@ def test_the_status_frame_decodes_as_data_with_fin() -> None:
     status = json.dumps({"kind": "Status", "status": "Failure"}).encode()
     (frame,) = FrameDecoder().feed(data_frame(7, status))
     assert (frame.stream_id, frame.data, frame.fin) == (7, status, True)
+
+
+def test_the_header_dictionary_is_kubesims() -> None:
+    """Two copies of the SPDY/3 zlib dictionary (kubesim imports nothing of ours): one byte
+    apart, and one side could not read the other's header blocks."""
+    from gateway.wire.spdy import HEADER_DICTIONARY
+    from kubesim.streams.spdy import HEADER_DICTIONARY as KUBESIM_DICTIONARY
+
+    assert HEADER_DICTIONARY == KUBESIM_DICTIONARY

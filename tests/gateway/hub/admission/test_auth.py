@@ -18,6 +18,8 @@ from gateway.hub.admission.auth import (
     build_hub_api_client,
 )
 from gateway.hub.admission.identity import map_identity
+from kubesim.testing import run_kubesim
+from tests.support import ManualClock
 
 GOOD = "good-token"
 BAD = "bad-token"
@@ -34,14 +36,6 @@ def ok_status(username: str = "system:serviceaccount:ns:sa", audiences: list[str
         },
         "audiences": audiences or [],
     }
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class FakeReviewer:
@@ -71,12 +65,12 @@ def reviewer() -> FakeReviewer:
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
+def clock() -> ManualClock:
+    return ManualClock()
 
 
 @pytest.fixture
-def authn(reviewer: FakeReviewer, clock: FakeClock) -> TokenAuthenticator:
+def authn(reviewer: FakeReviewer, clock: ManualClock) -> TokenAuthenticator:
     return TokenAuthenticator(reviewer, ttl=10.0, clock=clock)
 
 
@@ -124,7 +118,7 @@ async def test_unexpected_reviewer_exception_is_unavailable_not_401(
 
 
 async def test_ttl_expiry(
-    authn: TokenAuthenticator, reviewer: FakeReviewer, clock: FakeClock
+    authn: TokenAuthenticator, reviewer: FakeReviewer, clock: ManualClock
 ) -> None:
     await authn.authenticate(GOOD)
     clock.now += 9.9
@@ -142,7 +136,7 @@ async def test_ttl_expiry(
 
 
 async def test_through_a_hub_outage_a_confirmed_token_is_served_within_the_grace(
-    reviewer: FakeReviewer, clock: FakeClock
+    reviewer: FakeReviewer, clock: ManualClock
 ) -> None:
     authn = TokenAuthenticator(reviewer, ttl=10.0, clock=clock, stale_grace=60.0)
     user = await authn.authenticate(GOOD)
@@ -170,7 +164,7 @@ async def test_through_a_hub_outage_a_confirmed_token_is_served_within_the_grace
 
 
 async def test_a_clean_no_after_a_yes_wins_over_the_grace(
-    reviewer: FakeReviewer, clock: FakeClock
+    reviewer: FakeReviewer, clock: ManualClock
 ) -> None:
     authn = TokenAuthenticator(reviewer, ttl=10.0, clock=clock, stale_grace=60.0)
     await authn.authenticate(GOOD)
@@ -185,7 +179,7 @@ async def test_a_clean_no_after_a_yes_wins_over_the_grace(
 
 
 async def test_without_a_grace_an_outage_refuses_even_a_confirmed_token(
-    authn: TokenAuthenticator, reviewer: FakeReviewer, clock: FakeClock
+    authn: TokenAuthenticator, reviewer: FakeReviewer, clock: ManualClock
 ) -> None:
     await authn.authenticate(GOOD)
     reviewer.fail = AuthUnavailable("hub down")
@@ -340,8 +334,7 @@ def test_user_info_feeds_map_identity() -> None:
 async def test_kube_token_reviewer_against_kubesim(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    testing = pytest.importorskip("kubesim.testing")
-    async with testing.run_kubesim(
+    async with run_kubesim(
         tmp_path, users=[("weak-token", "weak", "uid-w", ["devs"])], api_audiences=["hub-api"]
     ) as sim:
         token = sim.mint_token("team-a", "deployer", audiences=["hubproxy"])

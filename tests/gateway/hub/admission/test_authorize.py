@@ -12,6 +12,8 @@ from gateway.hub.admission.authorize import (
     NotAuthorized,
     SarAuthorizer,
 )
+from kubesim.testing import run_kubesim
+from tests.support import ManualClock
 
 ALICE = UserInfo("alice", "uid-a", ("devs",), {"k": ("v",)})
 BOB = UserInfo("bob", "uid-b", ("ops",))
@@ -33,16 +35,9 @@ class FakeReview:
         return (user.username, cluster) in self.allowed
 
 
-class Clock:
-    now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 async def test_allow_and_deny_are_cached_per_user_and_cluster() -> None:
     review = FakeReview({("alice", "c1")})
-    clock = Clock()
+    clock = ManualClock(0.0)
     authz = SarAuthorizer(None, ttl=10.0, review=review, clock=clock)
     await authz.authorize(ALICE, "c1")
     await authz.authorize(ALICE, "c1")
@@ -79,7 +74,7 @@ async def test_rule6_errors_not_cached() -> None:
 
 async def test_through_a_hub_outage_a_confirmed_allow_is_served_within_the_grace() -> None:
     review = FakeReview({("alice", "c1")})
-    clock = Clock()
+    clock = ManualClock(0.0)
     authz = SarAuthorizer(None, ttl=10.0, review=review, clock=clock, stale_grace=60.0)
     await authz.authorize(ALICE, "c1")
     with pytest.raises(NotAuthorized):
@@ -111,8 +106,7 @@ async def test_no_authorizer_allows() -> None:
 
 
 async def test_sar_against_kubesim(tmp_path: Path) -> None:
-    testing = pytest.importorskip("kubesim.testing")
-    async with testing.run_kubesim(tmp_path) as sim:
+    async with run_kubesim(tmp_path) as sim:
         sim.grant(
             "Group:proxy-users",
             verbs=["get"],

@@ -13,18 +13,11 @@ from gateway.hub.admission.hubload import (
     TooManyFailures,
     address_key,
 )
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support import ManualClock
 
 
 def test_rule7_failures_beyond_the_burst_are_refused_until_refilled() -> None:
-    clock = Clock()
+    clock = ManualClock()
     limiter = FailedAuthLimiter(rate=0.5, burst=3, clock=clock)
     for _ in range(3):
         limiter.check("10.0.0.1")
@@ -46,14 +39,14 @@ def test_ipv6_counts_per_64_and_mapped_ipv4_as_ipv4() -> None:
     assert address_key("2001:db8:1:2::1") != address_key("2001:db8:1:3::1")
     assert address_key("::ffff:10.1.2.3") == "10.1.2.3"
     assert address_key("unknown") == "unknown"
-    limiter = FailedAuthLimiter(rate=1, burst=1, clock=Clock())
+    limiter = FailedAuthLimiter(rate=1, burst=1, clock=ManualClock())
     limiter.failed("2001:db8:1:2::1")
     with pytest.raises(TooManyFailures):
         limiter.check("2001:db8:1:2::ffff")
 
 
 def test_rule7_memory_is_bounded() -> None:
-    clock = Clock()
+    clock = ManualClock()
     limiter = FailedAuthLimiter(rate=1, burst=5, max_addresses=100, clock=clock)
     for i in range(10_000):
         limiter.failed(f"10.{i // 65536}.{i // 256 % 256}.{i % 256}")
