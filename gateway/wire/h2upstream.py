@@ -4,7 +4,7 @@ The agent's side of HTTP/2 (``gateway.agent.h2pool``), the reverse of ``gateway.
 a tunnel stream carries one HTTP/1.1 exchange, already rewritten by the agent (its credential
 and the impersonation headers are in the head), and the agent sends it to a kube-apiserver that
 negotiated ``h2``. Three pure translations, no frames and no sockets (framing, HPACK and flow
-control are the ``h2`` library's):
+control are :mod:`gateway.wire.h2client`'s):
 
 * :func:`request_fields` turns the rewritten :class:`RequestHead` into an HTTP/2 header list:
   ``:method``, ``:scheme`` (https), ``:authority`` (from ``Host``), ``:path``, then the fields
@@ -16,12 +16,12 @@ control are the ``h2`` library's):
   (``Content-Length`` bytes as they are; ``chunked`` de-chunked by the one de-chunker,
   :class:`gateway.wire.http1.ChunkedBody`), and says when it has ended.
 * :func:`response_head` turns the response's HEADERS block into an HTTP/1.1 response head,
-  checking it itself (``h2``'s own inbound validation is off: it cost more than the rest of
-  the response path): the block must be well-formed HTTP/2 (RFC 9113 §8.3.2 and §8.2) and
-  every byte of it must be safe in an HTTP/1.1 head. Without a ``Content-Length`` (a watch,
-  ``logs -f``, a large list) the body is sent chunked: :func:`gateway.wire.http2.chunk` per
-  DATA frame, :data:`gateway.wire.http2.LAST_CHUNK` at the end of the stream. Responses that
-  have no body (HEAD, 1xx, 204, 304) are never chunked.
+  checking it itself (the client core checks frames and stream states, not fields): the block
+  must be well-formed HTTP/2 (RFC 9113 §8.3.2 and §8.2) and every byte of it must be safe in
+  an HTTP/1.1 head. Without a ``Content-Length`` (a watch, ``logs -f``, a large list) the body
+  is sent chunked: one chunk for the DATA of a stream that one read brought
+  (``gateway.agent.h2pool``), :data:`gateway.wire.http2.LAST_CHUNK` at the end of the stream.
+  Responses that have no body (HEAD, 1xx, 204, 304) are never chunked.
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ class RequestBody:
 def response_head(fields: Headers, request_method: bytes) -> tuple[bytes, bool]:
     """(HTTP/1.1 response head, whether its body must be sent chunked) for a HEADERS block.
 
-    ``fields`` as ``h2`` decodes them, unchecked (its inbound validation is off): raises
+    ``fields`` as the client core decodes them, unchecked: raises
     ``HTTPError`` (502) unless ``:status`` comes first, once, as three digits, with no other
     pseudo-header; names are lower-case tokens (RFC 9113 §8.2.1); no connection-specific field
     (§8.2.2); no value holds a control character (CR, LF and NUL could split the HTTP/1.1 head
