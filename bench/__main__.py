@@ -12,6 +12,7 @@ BENCHMARKS = {
     "ha": "bench.ha",  # issue 13: rollouts, scaling, crashes and a hub outage behind HAProxy
     "hpackdecode": "bench.hpackdecode",  # HPACK decoding, ours against hpack's
     "h2core": "bench.h2core",  # the front door's HTTP/2 connection, ours against h2
+    "h2client": "bench.h2client",  # the agent's HTTP/2 connection, ours against h2
 }
 
 
