@@ -13,6 +13,7 @@ BENCHMARKS = {
     "hpackdecode": "bench.hpackdecode",  # HPACK decoding, ours against hpack's
     "h2core": "bench.h2core",  # the front door's HTTP/2 connection, ours against h2
     "h2client": "bench.h2client",  # the agent's HTTP/2 connection, ours against h2
+    "agentproto": "bench.agentproto",  # the agent's CPU with h1 and h2 to its apiserver
 }
 
 

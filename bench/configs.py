@@ -247,8 +247,10 @@ def start_hub_stub(lab: Lab, users: list[tuple[str, str, str, str]] | None = Non
 
 
 def start_hubproxy(lab: Lab, log_level: str = "info", upstream_connections: int = 2048,
-                   workers: int = 1, name: str = "hubproxy") -> Config:
-    """``hubproxy gateway`` + ``hubproxy agent`` (cluster bench), exactly as deployed."""
+                   workers: int = 1, name: str = "hubproxy",
+                   agent_args: tuple[str, ...] = ()) -> Config:
+    """``hubproxy gateway`` + ``hubproxy agent`` (cluster bench), exactly as deployed;
+    ``agent_args``: more flags for the agent (e.g. ``--apiserver-protocol h2``)."""
     hub = start_hub_stub(lab)
     front, tunnel = free_port(), free_port()
     suffix = "" if name == "hubproxy" else f"-{name}"
@@ -267,7 +269,8 @@ def start_hubproxy(lab: Lab, log_level: str = "info", upstream_connections: int 
         "agent", "--hub", f"{LOOPBACK}:{tunnel}", "--cluster", CLUSTER,
         "--tls-dir", str(lab.pki / "agents" / CLUSTER),
         "--kubeconfig", str(lab.upstream_kubeconfig()), "--health-listen", "off",
-        "--max-upstream-connections", str(upstream_connections), "--log-level", log_level))
+        "--max-upstream-connections", str(upstream_connections), "--log-level", log_level,
+        *agent_args))
     cfg = Config(name, Target(f"https://{LOOPBACK}:{front}/{CLUSTER}",
                               str(lab.pki / "gateway" / "ca.crt"), lab.bench_token),
                  "client -> gateway (TLS, bearer, TokenReview cached, --authorize none) -> "
