@@ -78,7 +78,7 @@ HEAD_TIMEOUT = 30.0
 UPGRADE_LINGER = 30.0  # after the upstream of an upgrade closed, wait this long for the peer
 WS_BEARER_PREFIX = b"base64url.bearer.authorization.k8s.io."
 
-_CONNECTION_TOKENS = {b"upgrade", b"keep-alive", b"close"}
+_CONNECTION_TOKENS = frozenset((b"upgrade", b"keep-alive", b"close"))
 
 
 @dataclass
@@ -98,8 +98,8 @@ class Route:
     h2_ssl_context: Callable[[], ssl.SSLContext] | None = None
 
 
-def rewrite_request_head(head: RequestHead, route: Route) -> bytes:
-    """The head sent upstream (see module docstring, step 2)."""
+def rewrite_request_fields(head: RequestHead, route: Route) -> Headers:
+    """The header fields sent upstream (see module docstring, step 2)."""
     caller_authorization = [(n, v) for n, v in head.headers if n.lower() == b"authorization"]
     kept: Headers = []
     # gateway.hub.admission.headers owns the list of identity-bearing headers (incl. "_" aliases).
@@ -130,7 +130,20 @@ def rewrite_request_head(head: RequestHead, route: Route) -> bytes:
         if credential is not None:
             headers.append((b"Authorization", credential))
         headers += route.identity_headers  # identity last
-    return serialize_request_head(head.method, head.target, headers, head.version)
+    return headers
+
+
+def rewrite_request(head: RequestHead, route: Route) -> tuple[RequestHead, bytes]:
+    """The request sent upstream: its head (the fields of :func:`rewrite_request_fields`, the
+    framing of ``head``) and that head's HTTP/1.1 bytes, whose serialisation checks every byte
+    for either protocol. An HTTP/2 stream takes the head as it is (no second parse)."""
+    fields = rewrite_request_fields(head, route)
+    head_bytes = serialize_request_head(head.method, head.target, fields, head.version)
+    rewritten = RequestHead(head.method, head.target, head.version, fields,
+                            [name.lower() for name, _ in fields], head.content_length,
+                            head.chunked, head.keep_alive, head.expect_continue,
+                            head.connection & _CONNECTION_TOKENS, head.upgrade)
+    return rewritten, head_bytes
 
 
 RouteFactory = Callable[[], Awaitable[Route]]
@@ -305,7 +318,7 @@ class HttpExchange:
         if route is None or self.request is None or self._closed or self.state != self.SETUP:
             return
         try:
-            head_bytes = rewrite_request_head(self.request, route)
+            rewritten, head_bytes = rewrite_request(self.request, route)
         except Exception:
             return  # the setup task meets the same problem and refuses the stream, typed
         conn = self.pool.acquire_idle(route.key, self, self._protocol(route))
@@ -315,7 +328,7 @@ class HttpExchange:
         self.conn = conn
         self._conn_reused = conn.requests > 0
         self.stream.accept()
-        self._start_request(head_bytes)
+        self._start_request(head_bytes, rewritten)
 
     def _buffer_early(self, data: bytes) -> None:
         self._early.append(data)
@@ -334,7 +347,7 @@ class HttpExchange:
                     await self._head_ready
             self._head_ready = None
             assert self.request is not None
-            head_bytes = rewrite_request_head(self.request, self.route)
+            rewritten, head_bytes = rewrite_request(self.request, self.route)
             conn = await self._acquire(self.route)
         except OpenRefused as exc:
             self._refuse(exc.code, exc.message)
@@ -365,7 +378,7 @@ class HttpExchange:
         self.conn = conn
         self._conn_reused = conn.requests > 0
         self.stream.accept()
-        self._start_request(head_bytes)
+        self._start_request(head_bytes, rewritten)
 
     def _protocol(self, route: Route) -> str:
         """HTTP/1.1 for upgrades (WebSocket, SPDY) and routes without HTTP/2; with ``auto``,
@@ -393,7 +406,10 @@ class HttpExchange:
             self.stream.refuse(code, message)
         self.state = self.DONE
 
-    def _start_request(self, head_bytes: bytes, *, retry: bool = False) -> None:
+    def _start_request(self, head_bytes: bytes, rewritten: RequestHead | None = None, *,
+                       retry: bool = False) -> None:
+        """Send the head (``rewritten``: the same head, parsed, for an HTTP/2 stream), then the
+        body bytes held so far."""
         assert self.conn is not None and self.request is not None
         self.state = self.OPEN
         if retry:
@@ -402,7 +418,7 @@ class HttpExchange:
         self._req_done = self._req_tracker.complete
         if self._req_done and not self.request.upgrade:
             self._request_bytes = head_bytes  # body-less: can be retried on a fresh connection
-        self.conn.write(head_bytes)
+        self.conn.send_head(head_bytes, rewritten)
         early, self._early, self._early_size = self._early, [], 0
         for chunk in early:
             if self.state != self.OPEN:
@@ -469,14 +485,7 @@ class HttpExchange:
                 continue
             break
         buffered, self._resp_buf = bytes(self._resp_buf), bytearray()
-        self.response = response
-        self.response_at = time.monotonic()
-        self.status = response.status
-        # A watch or logs -f may stay open for hours: keep only the parsed flags of both heads.
-        # The request bytes were kept for one retry, which is only possible before this point.
-        self._request_bytes = None
-        self.request.headers, self.request.names = [], []
-        response.headers, response.names = [], []
+        self._took_response(response)
         if response.is_switching:
             if not self.request.upgrade:
                 self._upstream_failed("101 to a request that did not ask to upgrade")
@@ -494,6 +503,36 @@ class HttpExchange:
         if len(buffered) > end:
             self._response_body(memoryview(buffered)[end:])
         elif self._resp_tracker.complete:
+            self._response_complete()
+
+    def _took_response(self, response: ResponseHead) -> None:
+        assert self.request is not None
+        self.response = response
+        self.response_at = time.monotonic()
+        self.status = response.status
+        # A watch or logs -f may stay open for hours: keep only the parsed flags of both heads.
+        # The request bytes were kept for one retry, which is only possible before this point.
+        self._request_bytes = None
+        self.request.headers, self.request.names = [], []
+        response.headers, response.names = [], []
+
+    # An HTTP/2 stream (gateway.agent.h2pool) checks the response head and frames it and the
+    # body as HTTP/1.1 itself, and knows where the body ends (END_STREAM, or its length): what
+    # it hands over goes to the tunnel stream as it is, nothing parsed again.
+    def upstream_head(self, head_bytes: bytes, response: ResponseHead) -> None:
+        """The final response head of an HTTP/2 stream, as HTTP/1.1 bytes and parsed."""
+        if self.state == self.OPEN and self.response is None:
+            self._took_response(response)
+            self._to_stream(head_bytes)
+
+    def upstream_body(self, data: bytes | memoryview) -> None:
+        """Response body bytes of an HTTP/2 stream, framed for the tunnel stream."""
+        if self.state == self.OPEN and self.response is not None:
+            self._to_stream(data)
+
+    def upstream_end(self) -> None:
+        """The HTTP/2 stream's response is complete."""
+        if self.state == self.OPEN and self.response is not None:
             self._response_complete()
 
     def _response_body(self, data: bytes | memoryview) -> None:

@@ -33,7 +33,7 @@ Contracts:
   else answers 503 with Retry-After); the others finish, then the connection is closed.
 * PINGs from the server are answered by the core; a connection error (the server broke a rule
   of RFC 9113, see ``gateway.wire.h2client``) closes the connection after its GOAWAY and fails
-  every stream on it. A malformed response (a HEADERS block ``response_head`` refuses, or a
+  every stream on it. A malformed response (a HEADERS block ``relayed_response`` refuses, or a
   stream rule the core enforces, e.g. DATA past the content-length) fails its stream only,
   with a 502 if nothing of the response was relayed yet.
 * What the core queues is written once per event-loop turn (every ``MAX_BATCHED_HEADS`` new
@@ -65,8 +65,8 @@ from gateway.wire.h2client import (
     WindowUpdated,
 )
 from gateway.wire.h2server import CANCEL, NO_ERROR, REFUSED_STREAM
-from gateway.wire.h2upstream import RequestBody, request_fields, response_head
-from gateway.wire.http1 import HTTPError, Limits, parse_request_head
+from gateway.wire.h2upstream import RequestBody, relayed_response, request_fields
+from gateway.wire.http1 import HTTPError, Limits, RequestHead, ResponseHead, parse_request_head
 from gateway.wire.http2 import LAST_CHUNK
 
 log = logging.getLogger(__name__)
@@ -78,10 +78,14 @@ class StreamRefused(ConnectionResetError):
 
 
 class UpstreamUser(Protocol):
-    """The exchange a stream serves: the part of ``gateway.agent.pool.UpstreamUser`` a stream
-    calls (declared here because the pool imports this module, not the reverse)."""
+    """The exchange a stream serves: what a stream calls (declared here because the pool
+    imports this module, not the reverse). The response comes as its HTTP/1.1 head, bytes and
+    parsed (``upstream_head``), the body framed for the tunnel (``upstream_body``: one call per
+    read, whatever the number of DATA frames) and its end (``upstream_end``)."""
 
-    def upstream_data(self, data: memoryview) -> None: ...
+    def upstream_head(self, head_bytes: bytes, response: ResponseHead) -> None: ...
+    def upstream_body(self, data: bytes | memoryview) -> None: ...
+    def upstream_end(self) -> None: ...
     def upstream_lost(self, exc: Exception | None) -> None: ...
     def upstream_pause_writing(self) -> None: ...
     def upstream_resume_writing(self) -> None: ...
@@ -103,7 +107,7 @@ _LAST_CHUNK_AFTER_DATA = _CRLF + LAST_CHUNK  # ends a chunk and the body in one 
 class H2Stream:
     """One exchange on an :class:`H2Upstream`: the exchange's view of an upstream connection."""
 
-    __slots__ = ("_body", "_chunked", "_end_pending", "_method", "_out", "_paused",
+    __slots__ = ("_body", "_chunked", "_end_pending", "_left", "_method", "_out", "_paused",
                  "_unacked", "_write_paused", "conn", "ended", "request_ended", "requests",
                  "response_ended", "stream_id", "user")
 
@@ -120,6 +124,7 @@ class H2Stream:
         self._out = bytearray()  # payload waiting for the server's flow-control window
         self._end_pending = False
         self._chunked = False
+        self._left = -1  # body bytes the response's content-length still expects (-1: none)
         self._paused = False
         self._unacked = 0
         self._write_paused = False
@@ -129,11 +134,17 @@ class H2Stream:
     def usable(self) -> bool:
         return not self.ended and self.conn.usable
 
+    def send_head(self, head_bytes: bytes, head: RequestHead | None) -> None:
+        """The request head, as HTTP/1.1 bytes and, when the exchange has it, parsed (else the
+        bytes are parsed here: a retry)."""
+        if not self.ended and self._body is None:
+            self._send_head(head_bytes, head)
+
     def write(self, data: bytes | bytearray | memoryview) -> None:
         if self.ended:
             return
         if self._body is None:
-            self._send_head(bytes(data))  # the exchange writes the whole head first, alone
+            self._send_head(bytes(data), None)  # a whole head, alone
             return
         if self.request_ended or self._end_pending:
             return  # the exchange refuses bytes past the body; nothing more goes up
@@ -181,9 +192,10 @@ class H2Stream:
         self.conn.stream_closed(self, reset=not (self.request_ended and self.response_ended))
 
     # --- from the connection -----------------------------------------------------------------
-    def _send_head(self, head_bytes: bytes) -> None:
+    def _send_head(self, head_bytes: bytes, head: RequestHead | None) -> None:
         try:
-            head = parse_request_head(head_bytes, HEAD_LIMITS)
+            if head is None:
+                head = parse_request_head(head_bytes, HEAD_LIMITS)
             fields = request_fields(head)
             self._body = RequestBody(head)
         except (HTTPError, ValueError) as exc:
@@ -234,30 +246,47 @@ class H2Stream:
 
     def response(self, event: ResponseReceived) -> None:
         try:
-            head, self._chunked = response_head(event.headers, self._method)
+            head_bytes, head = relayed_response(event.headers, self._method)
         except HTTPError as exc:
             self.fail(exc)
             return
-        if event.stream_ended:
-            self.response_ended = True
-            if self._chunked:
-                head += LAST_CHUNK
-        self._deliver(head)
+        user = self.user
+        if user is None:
+            return
+        self._chunked = head.chunked
+        user.upstream_head(head_bytes, head)
+        if head.chunked:
+            if event.stream_ended:
+                self._end(LAST_CHUNK)
+            return
+        # A body of known length (none at all without content) ends with its last byte: the
+        # server's END_STREAM may come in a frame of its own later (Go's does that).
+        if head.status < 200 or head.status in (204, 304) or self._method == b"HEAD":
+            self._left = 0
+        elif head.content_length is not None:
+            self._left = head.content_length
+        if event.stream_ended or self._left == 0:
+            self._end(b"")
 
     def data(self, event: DataReceived) -> None:
         """The payload of the DATA frames of one read: one delivery (one chunk)."""
         pieces = event.pieces
-        if event.stream_ended:
-            self.response_ended = True
+        ended = event.stream_ended
         if self._chunked:
             if pieces:
                 n = sum(map(len, pieces)) if len(pieces) > 1 else len(pieces[0])
-                tail = _LAST_CHUNK_AFTER_DATA if event.stream_ended else _CRLF
-                self._deliver(b"".join((b"%x\r\n" % n, *pieces, tail)))
-            elif event.stream_ended:
-                self._deliver(LAST_CHUNK)
+                framed = b"".join((b"%x\r\n" % n, *pieces,
+                                   _LAST_CHUNK_AFTER_DATA if ended else _CRLF))
+                self._relay(framed, ended)
+            elif ended:
+                self._end(LAST_CHUNK)
         elif pieces:
-            self._deliver(pieces[0] if len(pieces) == 1 else b"".join(pieces))
+            body = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+            if self._left > 0:  # the core refuses DATA past the content-length
+                self._left -= len(body)
+            self._relay(body, ended or self._left == 0)
+        elif ended:
+            self._end(b"")
         flow = event.flow_controlled_length
         if not flow:
             return
@@ -267,9 +296,23 @@ class H2Stream:
             self.conn.acknowledge(self.stream_id, flow)
 
     def trailers(self) -> None:
+        self._end(LAST_CHUNK if self._chunked else b"")
+
+    def _relay(self, data: bytes | memoryview, end: bool) -> None:
+        user = self.user
+        if user is not None:
+            user.upstream_body(data)
+            if end:
+                self._end(b"")
+
+    def _end(self, last: bytes) -> None:
+        """The response is complete (``last``: its final bytes, the last chunk)."""
         self.response_ended = True
-        if self._chunked:
-            self._deliver(LAST_CHUNK)
+        user = self.user
+        if user is not None:
+            if last:
+                user.upstream_body(last)
+            user.upstream_end()
 
     def fail(self, exc: Exception | None) -> None:
         """The stream cannot go on (reset by the server, connection lost, a protocol error)."""
@@ -280,11 +323,6 @@ class H2Stream:
         self.conn.stream_closed(self, reset=True)
         if user is not None:
             self.conn.loop.call_soon(user.upstream_lost, exc)
-
-    def _deliver(self, data: bytes | memoryview) -> None:
-        if self.user is not None:
-            with memoryview(data) as view:
-                self.user.upstream_data(view)
 
 
 class H2Upstream(asyncio.Protocol):

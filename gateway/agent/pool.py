@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from gateway.agent.h2pool import H2Stream, H2Upstream
+from gateway.agent.h2pool import UpstreamUser as H2StreamUser
+from gateway.wire.http1 import RequestHead
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +65,9 @@ class UpstreamKey:
     tls: bool
 
 
-class UpstreamUser(Protocol):
-    """Whoever currently owns a connection (one exchange at a time).
+class UpstreamUser(H2StreamUser, Protocol):
+    """Whoever currently owns a connection (one exchange at a time), or an HTTP/2 stream (what
+    a stream calls: :class:`gateway.agent.h2pool.UpstreamUser`).
 
     ``upstream_data`` gets a view of the pool's shared read buffer: valid only during the call
     (copy what must outlive it; the tunnel stream's ``write`` copies).
@@ -72,9 +75,6 @@ class UpstreamUser(Protocol):
 
     def upstream_data(self, data: memoryview) -> None: ...
     def upstream_eof(self) -> None: ...
-    def upstream_lost(self, exc: Exception | None) -> None: ...
-    def upstream_pause_writing(self) -> None: ...
-    def upstream_resume_writing(self) -> None: ...
 
 
 READ_BUFFER_SIZE = 256 * 1024
@@ -140,6 +140,10 @@ class UpstreamConnection(asyncio.BufferedProtocol):
     @property
     def usable(self) -> bool:
         return not self.lost and self.transport is not None and not self.transport.is_closing()
+
+    def send_head(self, head_bytes: bytes, head: RequestHead | None) -> None:
+        """The request head (its bytes; ``head``, the same parsed, is for HTTP/2 streams)."""
+        self.write(head_bytes)
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         if self.usable:

@@ -298,6 +298,7 @@ def _declared_length(headers: Fields) -> int:
     (the relay refuses such a response: ``gateway.wire.h2upstream.response_head``)."""
     for name, value in headers:
         if name == b"content-length":
+            value = value.strip(b" \t")
             if not value or value.translate(None, _DIGITS) or len(value) > 18:
                 return -1
             return int(value)

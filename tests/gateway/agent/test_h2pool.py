@@ -399,3 +399,50 @@ def test_metrics_show_protocols_connections_and_streams() -> None:
     assert 'hubproxy_agent_upstream_protocol_dials_total{protocol="h1"} 2' in text
     assert "hubproxy_agent_upstream_h2_streams 0" in text
     assert 'hubproxy_agent_upstream_h2_streams_max{of="limit"} 100' in text
+
+
+async def test_the_data_frames_of_one_read_reach_the_tunnel_as_one_chunk(
+        server: h2server.H2Server, ca_file: str, tmp_path: Path) -> None:
+    # 50 watch events, 50 DATA frames written at once: one chunk, one write to the tunnel
+    # stream (they were 50 of each).
+    agent = await make_agent(server, ca_file, tmp_path)
+    stream = request(agent, "/events?n=50")
+    writes: list[bytes] = []
+    original = stream.write
+
+    def counting_write(data: bytes | bytearray | memoryview) -> None:
+        writes.append(bytes(data))
+        original(data)
+
+    stream.write = counting_write  # type: ignore[method-assign]
+    events = b"".join(b'{"n":%d}\n' % i for i in range(50))
+    await stream.wait(lambda: events in bytes(stream.received))
+    head, body = writes[0], b"".join(writes[1:])
+    assert head.startswith(b"HTTP/1.1 200 ") and head.endswith(b"\r\n\r\n")
+    assert writes[1:] == [b"%x\r\n" % len(events) + events + b"\r\n"]
+    assert body.count(b"\r\n") == 2
+    stream.client_reset()
+    agent.pool.close()
+
+
+async def test_a_body_of_known_length_completes_before_the_servers_end_stream(
+        server: h2server.H2Server, ca_file: str, tmp_path: Path) -> None:
+    agent = await make_agent(server, ca_file, tmp_path)
+    stream = request(agent, "/split-late")  # END_STREAM only 10 s after the body
+    await stream.wait_done(2)
+    assert stream.response() == (200, {"content-length": "5"}, b"split")
+    agent.pool.close()
+
+
+async def test_a_body_shorter_than_its_content_length_resets_the_tunnel_stream(
+        server: h2server.H2Server, ca_file: str, tmp_path: Path) -> None:
+    # The core's rule (RFC 9113 §8.1.1): END_STREAM short of the content-length is a stream
+    # error; the head already went to the client, so the tunnel stream is reset, not ended.
+    agent = await make_agent(server, ca_file, tmp_path)
+    stream = request(agent, "/short")
+    await stream.wait_done()
+    assert stream.reset_code is not None and not stream.eof
+    small = request(agent, "/small")  # the connection goes on
+    await small.wait_done()
+    assert small.response()[2] == b"small" and len(server.h2_connections) == 1
+    agent.pool.close()
