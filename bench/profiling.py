@@ -79,7 +79,7 @@ def record(pids: dict[str, int], seconds: float, outdir: Path, label: str,
     return result
 
 
-def top_functions(collapsed: Path, n: int = 15) -> dict[str, Any]:
+def top_functions(collapsed: Path, n: int = 25) -> dict[str, Any]:
     """Sample shares of the hottest code in a collapsed-stack file: ``self_pct`` per line (a
     C call such as a TLS write shows as the line that made it), ``self_fn_pct`` per function,
     ``inclusive_pct`` per function (its calls included; recursion counted once)."""
@@ -121,3 +121,47 @@ def _short(frame: str) -> str:
     ours = next((i for i, p in enumerate(parts) if p in ("gateway", "tunnel", "certs")), None)
     short = "/".join(parts[ours:]) if ours is not None else (parts[-1] if parts else where)
     return f"{name} ({short}:{line})" if line else f"{name} ({short})"
+
+
+def summary(profile: dict[str, Any], n: int = 8) -> str:
+    """The ``profile`` part of ``bench gateway --profile --json`` as text: per workload and
+    process, CPU µs per operation, then the functions with the most self time (in µs per
+    operation) and the most inclusive time (functions on nearly every sample, the event loop
+    and the program's entry, left out)."""
+    lines = []
+    for label, p in profile.items():
+        if not isinstance(p, dict) or "top" not in p:
+            continue
+        work = p.get("workload") if isinstance(p.get("workload"), dict) else {}
+        unit = work.get("unit", "op")
+        figures = ", ".join(f"{k} {v:.6g}" if isinstance(v, float) else f"{k} {v}"
+                            for k, v in work.items())
+        lines.append(f"{label} ({figures})")
+        for role, top in p["top"].items():
+            per_op = (p.get("us_per_op") or {}).get(role)
+            lines.append(f"  {role}: {per_op} CPU us per {unit}, {top['samples']} samples")
+            fn_us = dict(top.get("self_fn_us") or [])
+            lines.append("    self: " + "; ".join(
+                f"{f} {pct}%" + (f" {fn_us[f]} us" if f in fn_us else "")
+                for f, pct in top["self_fn_pct"][:n]))
+            lines.append("    inclusive: " + "; ".join(
+                f"{f} {pct}%" for f, pct in top["inclusive_pct"] if pct < 95)[:1000])
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m bench.profiling RESULT.json``: :func:`summary` of a gateway run's profile."""
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(prog="python -m bench.profiling", description=main.__doc__)
+    parser.add_argument("result", help="JSON written by python -m bench gateway --profile --json")
+    parser.add_argument("--top", type=int, default=8, help="functions per list (default 8)")
+    args = parser.parse_args(argv)
+    with open(args.result) as f:
+        print(summary(json.load(f).get("profile") or {}, args.top))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -60,3 +60,17 @@ def test_record_turns_shares_into_microseconds_per_operation(
     assert per_op > 0 and result["cpu_s"]["agent"] > 0
     self_us = dict(result["top"]["agent"]["self_us"])
     assert abs(self_us["data_received (gateway/agent/h2pool.py:10)"] - 0.6 * per_op) < 0.02
+
+
+def test_summary_names_the_cost_per_operation_and_leaves_out_the_event_loop(
+        tmp_path: Path) -> None:
+    path = tmp_path / "raw.txt"
+    path.write_text(COLLAPSED)
+    top = profiling.top_functions(path)
+    top["self_fn_us"] = [(f, round(pct * 2.0 / 100, 2)) for f, pct in top["self_fn_pct"]]
+    text = profiling.summary({"watch": {"workload": {"ops": 10, "unit": "watch event"},
+                                        "us_per_op": {"agent": 2.0}, "top": {"agent": top}}})
+    assert "agent: 2.0 CPU us per watch event, 10 samples" in text
+    assert "data_received (gateway/agent/h2pool.py) 80.0% 1.6 us" in text
+    inclusive = text.split("inclusive: ")[1]
+    assert "run (runners.py)" not in inclusive and "write (tunnel/connection.py) 20.0%" in inclusive
