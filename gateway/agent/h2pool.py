@@ -499,8 +499,9 @@ class H2Upstream(asyncio.Protocol):
     def flush(self) -> None:
         """Write what the core queued at the end of this event-loop turn: the frames of every
         stream in the turn (HEADERS, DATA, WINDOW_UPDATE, RST_STREAM of many exchanges) go out
-        as one TLS write, not one each (at most ``MAX_BATCHED_HEADS`` new streams per write)."""
-        if self._flush_handle is None and not self.lost:
+        as one TLS write, not one each (at most ``MAX_BATCHED_HEADS`` new streams per write).
+        Nothing queued (most reads of a watch: its WINDOW_UPDATEs are batched), nothing to do."""
+        if self._flush_handle is None and not self.lost and self.h2.has_data_to_send:
             self._flush_handle = self.loop.call_soon(self._write_now)
 
     def _write_now(self) -> None:

@@ -861,6 +861,10 @@ class ClientConnection:
         self._goaway_sent = True
         self._out.append(frame(GOAWAY, 0, 0, b"\0\0\0\0" + error_code.to_bytes(4, "big")))
 
+    @property
+    def has_data_to_send(self) -> bool:
+        return bool(self._out)
+
     def data_to_send(self) -> bytes:
         out = self._out
         if not out:
