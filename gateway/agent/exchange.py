@@ -12,10 +12,9 @@ framed it, then EOF. The exchange:
 3. takes a keep-alive connection from the pool (dial failures become typed refusals:
    UNREACHABLE, TIMEOUT, OVERLOAD), accepts the stream, and relays the request body up to the
    end its framing declares (bytes past it are a protocol violation: reset, connection dropped).
-   For a route that allows HTTP/2 (the apiserver) and a request that is not an upgrade (with
-   ``--apiserver-protocol auto``: a watch or ``logs -f``), the "connection" is a stream of a
-   shared HTTP/2 connection (``gateway.agent.h2pool``), which translates both ways, so
-   everything below holds for both protocols;
+   For a route that allows HTTP/2 (the apiserver) and a request that is not an upgrade, the
+   "connection" is a stream of a shared HTTP/2 connection (``gateway.agent.h2pool``), which
+   translates both ways, so everything below holds for both protocols;
 4. relays the response byte for byte; at its end writes EOF on the stream and returns the
    connection to the pool only if request and response were both complete and keep-alive.
    A ``101`` turns both directions into raw bytes (never pooled) with half-close carried.
@@ -62,7 +61,6 @@ from gateway.wire.http1 import (
     serialize_request_head,
 )
 from gateway.wire.identity import strip_identity_headers
-from gateway.wire.requestclass import SHORT, request_class
 from gateway.wire.status import error_response
 from tunnel.errors import OpenErrorCode, OpenRefused, ResetCode, StreamError
 
@@ -381,14 +379,11 @@ class HttpExchange:
         self._start_request(head_bytes, rewritten)
 
     def _protocol(self, route: Route) -> str:
-        """HTTP/1.1 for upgrades (WebSocket, SPDY) and routes without HTTP/2; with ``auto``,
-        HTTP/2 for the long-running requests only (watches, ``logs -f``): they are what one
-        connection each makes expensive, while a short request on a pooled keep-alive
-        HTTP/1.1 connection costs about half the CPU an HTTP/2 stream does here (0.9 against
-        1.8 s per 10k small GETs at c=16; the ``h2`` library's framing is most of the rest)."""
+        """HTTP/1.1 for upgrades (WebSocket, SPDY) and routes without HTTP/2; else the route's
+        (``auto``: every request over HTTP/2 when the server offers it, as client-go does; a
+        short request on a stream costs the agent no more CPU than on a pooled HTTP/1.1
+        connection since it has its own HTTP/2 core, ``bench agentproto``)."""
         if route.h2_ssl_context is None or self.request is None or self.request.upgrade:
-            return "h1"
-        if route.protocol == "auto" and request_class(self.request.target) == SHORT:
             return "h1"
         return route.protocol
 

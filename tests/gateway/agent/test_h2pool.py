@@ -33,8 +33,8 @@ from tunnel.targets import KubeAPITarget
 KUBE = KubeAPITarget()
 
 
-# h2 by default: with ``auto`` only watches and ``logs -f`` would ride HTTP/2, and these tests
-# are about the HTTP/2 path of every kind of request.
+# h2 by default (required: a server without it is refused), as these tests are about the
+# HTTP/2 path; ``auto`` (every request over HTTP/2 when the server offers it) has its own.
 async def make_agent(server: h2server.H2Server, ca_file: str, tmp_path: Path, *,
                      protocol: str = "h2", max_streams: int = 100,
                      idle_timeout: float = 30.0) -> Agent:
@@ -342,7 +342,7 @@ async def test_a_server_that_picks_http1_gets_http1_from_then_on(
     server = await h2server.start(ca.issue_cert("127.0.0.1"), alpn=alpn)
     try:
         agent = await make_agent(server, ca_file, tmp_path, protocol="auto")
-        # A watch is what auto sends over HTTP/2: it probes, and the server picks http/1.1.
+        # The first request probes (its dial offers h2), and the server picks http/1.1.
         for path in ("/small?watch=1", "/small", "/small?watch=1"):
             stream = request(agent, path)
             await stream.wait_done()
@@ -388,6 +388,21 @@ async def test_an_idle_h2_connection_is_closed_after_the_idle_timeout(
     assert len(agent.pool.h2_connections()) == 1 and agent.pool.idle == 1
     await eventually(lambda: not agent.pool.h2_connections(), timeout=5)
     await eventually(lambda: server.h2_connections[0].transport.is_closing(), timeout=5)
+    agent.pool.close()
+
+
+async def test_auto_sends_short_requests_and_watches_over_one_h2_connection(
+        server: h2server.H2Server, ca_file: str, tmp_path: Path) -> None:
+    agent = await make_agent(server, ca_file, tmp_path, protocol="auto")
+    watch = request(agent, "/watch")
+    await watch.wait(lambda: b'{"n":0}' in watch.received)
+    for _ in range(3):
+        small = request(agent, "/small")
+        await small.wait_done()
+        assert small.response() == (200, {"content-length": "5"}, b"small")
+    assert len(server.connections) == 1 and not server.h1_requests
+    assert agent.pool.protocol_dials == {"h2": 1}
+    watch.client_reset()
     agent.pool.close()
 
 
