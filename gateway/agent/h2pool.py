@@ -22,9 +22,12 @@ Contracts:
   once the server's SETTINGS arrived.
 * Flow control is per exchange: DATA is acknowledged (WINDOW_UPDATE) only while the exchange's
   tunnel stream takes bytes; while it is paused (a slow reader at the hub) the stream's window
-  closes and the server stops sending on that stream only. The connection window is large, so
-  a paused stream never holds up the others. Request bodies are sent as the server's windows
-  allow; until then the tunnel stream is paused.
+  closes and the server stops sending on that stream only: it holds its window, no more. A
+  stream's window is 64 KiB, grown (up to ``MAX_STREAM_WINDOW``, within ``WINDOW_BUDGET`` for
+  the whole agent) only while the stream's reader keeps up with a transfer the window limits,
+  shrunk back when it is taken slowly again. The connection window is large, so a paused
+  stream never holds up the others. Request bodies are sent as the server's windows allow;
+  until then the tunnel stream is paused.
 * ``close()`` of a stream that has not ended sends RST_STREAM (CANCEL): the client went away,
   and the apiserver ends the watch or ``logs -f``.
 * GOAWAY: no new streams on that connection; streams the server says it never processed
@@ -62,6 +65,7 @@ from gateway.wire.h2client import (
     StreamClosedError,
     StreamReset,
     TrailersReceived,
+    WindowBudget,
     WindowUpdated,
 )
 from gateway.wire.h2server import CANCEL, NO_ERROR, REFUSED_STREAM
@@ -91,8 +95,14 @@ class UpstreamUser(Protocol):
     def upstream_resume_writing(self) -> None: ...
 
 # The connection window only has to stop one paused stream from blocking the others: every
-# stream's own window (the default, 64 KiB) bounds what the server may send it unread.
+# stream's own window bounds what the server may send it unread. That window starts at the
+# default, 64 KiB (an idle or slow watch holds no more), and grows while a stream's reader
+# keeps up with a transfer the window limits (a large list or log: at 64 KiB a round trip, the
+# agent moved half the bytes per second it does over HTTP/1.1), up to what Go's HTTP/2 client
+# gives every stream, within one budget for the whole agent (gateway.wire.h2client).
 CONNECTION_WINDOW = 1 << 30
+MAX_STREAM_WINDOW = 4 << 20
+WINDOW_BUDGET = 64 << 20
 MAX_RESPONSE_HEADER_LIST = 256 * 1024  # as the HTTP/1.1 response head limit (exchange.py)
 # A burst of new streams (a client opening thousands of watches at once) is written every this
 # many HEADERS instead of as one write at the end of the loop turn: measured with 2,000 watches
@@ -328,11 +338,14 @@ class H2Stream:
 class H2Upstream(asyncio.Protocol):
     """One HTTP/2 connection to the apiserver and the exchanges it carries."""
 
-    def __init__(self, max_streams: int, on_change: Callable[[H2Upstream], None]) -> None:
+    def __init__(self, max_streams: int, on_change: Callable[[H2Upstream], None],
+                 window_budget: WindowBudget | None = None) -> None:
         self.max_streams = max_streams
         self.on_change = on_change  # the pool: the connection became idle or was lost
         self.h2 = ClientConnection(max_header_list_size=MAX_RESPONSE_HEADER_LIST,
-                                   connection_window=CONNECTION_WINDOW)
+                                   connection_window=CONNECTION_WINDOW,
+                                   max_stream_window=MAX_STREAM_WINDOW,
+                                   window_budget=window_budget)
         self.transport: asyncio.Transport | None = None
         self.alpn: str | None = None
         # Kept: asyncio.get_running_loop() costs a getpid() system call each time.

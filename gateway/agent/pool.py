@@ -34,8 +34,9 @@ from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Protocol
 
-from gateway.agent.h2pool import H2Stream, H2Upstream
+from gateway.agent.h2pool import WINDOW_BUDGET, H2Stream, H2Upstream
 from gateway.agent.h2pool import UpstreamUser as H2StreamUser
+from gateway.wire.h2client import WindowBudget
 from gateway.wire.http1 import RequestHead
 
 log = logging.getLogger(__name__)
@@ -199,6 +200,8 @@ class UpstreamPool:
         self._h2: dict[UpstreamKey, list[H2Upstream]] = {}
         self._h2_dials: dict[UpstreamKey, asyncio.Future[None]] = {}
         self._h1_only: set[UpstreamKey] = set()  # servers that chose http/1.1
+        # What the HTTP/2 connections' grown stream windows may hold, all together.
+        self.h2_window_budget = WindowBudget(WINDOW_BUDGET)
         self.protocol_dials: Counter[str] = Counter()  # new connections by protocol
         self.max_idle_per_key = max_idle_per_key
         self.idle_timeout = idle_timeout
@@ -325,7 +328,7 @@ class UpstreamPool:
     async def _dial_h2(self, key: UpstreamKey, context: ssl.SSLContext) -> H2Upstream | None:
         """A ready HTTP/2 connection (the server's SETTINGS arrived), or None if the server
         chose another protocol in ALPN (that connection is closed)."""
-        conn = H2Upstream(self.h2_max_streams, self._h2_changed)
+        conn = H2Upstream(self.h2_max_streams, self._h2_changed, self.h2_window_budget)
         await self._connect(key, context, conn)
         if conn.alpn != "h2":
             conn.abort(None)

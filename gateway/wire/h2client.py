@@ -54,7 +54,12 @@ accepted; a *stream error* queues RST_STREAM and reports a :class:`StreamReset` 
   a stream error for the stream's). The connection window is given back on receipt; a stream's
   only through :meth:`ClientConnection.acknowledge_received_data`, once the application took the
   bytes (a stream whose reader is slow holds its window, no more), in WINDOW_UPDATEs sent when
-  half a window is used. DATA is sent only within the server's windows
+  half a window is used. A stream's window starts at ``initial_window_size`` and auto-tunes:
+  when half of it was taken within ``GROW_WITHIN`` of the last update (the window, not the
+  reader, is the limit: a large list or log), it doubles, up to ``max_stream_window``, while the
+  :class:`WindowBudget` shared by the connections allows; a stream taken slowly again (over
+  ``SHRINK_AFTER`` between updates: a watch after its burst) goes back to the initial window,
+  and a stream that ends gives its growth back. DATA is sent only within the server's windows
   (:meth:`ClientConnection.local_flow_control_window`); a window over 2^31-1 after a
   WINDOW_UPDATE is FLOW_CONTROL_ERROR, an increment of 0 PROTOCOL_ERROR.
 * GOAWAY (§6.8): no stream is opened after it; the streams above its last stream id were not
@@ -79,6 +84,7 @@ not a hundred.
 from __future__ import annotations
 
 import struct
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
 
@@ -129,6 +135,11 @@ from gateway.wire.hpackfields import FieldEncoder
 
 MAX_SETTINGS_ENTRIES = 100  # per SETTINGS frame; a handful of settings are defined
 MAX_STREAM_ID = 2**31 - 1
+# Receive-window auto-tuning (see the module docstring). Half a window taken this soon after
+# the last update means the window limits the transfer (loopback or in-cluster round trips are
+# well under it; a watch trickling events never gets there); this long means it does not.
+GROW_WITHIN = 0.05
+SHRINK_AFTER = 1.0
 _DIGITS = b"0123456789"
 
 _FRAME_HEAD = struct.Struct(">BHBBL")  # length (24 bits, as 8 + 16), type, flags, stream id
@@ -277,14 +288,36 @@ class NoNewStreams(Exception):
 _AWAITING_HEAD, _BODY = 0, 1
 
 
+class WindowBudget:
+    """Bytes that grown receive windows (beyond the initial window) may add up to, shared by
+    the connections that hold it: what readers that stop could leave buffered at most."""
+
+    __slots__ = ("limit", "used")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def reserve(self, n: int) -> int:
+        """Up to ``n`` bytes of growth (what is left of the budget)."""
+        n = max(0, min(n, self.limit - self.used))
+        self.used += n
+        return n
+
+    def release(self, n: int) -> None:
+        self.used = max(0, self.used - n)
+
+
 class _Stream:
-    __slots__ = ("body_left", "local_open", "no_content", "phase", "recv_unacked",
-                 "recv_window", "remote_open", "send_window")
+    __slots__ = ("body_left", "last_update", "local_open", "no_content", "phase",
+                 "recv_target", "recv_unacked", "recv_window", "remote_open", "send_window")
 
     def __init__(self, send_window: int, recv_window: int, local_open: bool,
-                 no_content: bool) -> None:
+                 no_content: bool, now: float) -> None:
         self.send_window = send_window  # what we may still send on it (may go negative)
         self.recv_window = recv_window  # what the server may still send on it
+        self.recv_target = recv_window  # the window's size now (auto-tuned)
+        self.last_update = now  # when credit last went back (or the stream opened)
         self.recv_unacked = 0  # acknowledged by the application, not yet given back
         self.local_open = local_open
         self.remote_open = True
@@ -310,11 +343,16 @@ class ClientConnection:
 
     ``max_header_list_size`` is announced in our SETTINGS and enforced on every response header
     block; ``initial_window_size`` is each stream's receive window, ``connection_window`` the
-    connection's. The budgets default to the front door's."""
+    connection's; streams' windows grow up to ``max_stream_window`` within ``window_budget``
+    (none by default: no growth). The flood budgets default to the front door's; ``clock``
+    (seconds) times the window updates."""
 
     def __init__(self, *, max_header_list_size: int,
                  initial_window_size: int = DEFAULT_WINDOW,
                  connection_window: int = DEFAULT_WINDOW,
+                 max_stream_window: int = 0,
+                 window_budget: WindowBudget | None = None,
+                 clock: Callable[[], float] = time.monotonic,
                  encoder: FieldEncoder | None = None,
                  resets: FrameBudget | None = None,
                  answered: FrameBudget | None = None,
@@ -337,6 +375,9 @@ class ClientConnection:
         self._goaway_sent = False
         self._initial_window = initial_window_size
         self._connection_window = connection_window
+        self._max_stream_window = max(max_stream_window, initial_window_size)
+        self._window_budget = window_budget
+        self._clock = clock
         self._recv_window = DEFAULT_WINDOW  # until initiate() announces connection_window
         self._recv_unacked = 0
         self._send_window = DEFAULT_WINDOW
@@ -436,9 +477,17 @@ class ClientConnection:
         if not self._resets.spend():
             raise ServerProtocolError(ENHANCE_YOUR_CALM, "too many broken stream rules")
         self._out.append(frame(RST_STREAM, 0, stream_id, code.to_bytes(4, "big")))
-        self.streams.pop(stream_id, None)
+        self._drop(stream_id)
         self._remember_reset(stream_id)
         events.append(StreamReset(stream_id, code, False))
+
+    def _drop(self, stream_id: int) -> _Stream | None:
+        """Forget a stream (closed or reset); its grown window goes back to the budget."""
+        stream = self.streams.pop(stream_id, None)
+        if stream is not None and self._window_budget is not None \
+                and stream.recv_target > self._initial_window:
+            self._window_budget.release(stream.recv_target - self._initial_window)
+        return stream
 
     def _remember_reset(self, stream_id: int) -> None:
         if stream_id in self._reset:
@@ -515,7 +564,7 @@ class ClientConnection:
         if ended:
             stream.remote_open = False
             if not stream.local_open:
-                del self.streams[stream_id]
+                self._drop(stream_id)
         last = events[-1] if events else None
         if type(last) is DataReceived and last.stream_id == stream_id:
             if n:
@@ -607,7 +656,7 @@ class ClientConnection:
     def _remote_ended(self, stream_id: int, stream: _Stream) -> None:
         stream.remote_open = False
         if not stream.local_open:
-            del self.streams[stream_id]
+            self._drop(stream_id)
 
     def _on_priority(self, flags: int, stream_id: int, payload: memoryview,
                      events: list[Event]) -> None:
@@ -632,7 +681,7 @@ class ClientConnection:
             raise ServerProtocolError(FRAME_SIZE_ERROR, "RST_STREAM is not 4 bytes")
         if stream_id == 0 or self._idle(stream_id):
             raise ServerProtocolError(PROTOCOL_ERROR, "RST_STREAM on a stream we did not open")
-        if self.streams.pop(stream_id, None) is None:
+        if self._drop(stream_id) is None:
             self._ignored(events)  # closed already (§5.1): the reset crossed our end
             return
         events.append(StreamReset(stream_id, int.from_bytes(payload, "big"), True))
@@ -726,7 +775,7 @@ class ClientConnection:
         self.goaway_error = code
         refused = sorted(sid for sid in self.streams if sid > last)
         for sid in refused:  # never processed: closed, and anything late for them ignored
-            del self.streams[sid]
+            self._drop(sid)
             self._remember_reset(sid)
         events.append(ConnectionTerminated(code, last, refused))
 
@@ -766,13 +815,34 @@ class ClientConnection:
     def acknowledge_received_data(self, n: int, stream_id: int) -> None:
         """The application took ``n`` flow-controlled bytes of ``stream_id``: give them back
         to the stream's window, in a WINDOW_UPDATE once half of it is used (not one per DATA
-        frame). The connection window needs nothing: it was given back on receipt."""
+        frame), growing or shrinking the window as the module docstring says. The connection
+        window needs nothing: it was given back on receipt."""
         stream = self.streams.get(stream_id)
         if n <= 0 or stream is None or not stream.remote_open:
             return  # nothing more will come on it
         stream.recv_unacked += n
-        if stream.recv_window <= self._initial_window >> 1:
-            increment, stream.recv_unacked = stream.recv_unacked, 0
+        target = stream.recv_target
+        if stream.recv_window > target >> 1:
+            return
+        increment, stream.recv_unacked = stream.recv_unacked, 0
+        now = self._clock()
+        since = now - stream.last_update
+        stream.last_update = now
+        budget = self._window_budget
+        if budget is not None:
+            initial = self._initial_window
+            if since < GROW_WITHIN and target < self._max_stream_window:
+                grow = budget.reserve(min(target, self._max_stream_window - target))
+                stream.recv_target += grow
+                increment += grow
+            elif since > SHRINK_AFTER and target > initial:
+                # Credit taken back from what the application returned: the bytes it still
+                # holds (unacknowledged) stay counted, so the server never goes negative.
+                shrink = min(increment, target - initial)
+                stream.recv_target -= shrink
+                budget.release(shrink)
+                increment -= shrink
+        if increment:
             stream.recv_window += increment
             self._out.append(frame(WINDOW_UPDATE, 0, stream_id, increment.to_bytes(4, "big")))
 
@@ -787,7 +857,7 @@ class ClientConnection:
     def _sent_end(self, stream_id: int, stream: _Stream) -> None:
         stream.local_open = False
         if not stream.remote_open:
-            del self.streams[stream_id]
+            self._drop(stream_id)
 
     def send_headers(self, fields: Iterable[tuple[bytes, bytes]], end_stream: bool = False,
                      *, head_request: bool = False) -> int:
@@ -811,7 +881,7 @@ class ClientConnection:
                 self._out.append(frame(CONTINUATION, 0, stream_id, piece))
             self._out.append(frame(CONTINUATION, END_HEADERS, stream_id, pieces[-1]))
         self.streams[stream_id] = _Stream(self._peer_initial_window, self._initial_window,
-                                          not end_stream, head_request)
+                                          not end_stream, head_request, self._clock())
         return stream_id
 
     def send_data(self, stream_id: int, data: bytes | bytearray | memoryview,
@@ -839,7 +909,7 @@ class ClientConnection:
 
     def reset_stream(self, stream_id: int, error_code: int) -> bool:
         """Queue RST_STREAM for a stream still open (False, nothing sent: it is closed)."""
-        if self._broken or self.streams.pop(stream_id, None) is None:
+        if self._broken or self._drop(stream_id) is None:
             return False
         self._out.append(frame(RST_STREAM, 0, stream_id, error_code.to_bytes(4, "big")))
         self._remember_reset(stream_id)

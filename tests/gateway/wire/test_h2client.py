@@ -49,6 +49,7 @@ from gateway.wire.h2client import (
     StreamClosedError,
     StreamReset,
     TrailersReceived,
+    WindowBudget,
     WindowUpdated,
 )
 from gateway.wire.h2server import (
@@ -1061,3 +1062,110 @@ def test_interop_settings_ping_trailers_resets_and_goaway_from_h2s_server() -> N
     server.pump()
     assert summary(server.take()) == [("ConnectionTerminated", NO_ERROR, one, (three,))]
 
+
+
+# --- receive-window auto-tuning ---------------------------------------------------------------
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def tuned(budget: int = 1 << 20, max_window: int = 4 * 65535) -> tuple[Server, Clock,
+                                                                          WindowBudget]:
+    clock = Clock()
+    window_budget = WindowBudget(budget)
+    server = Server(connection_window=1 << 30, max_stream_window=max_window,
+                    window_budget=window_budget, clock=clock)
+    return server, clock, window_budget
+
+
+def take(server: Server, sid: int, n: int) -> list[int]:
+    """The server sends ``n`` bytes on ``sid``, the application takes them at once: the
+    WINDOW_UPDATE increments that go out for the stream."""
+    for piece in range(0, n, 16000):
+        size = min(16000, n - piece)
+        server.send(data_frame(sid, b"x" * size))
+        server.client.acknowledge_received_data(size, sid)
+    return [f.window_increment for f in server.out()
+            if isinstance(f, WindowUpdateFrame) and f.stream_id == sid]
+
+
+def test_a_window_taken_fast_doubles_up_to_its_ceiling_within_the_budget() -> None:
+    server, clock, budget = tuned()
+    sid = server.request()
+    server.respond(sid)
+    clock.now += 1  # the response came late: no growth at the first update
+    assert take(server, sid, 48000) == [48000]  # half the window used: credit goes back
+    clock.now += 0.01  # half a window again within GROW_WITHIN: it doubles (+65,535)
+    assert take(server, sid, 33000) == [33000 + 65535]
+    clock.now += 0.01  # half of 131,070 within GROW_WITHIN: doubles to 262,140, the ceiling
+    assert take(server, sid, 66000) == [66000 + 131070]
+    clock.now += 0.01
+    assert take(server, sid, 132000) == [132000]  # at the ceiling: no more growth
+    assert budget.used == 4 * 65535 - 65535
+    # more than the grown window is still a flow-control error
+    fits = 262140 // 16384
+    server.stream_error(b"".join(data_frame(sid, b"y" * 16384) for _ in range(fits + 1)), sid,
+                        FLOW_CONTROL_ERROR, before=[("DataReceived", sid, b"y" * 16384 * fits,
+                                                     16384 * fits, False)])
+    assert budget.used == 0  # the reset stream gave its growth back
+
+
+def test_no_growth_without_a_budget_or_when_the_reader_is_slow() -> None:
+    server = Server(connection_window=1 << 30)  # no budget: the window stays at 65,535
+    sid = server.request()
+    server.respond(sid)
+    assert take(server, sid, 33000) + take(server, sid, 33000) == [33000, 33000]
+    server, clock, budget = tuned()
+    sid = server.request()
+    server.respond(sid)
+    for _ in range(3):
+        clock.now += 0.2  # taken, but slowly: the reader is the limit, not the window
+        assert take(server, sid, 33000) == [33000]
+    assert budget.used == 0
+
+
+def test_the_budget_is_shared_and_growth_goes_back_when_a_stream_ends() -> None:
+    server, clock, budget = tuned(budget=65535)
+    one, two = server.request(), server.request()
+    clock.now += 0.5
+    for sid in (one, two):
+        server.respond(sid)
+        assert take(server, sid, 33000) == [33000]
+    clock.now += 0.001
+    assert take(server, one, 33000) == [33000 + 65535]  # the whole budget
+    assert take(server, two, 33000) == [33000]  # none left
+    server.send(data_frame(one, b"", True))
+    assert budget.used == 0
+    clock.now += 0.001
+    assert take(server, two, 33000) == [33000 + 65535]
+
+
+def test_a_grown_window_taken_slowly_again_shrinks_back_to_the_initial_window() -> None:
+    server, clock, budget = tuned()
+    sid = server.request()
+    server.respond(sid)
+    clock.now += 0.5
+    assert take(server, sid, 33000) == [33000]
+    clock.now += 0.001
+    assert take(server, sid, 33000) == [33000 + 65535]  # 131,070
+    clock.now += 0.001
+    assert take(server, sid, 66000) == [66000 + 131070]  # 262,140
+    assert budget.used == 196605
+    clock.now += 5  # a watch after its burst: the window goes back, the credit withheld
+    assert take(server, sid, 132000) == []  # 132,000 of the 196,605 taken back
+    assert budget.used == 64605
+    assert take(server, sid, 0) == []
+    clock.now += 5
+    assert take(server, sid, 66000) == [66000 - 64605]  # the rest taken back
+    assert budget.used == 0
+    stream = server.client.streams[sid]
+    # the server's credit is the initial window again: 65,535 more fits, one byte more not
+    assert stream.recv_target == 65535 and stream.recv_window == 65535
+    server.stream_error(raw(T_DATA, 0, sid, b"z" * 16384) * 3 + raw(T_DATA, 0, sid, b"z" * 16383)
+                        + raw(T_DATA, 0, sid, b"z"), sid, FLOW_CONTROL_ERROR,
+                        before=[("DataReceived", sid, b"z" * 65535, 65535, False)])
