@@ -388,6 +388,7 @@ class ClientConnection:
         self._block_stream = 0
         self._block_flags = 0
         self._block_frames = 0
+        self._unusual = True  # _block is set or settings_received is not (one check a frame)
         self._broken = False
         self._reset_order: deque[int] = deque()
         self._reset: set[int] = set()
@@ -426,43 +427,67 @@ class ClientConnection:
         the server broke a connection rule; nothing is accepted after that."""
         if self._broken:
             return []
-        if self._pending:
-            data = self._pending + data
-            self._pending = b""
         events: list[Event] = []
-        view = memoryview(data)
-        pos = 0
-        end = len(data)
-        handlers = self._handlers
         try:
-            while end - pos >= 9:
-                high, low, ftype, flags, stream_id = _unpack_head(data, pos)
-                length = high << 16 | low
-                if length > FRAME_LIMIT:
-                    raise ServerProtocolError(FRAME_SIZE_ERROR, "frame larger than 16384 bytes")
-                stop = pos + 9 + length
-                if stop > end:
-                    break
-                payload = view[pos + 9:stop]
-                pos = stop
-                stream_id &= 0x7FFFFFFF
-                if self._block is not None and ftype != CONTINUATION:
-                    raise ServerProtocolError(PROTOCOL_ERROR, "header block interrupted")
-                if not self.settings_received and (ftype != SETTINGS or flags & ACK):
-                    raise ServerProtocolError(PROTOCOL_ERROR,
-                                              "the server's preface is not SETTINGS")
-                if ftype < 10:
-                    handlers[ftype](flags, stream_id, payload, events)
-                else:
-                    self._ignored(events)  # unknown frame types are ignored (§5.5)
+            pos = 0
+            pending = self._pending
+            if pending:
+                # Complete the frame a read left cut, from the head of this one: only its bytes
+                # are copied, not the whole read (a large body's reads almost all end mid-frame).
+                if len(pending) < 9:
+                    pending += data[:9 - len(pending)]
+                    if len(pending) < 9:
+                        self._pending = pending
+                        return events
+                    pos = 9 - len(self._pending)
+                size = 9 + (pending[0] << 16 | pending[1] << 8 | pending[2])
+                take = min(size - len(pending), len(data) - pos)
+                if size > 9 + FRAME_LIMIT:
+                    take = 0  # _frames refuses it from its header
+                pending += data[pos:pos + take]
+                pos += take
+                if len(pending) < size and size <= 9 + FRAME_LIMIT:
+                    self._pending = pending
+                    return events
+                self._pending = b""
+                self._frames(pending, 0, events)
+            stop = self._frames(data, pos, events)
         except ServerProtocolError as exc:
             self._broken = True
             self._pending = b""
             self._send_goaway(exc.code)
             raise
-        if pos < end:
-            self._pending = data[pos:]
+        if stop < len(data):
+            self._pending = data[stop:]
         return events
+
+    def _frames(self, data: bytes, pos: int, events: list[Event]) -> int:
+        """The whole frames in ``data`` from ``pos`` on, into ``events``; returns where the
+        first incomplete frame (or the end) is."""
+        view = memoryview(data)
+        end = len(data)
+        handlers = self._handlers
+        while end - pos >= 9:
+            high, low, ftype, flags, stream_id = _unpack_head(data, pos)
+            length = high << 16 | low
+            if length > FRAME_LIMIT:
+                raise ServerProtocolError(FRAME_SIZE_ERROR, "frame larger than 16384 bytes")
+            stop = pos + 9 + length
+            if stop > end:
+                break
+            payload = view[pos + 9:stop]
+            pos = stop
+            if self._unusual:  # a header block in progress, or no SETTINGS from the server yet
+                if self._block is not None and ftype != CONTINUATION:
+                    raise ServerProtocolError(PROTOCOL_ERROR, "header block interrupted")
+                if not self.settings_received and (ftype != SETTINGS or flags & ACK):
+                    raise ServerProtocolError(PROTOCOL_ERROR,
+                                              "the server's preface is not SETTINGS")
+            if ftype < 10:
+                handlers[ftype](flags, stream_id & 0x7FFFFFFF, payload, events)
+            else:
+                self._ignored(events)  # unknown frame types are ignored (§5.5)
+        return pos
 
     def _idle(self, stream_id: int) -> bool:
         """Never opened by us: an even id (a server may open none) or one not reached yet."""
@@ -593,6 +618,7 @@ class ClientConnection:
                 raise ServerProtocolError(ENHANCE_YOUR_CALM, "header block too long")
             self._block = bytearray(payload)
             self._block_stream, self._block_flags, self._block_frames = stream_id, flags, 0
+            self._unusual = True
 
     def _on_continuation(self, flags: int, stream_id: int, payload: memoryview,
                          events: list[Event]) -> None:
@@ -606,6 +632,7 @@ class ClientConnection:
             raise ServerProtocolError(ENHANCE_YOUR_CALM, "header block too long")
         if flags & END_HEADERS:
             self._block = None
+            self._unusual = not self.settings_received
             self._header_block(stream_id, self._block_flags, bytes(block), events)
 
     def _header_block(self, stream_id: int, flags: int, block: bytes,
@@ -738,6 +765,7 @@ class ClientConnection:
             # MAX_HEADER_LIST_SIZE (advisory; our request heads are bounded before they get
             # here) and unknown settings (§6.5.2): nothing to do.
         self.settings_received = True
+        self._unusual = self._block is not None
         self._out.append(frame(SETTINGS, ACK, 0))
         events.append(_SETTINGS_CHANGED)
         if opened:

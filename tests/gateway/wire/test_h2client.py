@@ -298,6 +298,37 @@ def test_settings_and_frames_split_at_every_byte() -> None:
     assert client.max_outbound_frame_size == 20000
 
 
+def test_a_response_split_at_every_byte_gives_the_same_events() -> None:
+    def run(cuts: list[int]) -> tuple[list[tuple[object, ...]], bytes, int]:
+        server = Server()
+        sid = server.request()
+        wire = (server.headers(sid, length(3 * 700)) + data_frame(sid, b"a" * 700)
+                + raw(T_DATA, F_PADDED, sid, b"\x05" + b"b" * 700 + bytes(5))
+                + data_frame(sid, b"c" * 700, True) + ping())
+        events: list[tuple[object, ...]] = []
+        body = b""
+        for start, stop in zip([0, *cuts], [*cuts, len(wire)], strict=True):
+            for event in server.client.receive_data(wire[start:stop]):
+                if isinstance(event, DataReceived):
+                    body += event.data
+                    events.append(("DataReceived", event.stream_id, event.stream_ended))
+                else:
+                    events += summary([event])
+        return events, body, len(wire)
+
+    whole_events, whole_body, size = run([])
+    assert whole_body == b"a" * 700 + b"b" * 700 + b"c" * 700
+    for cut in range(1, size):
+        events, body, _ = run([cut])
+        assert body == whole_body, cut
+        # the same events, the DATA perhaps cut in two where the read was
+        assert [e for e in events if e[0] != "DataReceived"] == [
+            e for e in whole_events if e[0] != "DataReceived"], cut
+        assert events[-2][2] is True or events[-1][0] == "PingReceived"
+    events, body, _ = run(list(range(1, size)))  # one byte per read
+    assert body == whole_body
+
+
 # --- requests and responses (§8.1) ------------------------------------------------------------
 
 def test_a_request_and_its_response() -> None:
