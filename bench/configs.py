@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -248,9 +249,11 @@ def start_hub_stub(lab: Lab, users: list[tuple[str, str, str, str]] | None = Non
 
 def start_hubproxy(lab: Lab, log_level: str = "info", upstream_connections: int = 2048,
                    workers: int = 1, name: str = "hubproxy",
-                   agent_args: tuple[str, ...] = ()) -> Config:
-    """``hubproxy gateway`` + ``hubproxy agent`` (cluster bench), exactly as deployed;
-    ``agent_args``: more flags for the agent (e.g. ``--apiserver-protocol h2``)."""
+                   gateway_args: Sequence[str] = (),
+                   agent_args: Sequence[str] = ()) -> Config:
+    """``hubproxy gateway`` + ``hubproxy agent`` (cluster bench), exactly as deployed
+    (``gateway_args``, ``agent_args``: more flags for the gateway, the agent; e.g.
+    ``--apiserver-protocol h2``)."""
     hub = start_hub_stub(lab)
     front, tunnel = free_port(), free_port()
     suffix = "" if name == "hubproxy" else f"-{name}"
@@ -263,7 +266,7 @@ def start_hubproxy(lab: Lab, log_level: str = "info", upstream_connections: int 
         "--authorize", "none", "--token-cache-ttl", "1h", "--max-connections", "30000",
         "--max-inflight", "30000", "--workers", str(workers), "--log-level", log_level,
         # One identity holds every watch of the idle-watch measurement.
-        "--max-streams-per-identity", "30000"))
+        "--max-streams-per-identity", "30000", *gateway_args))
     gateway.wait_for_line("hubproxy gateway ready", 30)
     agent = lab.procs.start(f"agent{suffix}", _hubproxy(
         "agent", "--hub", f"{LOOPBACK}:{tunnel}", "--cluster", CLUSTER,

@@ -37,23 +37,27 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Protocol
 
 from gateway.hub import fleet, revalidation
-from gateway.hub.admission.auth import Authenticator, TokenAuthenticator
+from gateway.hub.admission.auth import Authenticator, TokenAuthenticator, UserInfo
 from gateway.hub.admission.authorize import Authorizer, SarAuthorizer
+from gateway.hub.admission.chain import Admitted
 from gateway.hub.admission.hubload import FailedAuthLimiter
 from gateway.hub.admission.identity import IdentityCache
 from gateway.hub.admission.seats import Seats
 from gateway.hub.admission.streams import StreamQuota
+from gateway.hub.audittrail import AuditTrail, build_audit_trail
 from gateway.hub.config import GatewayConfig
 from gateway.hub.exchange import AGENT_LEAVING, Exchange
 from gateway.hub.fleet import FleetView
 from gateway.hub.frontdoor import FrontDoor
 from gateway.hub.frontdoor_h2 import H2FrontDoor, H2Request
 from gateway.hub.hubcalls import CountingAuthorizer
+from gateway.hub.proxyaccept import ProxyProtocolListener
 from gateway.hub.revalidation import StreamRevalidator, period_for
 from gateway.ops import audit, startup
 from gateway.ops.certexpiry import CertificateFiles
 from gateway.ops.health import HealthServer, Readiness, token_review_probe
 from gateway.ops.metrics import OTHER_CLUSTER, GatewayMetrics
+from gateway.wire.http1 import RequestHead
 from gateway.wire.requestclass import SHORT, STREAM, front_door_class
 from tunnel.connection import ALPN, SessionConfig
 from tunnel.join import JOIN_ALPN, JoinHandler
@@ -96,6 +100,7 @@ class Gateway:
         tunnel_join: JoinHandler | None = None,
         tunnel_refuse: RefuseHook | None = None,
         metrics: GatewayMetrics | None = None,
+        audit_trail: AuditTrail | None = None,
     ) -> None:
         self.config = config
         # Joining (gateway.hub.join, wired by serve.py): the tunnel's join handler and the
@@ -133,7 +138,7 @@ class Gateway:
         self.known_clusters: set[str] = set(registry.clusters())
         self.started_at = time.monotonic()
         self._idle = asyncio.Event()
-        self._front: asyncio.base_events.Server | None = None
+        self._front: asyncio.base_events.Server | ProxyProtocolListener | None = None
         self._tunnel: Any = None
         self._health: HealthServer | None = None
         self.revalidator: StreamRevalidator | None = None
@@ -168,7 +173,10 @@ class Gateway:
         self.metrics.hub_outage_answers = lambda: outage_answers(authenticator, authorizer)
         self.metrics.handshake_failures = lambda: (
             self._tunnel.handshake_failures if self._tunnel is not None else {})
-        self._audit = audit.logger.isEnabledFor(logging.INFO)
+        self.audit_trail = audit_trail or AuditTrail(
+            lines=audit.logger.isEnabledFor(logging.INFO))
+        self.metrics.audit_events = self.audit_trail.events
+        self.metrics.audit_dropped = self.audit_trail.dropped
 
     @property
     def leaving(self) -> bool:
@@ -208,11 +216,19 @@ class Gateway:
             if exchange.admitted.session is session:
                 exchange.end_follow(AGENT_LEAVING)
 
-    def request_done(self, *, request_id: str, user: str | None, cluster: str | None,
-                     method: bytes | None, target: bytes | None, status: int, bytes_in: int,
-                     bytes_out: int, duration: float, stream: bool = False,
-                     protocol: str = "h1") -> None:
+    def request_done(self, *, request_id: str, head: RequestHead | None, status: int,
+                     bytes_in: int, bytes_out: int, duration: float,
+                     admitted: Admitted | None = None, stream: bool = False,
+                     protocol: str = "h1", source_ips: tuple[str, ...] = (),
+                     message: str | None = None, started: float = 0.0,
+                     user_info: UserInfo | None = None) -> None:
+        """A request ended: metrics and its audit trail. ``admitted`` None: refused before
+        admission; ``message``: the Status the gateway answered with, if it did; ``started``:
+        when its head arrived (monotonic); ``user_info``: the hub user of a request refused
+        after authentication."""
+        cluster = admitted.cluster if admitted is not None else None
         label = cluster if cluster in self.known_clusters else OTHER_CLUSTER
+        target = head.target if head is not None else None
         kind = front_door_class(target) if target is not None else SHORT
         if stream and kind == SHORT:
             kind = STREAM  # an upgrade: its target does not say so
@@ -222,18 +238,18 @@ class Gateway:
             metrics.requests_h2 += 1
         else:
             metrics.requests_h1 += 1
-        if self._audit:
-            emit = audit.stream_end if stream else audit.request_done
-            emit(request_id=request_id, user=user or None, cluster=cluster, method=method,
-                 target=target, status=status, bytes_in=bytes_in, bytes_out=bytes_out,
-                 duration=duration, protocol=protocol)
+        self.audit_trail.request_done(
+            request_id=request_id, head=head, admitted=admitted, status=status,
+            bytes_in=bytes_in, bytes_out=bytes_out, duration=duration, stream=stream,
+            protocol=protocol, source_ips=source_ips, message=message, started=started,
+            user_info=user_info)
 
     def audit_stream_start(self, door: FrontDoor | H2Request, exchange: Exchange) -> None:
-        if self._audit and door.head is not None:
-            audit.stream_start(request_id=exchange.request_id, user=exchange.admitted.user or None,
-                               cluster=exchange.admitted.cluster, method=door.head.method,
-                               target=door.head.target, status=exchange.status,
-                               protocol="h2" if isinstance(door, H2Request) else "h1")
+        if door.head is not None:
+            self.audit_trail.stream_start(
+                request_id=exchange.request_id, head=door.head, admitted=exchange.admitted,
+                status=exchange.status, protocol=door.protocol, source_ips=door.source_ips,
+                started=door.started)
 
     def clusters_document(self) -> bytes:
         """``GET /clusters``: this gateway's fleet, all workers' sessions merged (see
@@ -269,11 +285,21 @@ class Gateway:
         host, port = config.listen
         shared = config.workers > 1  # the kernel spreads connections over the workers
         try:
-            self._front = await loop.create_server(
-                lambda: FrontDoor(self), host, port, ssl=self.front_ssl, backlog=1024,
-                ssl_handshake_timeout=config.limits.header_timeout if self.front_ssl else None,
-                reuse_port=shared or None,
-            )
+            if config.proxy_protocol_from:
+                listener = ProxyProtocolListener(
+                    lambda client: FrontDoor(self, client), trusted=config.proxy_protocol_from,
+                    ssl_context=self.front_ssl, header_timeout=config.limits.header_timeout,
+                    max_pending=config.limits.max_connections,
+                    refused=self.metrics.proxy_refused)
+                await listener.start(host, port, reuse_port=shared)
+                self._front = listener
+            else:
+                self._front = await loop.create_server(
+                    lambda: FrontDoor(self), host, port, ssl=self.front_ssl, backlog=1024,
+                    ssl_handshake_timeout=(config.limits.header_timeout if self.front_ssl
+                                           else None),
+                    reuse_port=shared or None,
+                )
         except OSError as exc:
             raise startup.bind_error(exc, host, port, "--listen") from None
         self.front_port = int(self._front.sockets[0].getsockname()[1])
@@ -295,6 +321,7 @@ class Gateway:
                 self.health_port = await self._health.start(*config.health_listen)
             except OSError as exc:
                 raise startup.bind_error(exc, *config.health_listen, "--health-listen") from None
+        self.audit_trail.start()
         self.readiness.listeners_up = True
         self.readiness.start()
         if self.revalidator is not None:
@@ -366,6 +393,11 @@ class Gateway:
                 async with asyncio.timeout(2):
                     await self._front.wait_closed()
             self._front = None
+        # Last: the aborted connections' requests are recorded first (their connection_lost
+        # runs a loop turn after the abort); then the trail's last events go out (a webhook's
+        # bounded by its close timeout).
+        await asyncio.sleep(0)
+        await self.audit_trail.close()
 
 
 # --- production wiring ------------------------------------------------------------------------
@@ -488,6 +520,15 @@ async def build_gateway(config: GatewayConfig) -> tuple[Gateway, Any]:
     # bounded by what that agent advertises, and by --max-inflight here.
     session_config = session_settings(config)
     probe = token_review_probe(lambda token: reviewer.review(token, authenticator.audiences))
+    try:
+        trail = await build_audit_trail(
+            lines=audit.logger.isEnabledFor(logging.INFO),
+            policy_file=config.audit_policy_file, log_path=config.audit_log_path,
+            webhook_config_file=config.audit_webhook_config_file,
+            webhook=config.audit_webhook, atomic=config.workers > 1)
+    except startup.StartupError:
+        await api_client.close()
+        raise
     gateway = Gateway(
         config,
         authenticator=authenticator,
@@ -498,5 +539,6 @@ async def build_gateway(config: GatewayConfig) -> tuple[Gateway, Any]:
         hub_probe=probe,
         session_config=session_config,
         metrics=metrics,
+        audit_trail=trail,
     )
     return gateway, api_client

@@ -7,8 +7,10 @@ default that is safe for a production hub; every timeout is in seconds.
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field
 
+from gateway.ops.k8saudit.backends import WebhookSettings
 from gateway.wire.http1 import Limits
 from tunnel.identity import URI_NAMING, AgentNaming
 
@@ -65,6 +67,13 @@ class GatewayConfig:
     # client address (token bucket), and concurrent hub reviews (503 after a short wait).
     auth_failure_rate: float = 1.0  # per second and address, sustained
     auth_failure_burst: int = 20
+    # The real client behind a load balancer (gateway.hub.admission.forwarded; empty: off).
+    # Connections from these addresses must start with a PROXY protocol header (v1 or v2),
+    # whose source is then the client (gateway.hub.proxyaccept); from elsewhere, one is refused.
+    proxy_protocol_from: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
+    # Requests on connections from these addresses come from the right-most X-Forwarded-For
+    # entry that is not one of them.
+    forwarded_for_from: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
     hub_max_concurrent_reviews: int = 64
     hub_review_wait: float = 1.0  # seconds a review waits for a slot before 503
     # Long-running requests (watches, logs -f, exec/attach/port-forward) open at once per
@@ -102,3 +111,9 @@ class GatewayConfig:
     join_namespace: str = "hubproxy"  # where the CA Secret and the cluster records are
     join_certificate_lifetime: float = 7 * 86400.0  # seconds
     join_poll_interval: float = 2.0  # how often the records are re-read (revocation)
+    # Kubernetes-format audit (gateway.hub.audittrail): on when a backend is named. The log
+    # path "-" is stdout, where the events then replace the gateway's JSON lines.
+    audit_policy_file: str | None = None  # None: every request at Metadata
+    audit_log_path: str | None = None
+    audit_webhook_config_file: str | None = None  # a kubeconfig naming the webhook
+    audit_webhook: WebhookSettings = field(default_factory=WebhookSettings)

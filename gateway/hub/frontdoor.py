@@ -26,6 +26,11 @@ stream opened, and does not forward ``Expect``. A refused request gets its final
 and the connection is closed if body bytes may still be in flight, so a client never waits for
 a 100 that cannot come, and never sends a large body that nobody reads.
 
+The client is the connection's peer, or, behind a trusted balancer, the address its PROXY
+header gave (``gateway.hub.proxyaccept``) or, behind a trusted TLS-terminating proxy, the
+request's ``X-Forwarded-For`` (``gateway.hub.admission.forwarded``): what admission, the
+failed-authentication limit and the audit trail see.
+
 Timeouts: ``header_timeout`` from the first byte of a request head to its end (408, close),
 ``idle_timeout`` between requests (close) and while a request body stalls (408),
 ``response_header_timeout`` (default 60 s, kube-apiserver's own request timeout) from the end
@@ -43,7 +48,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gateway.hub.admission.auth import UserInfo
 from gateway.hub.admission.chain import Admitted, Refusal, new_request_id, start_admission
+from gateway.hub.admission.forwarded import client_address, source_ips
 from gateway.hub.exchange import SHUTTING_DOWN, Exchange
 from gateway.hub.frontdoor_h2 import FrontDoorHost, H2FrontDoor
 from gateway.wire.http1 import (
@@ -76,11 +83,18 @@ CLOSED = "closed"
 class FrontDoor(asyncio.Protocol):
     """See the module docstring."""
 
-    def __init__(self, gw: FrontDoorHost) -> None:
+    protocol = "h1"
+
+    def __init__(self, gw: FrontDoorHost, client_ip: str | None = None) -> None:
         self.gw = gw
         self.limits = gw.config.limits
         self.transport: Any = None
-        self.client_ip = "unknown"
+        # The connection's client: its peer, or what a trusted balancer's PROXY header said
+        # (gateway.hub.proxyaccept). ``client`` is the current request's (X-Forwarded-For from
+        # a trusted proxy, gateway.hub.admission.forwarded).
+        self.client_ip = client_ip or "unknown"
+        self.peer_ip = "unknown"
+        self.client = self.client_ip
         self.phase = IDLE
         self.buf = bytearray()
         self.exchange: Exchange | None = None
@@ -104,7 +118,9 @@ class FrontDoor(asyncio.Protocol):
         self.transport = transport
         peer = transport.get_extra_info("peername")
         if peer:
-            self.client_ip = str(peer[0])
+            self.peer_ip = str(peer[0])
+            if self.client_ip == "unknown":
+                self.client_ip = self.client = self.peer_ip
         gw = self.gw
         if len(gw.connections) >= self.limits.max_connections or gw.draining:
             gw.metrics.connections_refused += 1
@@ -115,7 +131,7 @@ class FrontDoor(asyncio.Protocol):
         if ssl_object is not None and ssl_object.selected_alpn_protocol() == "h2":
             # The client chose HTTP/2: hand the connection to its own protocol.
             self.phase = CLOSED
-            door = H2FrontDoor(gw, self.client_ip)
+            door = H2FrontDoor(gw, self.client_ip, self.peer_ip)
             transport.set_protocol(door)
             door.connection_made(transport)
             return
@@ -257,11 +273,12 @@ class FrontDoor(asyncio.Protocol):
         self._started = time.monotonic()
         self.phase = ADMITTING
         self._check_buffer()
+        self.client = client_address(self.client_ip, head, self.gw.config.forwarded_for_from)
         try:
-            started = start_admission(self.gw, head, self.client_ip, self.request_id)
+            started = start_admission(self.gw, head, self.client, self.request_id)
         except Refusal as exc:
             self._refuse(exc.status, exc.message, retry_after=exc.retry_after,
-                         extra_headers=exc.extra_headers)
+                         extra_headers=exc.extra_headers, user_info=exc.user_info)
             return
         self._counted = True
         if isinstance(started, Admitted):
@@ -281,7 +298,7 @@ class FrontDoor(asyncio.Protocol):
         exc = task.exception()
         if isinstance(exc, Refusal):
             self._refuse(exc.status, exc.message, retry_after=exc.retry_after,
-                         extra_headers=exc.extra_headers)
+                         extra_headers=exc.extra_headers, user_info=exc.user_info)
             return
         if exc is not None:
             log.error("request %s: admission failed: %s", self.request_id, type(exc).__name__,
@@ -365,8 +382,7 @@ class FrontDoor(asyncio.Protocol):
             exchange.client_gone()
             self.exchange = None
             self.gw.metrics.stream_closed()
-            self._refuse(exc.status, str(exc), close=True, user=exchange.admitted.user,
-                         cluster=exchange.admitted.cluster)
+            self._refuse(exc.status, str(exc), close=True, admitted=exchange.admitted)
             return
         if n:
             exchange.send(data if n == len(data) else memoryview(data)[:n])
@@ -438,8 +454,7 @@ class FrontDoor(asyncio.Protocol):
         self.exchange = None
         self.gw.metrics.stream_closed()
         self._record(exchange.status, exchange.bytes_in, exchange.bytes_out,
-                     user=exchange.admitted.user, cluster=exchange.admitted.cluster,
-                     stream=exchange.streaming)
+                     admitted=exchange.admitted, stream=exchange.streaming)
         self._release()
         if self.phase == CLOSED:
             return
@@ -459,8 +474,7 @@ class FrontDoor(asyncio.Protocol):
         if self.phase == CLOSED:
             self._release()
             return
-        self._refuse(status, message, retry_after=retry_after,
-                     user=exchange.admitted.user, cluster=exchange.admitted.cluster)
+        self._refuse(status, message, retry_after=retry_after, admitted=exchange.admitted)
 
     def another_session(self, cluster: str) -> TunnelSession | None:
         return self.gw.registry.pick(cluster)
@@ -469,7 +483,7 @@ class FrontDoor(asyncio.Protocol):
 
     def _refuse(self, status: int, message: str, *, close: bool = False,
                 retry_after: int | None = None, extra_headers: Any = (),
-                user: str | None = None, cluster: str | None = None) -> None:
+                admitted: Admitted | None = None, user_info: UserInfo | None = None) -> None:
         """Answer the current request with a Status; keep the connection only if it is clean."""
         if self.phase == CLOSED:
             return
@@ -499,7 +513,8 @@ class FrontDoor(asyncio.Protocol):
             head_only=head is not None and head.method == b"HEAD",
         )
         self.transport.write(response)
-        self._record(status, 0, len(response), user=user, cluster=cluster)
+        self._record(status, 0, len(response), admitted=admitted, message=message,
+                     user_info=user_info)
         self._release()
         if close:
             self.close()
@@ -509,6 +524,7 @@ class FrontDoor(asyncio.Protocol):
     def _next_request(self) -> None:
         self.phase = IDLE
         self.head = None
+        self.client = self.client_ip
         self.req_tracker = NO_BODY
         self.resume_reading("buffer")
         self.resume_reading("stream")
@@ -528,21 +544,33 @@ class FrontDoor(asyncio.Protocol):
             self.gw.inflight -= 1
             self.gw.request_released()
 
-    def _record(self, status: int, bytes_in: int, bytes_out: int, *, user: str | None = None,
-                cluster: str | None = None, stream: bool = False) -> None:
-        head = self.head
+    def _record(self, status: int, bytes_in: int, bytes_out: int, *,
+                admitted: Admitted | None = None, stream: bool = False,
+                message: str | None = None, user_info: UserInfo | None = None) -> None:
         self.gw.request_done(
             request_id=self.request_id or new_request_id(),
-            user=user,
-            cluster=cluster,
-            method=head.method if head is not None else None,
-            target=head.target if head is not None else None,
+            head=self.head,
             status=status,
             bytes_in=bytes_in,
             bytes_out=bytes_out,
             duration=time.monotonic() - self._started if self._started else 0.0,
+            admitted=admitted,
             stream=stream,
+            source_ips=self.source_ips,
+            message=message,
+            started=self._started,
+            user_info=user_info,
         )
+
+    @property
+    def source_ips(self) -> tuple[str, ...]:
+        """The request's client, then the proxies it came through."""
+        return source_ips(self.client, self.client_ip, self.peer_ip)
+
+    @property
+    def started(self) -> float:
+        """When the current request's head arrived (monotonic)."""
+        return self._started
 
     def _abandon_exchange(self) -> None:
         """The client side is gone or broken: cancel the stream, account for the request."""
@@ -553,8 +581,7 @@ class FrontDoor(asyncio.Protocol):
         exchange.client_gone()
         self.gw.metrics.stream_closed()
         self._record(exchange.status or 499, exchange.bytes_in, exchange.bytes_out,
-                     user=exchange.admitted.user, cluster=exchange.admitted.cluster,
-                     stream=exchange.streaming)
+                     admitted=exchange.admitted, stream=exchange.streaming)
 
     def close(self) -> None:
         """Close after flushing what was written (never aborts a half-sent response)."""

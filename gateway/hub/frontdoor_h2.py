@@ -45,6 +45,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
+from gateway.hub.admission.auth import UserInfo
 from gateway.hub.admission.chain import (
     AdmissionContext,
     Admitted,
@@ -52,6 +53,7 @@ from gateway.hub.admission.chain import (
     new_request_id,
     start_admission,
 )
+from gateway.hub.admission.forwarded import client_address, source_ips
 from gateway.hub.exchange import SHUTTING_DOWN, Exchange
 from gateway.ops.metrics import GatewayMetrics
 from gateway.wire import h2server
@@ -103,10 +105,12 @@ class FrontDoorHost(AdmissionContext, Protocol):
 
     def audit_stream_start(self, door: Any, exchange: Exchange) -> None: ...
 
-    def request_done(self, *, request_id: str, user: str | None, cluster: str | None,
-                     method: bytes | None, target: bytes | None, status: int, bytes_in: int,
-                     bytes_out: int, duration: float, stream: bool = False,
-                     protocol: str = "h1") -> None: ...
+    def request_done(self, *, request_id: str, head: RequestHead | None, status: int,
+                     bytes_in: int, bytes_out: int, duration: float,
+                     admitted: Admitted | None = None, stream: bool = False,
+                     protocol: str = "h1", source_ips: tuple[str, ...] = (),
+                     message: str | None = None, started: float = 0.0,
+                     user_info: UserInfo | None = None) -> None: ...
 
     def request_released(self) -> None: ...
 
@@ -116,10 +120,11 @@ class H2FrontDoor(asyncio.Protocol):
 
     protocol = "h2"
 
-    def __init__(self, gw: FrontDoorHost, client_ip: str) -> None:
+    def __init__(self, gw: FrontDoorHost, client_ip: str, peer_ip: str | None = None) -> None:
         self.gw = gw
         self.limits = gw.config.limits
-        self.client_ip = client_ip
+        self.client_ip = client_ip  # the connection's client (a PROXY header's, if trusted)
+        self.peer_ip = peer_ip or client_ip  # the connection's own peer
         self.transport: Any = None
         self.max_streams = self.limits.max_h2_streams
         # Inbound heads are checked against RFC 9113 §8.2-8.3 by
@@ -404,6 +409,8 @@ class H2Request:
     10,000-watch goal), so nothing is kept that the rest of the stream does not need (the
     request's header fields go once its tunnel stream is open)."""
 
+    protocol = "h2"
+
     __slots__ = (
         "_counted",
         "_data_ended",
@@ -415,6 +422,7 @@ class H2Request:
         "_timer",
         "_tunnel_paused",
         "body_bytes",
+        "client",
         "client_ended",
         "door",
         "early",
@@ -436,6 +444,7 @@ class H2Request:
         self.gw = door.gw
         self.stream_id = stream_id
         self.request_id = new_request_id()
+        self.client = door.client_ip  # this request's client (see start)
         self.head: RequestHead | None = None
         self.exchange: Exchange | None = None
         self.translator: ResponseTranslator | None = None
@@ -462,11 +471,13 @@ class H2Request:
     def start(self, head: RequestHead, ended: bool) -> None:
         self.head = head
         self.client_ended = ended
+        self.client = client_address(self.door.client_ip, head,
+                                     self.gw.config.forwarded_for_from)
         try:
-            started = start_admission(self.gw, head, self.door.client_ip, self.request_id)
+            started = start_admission(self.gw, head, self.client, self.request_id)
         except Refusal as exc:
             self.refuse(exc.status, exc.message, retry_after=exc.retry_after,
-                        extra_headers=exc.extra_headers)
+                        extra_headers=exc.extra_headers, user_info=exc.user_info)
             return
         self._counted = True
         if isinstance(started, Admitted):
@@ -486,7 +497,7 @@ class H2Request:
             return
         if isinstance(exc, Refusal):
             self.refuse(exc.status, exc.message, retry_after=exc.retry_after,
-                        extra_headers=exc.extra_headers)
+                        extra_headers=exc.extra_headers, user_info=exc.user_info)
         elif exc is not None:
             log.error("request %s: admission failed: %s", self.request_id, type(exc).__name__,
                       exc_info=exc)
@@ -521,7 +532,7 @@ class H2Request:
             exchange.client_gone()
             self.phase = _ADMITTING
             self.refuse(503, f'cluster "{admitted.cluster}" cannot take requests now, retry',
-                        retry_after=1, user=admitted.user, cluster=admitted.cluster)
+                        retry_after=1, admitted=admitted)
             return
         # The fields now live in the OPEN's bytes (admitted.head); from here only the method,
         # target and framing flags are read. An idle watch need not keep the rest (nor the
@@ -609,8 +620,7 @@ class H2Request:
             self.exchange = None
             exchange.client_gone()
             self.gw.metrics.stream_closed()
-            self.refuse(status, message, user=exchange.admitted.user,
-                        cluster=exchange.admitted.cluster)
+            self.refuse(status, message, admitted=exchange.admitted)
         else:
             if self._task is not None:
                 self._task.cancel()
@@ -735,7 +745,7 @@ class H2Request:
             with contextlib.suppress(HTTPError):
                 translator.feed_eof()
         self._record(exchange.status, exchange.bytes_in, exchange.bytes_out,
-                     user=exchange.admitted.user, cluster=exchange.admitted.cluster,
+                     admitted=exchange.admitted,
                      stream=exchange.streaming)
         self._release()
         if translator is None or not translator.complete:
@@ -754,15 +764,14 @@ class H2Request:
             return
         self.exchange = None
         self.gw.metrics.stream_closed()
-        self.refuse(status, message, retry_after=retry_after, user=exchange.admitted.user,
-                    cluster=exchange.admitted.cluster)
+        self.refuse(status, message, retry_after=retry_after, admitted=exchange.admitted)
         self.door.flush_soon()
 
     # --- answering and ending ------------------------------------------------------------------
 
     def refuse(self, status: int, message: str, *, retry_after: int | None = None,
-               extra_headers: Any = (), user: str | None = None,
-               cluster: str | None = None) -> None:
+               extra_headers: Any = (), admitted: Admitted | None = None,
+               user_info: UserInfo | None = None) -> None:
         """Answer this stream with a ``Status``; the connection carries on."""
         if self.phase == _ANSWERED or self.door.closed:
             self._release()
@@ -778,7 +787,8 @@ class H2Request:
                                   extra_headers=extra_headers, head_only=method == b"HEAD")
         self.translator = ResponseTranslator(method)
         self.write(response)
-        self._record(status, 0, len(response), user=user, cluster=cluster)
+        self._record(status, 0, len(response), admitted=admitted, message=message,
+                     user_info=user_info)
         self._release()
         self._finished = True
         self._acknowledge_all()
@@ -830,7 +840,7 @@ class H2Request:
             exchange.client_gone()
             self.gw.metrics.stream_closed()
             self._record(exchange.status or 499, exchange.bytes_in, exchange.bytes_out,
-                         user=exchange.admitted.user, cluster=exchange.admitted.cluster,
+                         admitted=exchange.admitted,
                          stream=exchange.streaming)
         self._release()
 
@@ -852,13 +862,23 @@ class H2Request:
             self.gw.inflight -= 1
             self.gw.request_released()
 
-    def _record(self, status: int, bytes_in: int, bytes_out: int, *, user: str | None = None,
-                cluster: str | None = None, stream: bool = False) -> None:
-        head = self.head
+    def _record(self, status: int, bytes_in: int, bytes_out: int, *,
+                admitted: Admitted | None = None, stream: bool = False,
+                message: str | None = None, user_info: UserInfo | None = None) -> None:
         self.gw.request_done(
-            request_id=self.request_id, user=user, cluster=cluster,
-            method=head.method if head is not None else None,
-            target=head.target if head is not None else None,
-            status=status, bytes_in=bytes_in, bytes_out=bytes_out,
-            duration=time.monotonic() - self._started, stream=stream, protocol="h2",
+            request_id=self.request_id, head=self.head, status=status, bytes_in=bytes_in,
+            bytes_out=bytes_out, duration=time.monotonic() - self._started, admitted=admitted,
+            stream=stream, protocol="h2", source_ips=self.source_ips, message=message,
+            started=self._started, user_info=user_info,
         )
+
+    @property
+    def source_ips(self) -> tuple[str, ...]:
+        """The request's client, then the proxies it came through."""
+        door = self.door
+        return source_ips(self.client, door.client_ip, door.peer_ip)
+
+    @property
+    def started(self) -> float:
+        """When the request's HEADERS arrived (monotonic)."""
+        return self._started

@@ -45,6 +45,7 @@ from gateway.ops.flags import (
     positive_int,
     tunnel_liveness,
 )
+from gateway.ops.k8saudit.backends import WebhookSettings
 from gateway.ops.metricslink import MetricsLink, PeerSnapshots, SnapshotSender
 from gateway.ops.rlimits import raise_open_file_limit
 from gateway.wire.http1 import Limits
@@ -155,6 +156,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     hub.add_argument("--auth-failure-burst", type=positive_int, default=20, metavar="N",
                      help="failed authentications a client address may make in a burst before "
                      "--auth-failure-rate applies (default: %(default)s)")
+    edge = parser.add_argument_group(
+        "the real client behind a load balancer or an ingress (both off by default: the "
+        "connection's address is the client)")
+    edge.add_argument("--proxy-protocol-from", action="append", default=[], metavar="CIDR",
+                      help="load balancers that send the PROXY protocol (v1 or v2; HAProxy "
+                      "send-proxy-v2, AWS NLB proxy protocol v2, ...): a connection from these "
+                      "addresses must start with a PROXY header, read before TLS, and its "
+                      "source address is the client for the failed-authentication limit, the "
+                      "audit trail and the X-Forwarded-For sent on; a LOCAL or UNKNOWN header "
+                      "keeps the balancer's address. A connection from there without a valid "
+                      "header (within --header-timeout), or from anywhere else with one, is "
+                      "closed before TLS. "
+                      "Repeatable, or comma-separated")
+    edge.add_argument("--forwarded-for-from", action="append", default=[], metavar="CIDR",
+                      help="proxies that terminate TLS in front of the gateway and append the "
+                      "client to X-Forwarded-For (an ingress): on connections from these "
+                      "addresses the client is the right-most X-Forwarded-For entry that is not "
+                      "one of them (what a client writes further left is ignored). Repeatable, "
+                      "or comma-separated")
     hub.add_argument("--hub-max-concurrent-reviews", type=positive_int, default=64, metavar="N",
                      help="TokenReview and SubjectAccessReview calls to the hub in flight at "
                      "once, per gateway process (identical ones are coalesced; default: "
@@ -293,6 +313,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      "connection, so keep-alive clients reconnect elsewhere (default: 0s; "
                      "deploy/hub uses 5s). Then --shutdown-timeout applies")
     add_tunnel_liveness_arguments(parser, "agent")
+    add_audit_arguments(parser)
     parser.add_argument("--log-level", default="info",
                         choices=("debug", "info", "warning", "error"),
                         help="log level of diagnostics on stderr (default: %(default)s); the "
@@ -317,6 +338,76 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       "removed cluster's sessions close within about this long (default: 2s)")
     clusterprofile.add_arguments(parser)
     ocm.add_arguments(parser)
+
+
+def add_audit_arguments(parser: argparse.ArgumentParser) -> None:
+    webhook = WebhookSettings()
+    kube = parser.add_argument_group(
+        "Kubernetes-format audit (opt-in; the gateway's own JSON line per request stays on "
+        "stdout unless --audit-log-path is -)")
+    kube.add_argument("--audit-log-path", metavar="PATH",
+                      help="write an audit.k8s.io/v1 Event per request stage to PATH, one JSON "
+                      "object per line, appended (as kube-apiserver's --audit-log-path with "
+                      "--audit-log-format=json; rotate with copytruncate); '-': stdout, instead "
+                      "of the gateway's JSON lines")
+    kube.add_argument("--audit-webhook-config-file", metavar="FILE",
+                      help="post the Events to a webhook, as kube-apiserver's flag of that "
+                      "name: a kubeconfig whose current cluster's server is the URL (its CA "
+                      "verifies it) and whose user authenticates the gateway (token, token file, "
+                      "client certificate or exec plugin); an audit.k8s.io/v1 EventList per "
+                      "batch")
+    kube.add_argument("--audit-policy-file", metavar="FILE",
+                      help="which requests are audited: an audit.k8s.io/v1 Policy whose rules "
+                      "have a level (None or Metadata) and may list users, userGroups, verbs "
+                      "and clusters (hubproxy's own); the first matching rule wins, no match is "
+                      "None. Anything else in a rule is refused at start. Default: every "
+                      "request at Metadata. Never a token, never a body")
+    kube.add_argument("--audit-webhook-batch-max-size", type=positive_int,
+                      default=webhook.batch_max_size, metavar="N",
+                      help="events per EventList at most (default: %(default)s)")
+    kube.add_argument("--audit-webhook-batch-max-wait", type=_duration,
+                      default=webhook.batch_max_wait, metavar="DURATION",
+                      help="how long a batch waits to fill before it is sent (default: "
+                      f"{webhook.batch_max_wait:g}s)")
+    kube.add_argument("--audit-webhook-batch-buffer-size", type=positive_int,
+                      default=webhook.buffer_size, metavar="N",
+                      help="events held while the webhook is slow or down; past it, events "
+                      "are dropped and counted in hubproxy_audit_events_dropped_total, never "
+                      "making a request wait (default: %(default)s)")
+    kube.add_argument("--audit-webhook-initial-backoff", type=_duration,
+                      default=webhook.initial_backoff, metavar="DURATION",
+                      help="wait before a failed batch (connection error, 429, 5xx) is sent "
+                      f"again, 1.5 times longer each time, {webhook.max_attempts} attempts in "
+                      f"all (default: {webhook.initial_backoff:g}s)")
+
+
+def _audit_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The Kubernetes-audit part of the config; ValueError if a file is missing or the
+    policy cannot be used (said at start, not at the first request)."""
+    from gateway.ops.k8saudit.policy import PolicyError, load_policy
+
+    for flag, path in (("--audit-policy-file", args.audit_policy_file),
+                       ("--audit-webhook-config-file", args.audit_webhook_config_file)):
+        if path and not os.path.isfile(path):
+            raise ValueError(f"{flag} {path}: no such file")
+    if args.audit_policy_file:
+        if not (args.audit_log_path or args.audit_webhook_config_file):
+            raise ValueError("--audit-policy-file needs --audit-log-path or "
+                             "--audit-webhook-config-file (where the events go)")
+        try:
+            load_policy(args.audit_policy_file)
+        except PolicyError as exc:
+            raise ValueError(f"--audit-policy-file {args.audit_policy_file}: {exc}") from None
+    return {
+        "audit_policy_file": args.audit_policy_file or None,
+        "audit_log_path": args.audit_log_path or None,
+        "audit_webhook_config_file": args.audit_webhook_config_file or None,
+        "audit_webhook": WebhookSettings(
+            batch_max_size=args.audit_webhook_batch_max_size,
+            batch_max_wait=args.audit_webhook_batch_max_wait,
+            buffer_size=args.audit_webhook_batch_buffer_size,
+            initial_backoff=args.audit_webhook_initial_backoff),
+    }
 
 
 def _own_namespace() -> str:
@@ -344,6 +435,10 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         validate_prefix(args.identity_prefix)
     except IdentityError as exc:
         raise ValueError(f"--identity-prefix: {exc}") from None
+    from gateway.hub.admission.forwarded import parse_networks
+
+    proxy_protocol_from = parse_networks(args.proxy_protocol_from, "--proxy-protocol-from")
+    forwarded_for_from = parse_networks(args.forwarded_for_from, "--forwarded-for-from")
     if args.fair_hand_size > args.fair_queues:
         raise ValueError(f"--fair-hand-size {args.fair_hand_size} is more than --fair-queues "
                          f"{args.fair_queues}")
@@ -384,6 +479,8 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         token_passthrough=bool(args.token_passthrough),
         auth_failure_rate=args.auth_failure_rate,
         auth_failure_burst=args.auth_failure_burst,
+        proxy_protocol_from=proxy_protocol_from,
+        forwarded_for_from=forwarded_for_from,
         hub_max_concurrent_reviews=args.hub_max_concurrent_reviews,
         hub_review_wait=args.hub_review_wait,
         max_streams_per_identity=args.max_streams_per_identity,
@@ -411,6 +508,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         join_namespace=args.join_namespace,
         join_certificate_lifetime=args.join_certificate_lifetime,
         join_poll_interval=args.join_poll_interval,
+        **_audit_settings(args),
     )
 
 

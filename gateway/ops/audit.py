@@ -140,6 +140,7 @@ class AuditWriter:
         self.max_write = ATOMIC_WRITE if atomic else 0
         self._pending: list[str] = []
         self._scheduled = False
+        self.lost = 0  # lines a failed write lost
 
     def write(self, line: str) -> None:
         self._pending.append(line)
@@ -163,6 +164,7 @@ class AuditWriter:
                 self.stream.write(chunk)
                 self.stream.flush()
         except (OSError, ValueError) as exc:  # a closed or broken stream: say so once per batch
+            self.lost += len(lines)
             logger.error("cannot write %d audit lines: %s", len(lines), exc)
 
     def _chunks(self, lines: list[str]) -> list[str]:

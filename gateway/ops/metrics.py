@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.ops.k8saudit.backends import DROP_REASONS
+
 OTHER_CLUSTER = "_other"
 
 # Request duration buckets (seconds): short requests live in the first ten; watches and streams
@@ -93,6 +95,9 @@ class GatewayMetrics:
     h2_streams_count: int = 0
     h2_protocol_errors: int = 0  # h2 connections ended by a protocol error (GOAWAY)
     h2_calmed: int = 0  # h2 connections ended for abuse (ENHANCE_YOUR_CALM)
+    # Front-door connections refused before TLS by --proxy-protocol-from, by reason
+    # (gateway.hub.proxyaccept.REFUSAL_REASONS).
+    proxy_protocol_refused: Counter[str] = field(default_factory=Counter)
     # Live values read at scrape time.
     connected_agents: Callable[[], int] = lambda: 0
     cluster_names: Callable[[], Iterable[str]] = lambda: ()
@@ -126,6 +131,13 @@ class GatewayMetrics:
     agent_certificates: Callable[[list[dict[str, Any]]], dict[str, float]] = lambda parts: {}
     # Fair queuing of short requests (gateway.hub.admission.seats.Seats.snapshot); {}: off.
     fairness: Callable[[], dict[str, Any]] = dict
+    # Kubernetes-format audit (gateway.hub.audittrail): events per backend, and the events
+    # lost as "backend/reason"; {} when off.
+    audit_events: Callable[[], dict[str, int]] = dict
+    audit_dropped: Callable[[], dict[str, int]] = dict
+
+    def proxy_refused(self, reason: str) -> None:
+        self.proxy_protocol_refused[reason] += 1
 
     def stream_opened(self) -> None:
         self.active_streams += 1
@@ -175,6 +187,9 @@ class GatewayMetrics:
             "h2_streams_count": self.h2_streams_count,
             "h2_protocol_errors": self.h2_protocol_errors,
             "h2_calmed": self.h2_calmed,
+            "proxy_protocol_refused": dict(self.proxy_protocol_refused),
+            "audit_events": self.audit_events(),
+            "audit_dropped": self.audit_dropped(),
             "connected_agents": self.connected_agents(),
             "clusters": sorted(self.cluster_names()),
             "client_connections": self.client_connections(),
@@ -223,6 +238,9 @@ def merge(snapshots: Iterable[dict[str, Any]]) -> dict[str, Any]:
     hub_latency: dict[str, Histogram] = {}
     hub_calls: Counter[tuple[str, str]] = Counter()
     fleet_parts: list[dict[str, Any]] = []
+    proxy_refused: Counter[str] = Counter()
+    audit_events: Counter[str] = Counter()
+    audit_dropped: Counter[str] = Counter()
     for snap in snapshots_seen:
         for key in SUMMED:
             value = snap.get(key, 0)
@@ -243,6 +261,12 @@ def merge(snapshots: Iterable[dict[str, Any]]) -> dict[str, Any]:
         for call, outcome, count in snap.get("hub_calls", ()):
             hub_calls[(str(call), str(outcome))] += int(count)
         fleet_parts.append(snap.get("fleet") or {})
+        for reason, count in (snap.get("proxy_protocol_refused") or {}).items():
+            proxy_refused[str(reason)] += int(count)
+        for backend, count in (snap.get("audit_events") or {}).items():
+            audit_events[str(backend)] += int(count)
+        for key, count in (snap.get("audit_dropped") or {}).items():
+            audit_dropped[str(key)] += int(count)
     total["requests"] = requests
     total["connected_clusters"] = len(clusters)
     total.update(_merge_certificates(snapshots_seen))
@@ -250,6 +274,9 @@ def merge(snapshots: Iterable[dict[str, Any]]) -> dict[str, Any]:
     total["hub_latency"] = hub_latency
     total["hub_calls"] = hub_calls
     total["fleet_parts"] = fleet_parts
+    total["proxy_protocol_refused"] = proxy_refused
+    total["audit_events"] = audit_events
+    total["audit_dropped"] = audit_dropped
     total["fairness"] = _merge_fairness(snap.get("fairness") or {} for snap in snapshots_seen)
     return total
 
@@ -401,6 +428,7 @@ def render(m: dict[str, Any]) -> bytes:
         "shutdown).",
         "# TYPE hubproxy_client_connections_refused_total counter",
         f"hubproxy_client_connections_refused_total {m['connections_refused']}",
+        *_proxy_protocol_lines(m),
         "# HELP hubproxy_auth_cache_hits_total Token authentications answered from the "
         "cache (or coalesced).",
         "# TYPE hubproxy_auth_cache_hits_total counter",
@@ -426,7 +454,49 @@ def render(m: dict[str, Any]) -> bytes:
     ]
     lines += _latency_lines(m)
     lines += _fairness_lines(m)
+    lines += _audit_lines(m)
     return ("\n".join(lines) + "\n").encode("ascii")
+
+
+def _proxy_protocol_lines(m: dict[str, Any]) -> list[str]:
+    refused = m.get("proxy_protocol_refused") or {}
+    if not refused:
+        return []  # --proxy-protocol-from off, or nothing refused yet
+    lines = [
+        "# HELP hubproxy_proxy_protocol_refused_total Front-door connections closed before TLS "
+        "by --proxy-protocol-from, by reason (missing, malformed, oversized: from a trusted "
+        "balancer without a valid PROXY header; untrusted: a header from another address; "
+        "timeout; closed; busy).",
+        "# TYPE hubproxy_proxy_protocol_refused_total counter",
+    ]
+    for reason, count in sorted(refused.items()):
+        lines.append(f'hubproxy_proxy_protocol_refused_total{{reason="{_escape(reason)}"}} '
+                     f'{count}')
+    return lines
+
+
+def _audit_lines(m: dict[str, Any]) -> list[str]:
+    events = m.get("audit_events") or {}
+    if not events:
+        return []  # Kubernetes-format audit off
+    lines = [
+        "# HELP hubproxy_audit_events_total Kubernetes-format audit events written (log) or "
+        "delivered (webhook), by backend.",
+        "# TYPE hubproxy_audit_events_total counter",
+        *(f'hubproxy_audit_events_total{{backend="{_escape(b)}"}} {n}'
+          for b, n in sorted(events.items())),
+        "# HELP hubproxy_audit_events_dropped_total Kubernetes-format audit events lost, by "
+        "backend and reason (buffer_full: the webhook was too slow or down for the buffer; "
+        "send_failed: every attempt failed; rejected: the webhook answered 4xx; shutdown; "
+        "write_failed: the log could not be written).",
+        "# TYPE hubproxy_audit_events_dropped_total counter",
+    ]
+    dropped = m.get("audit_dropped") or {}
+    for backend in sorted(events):
+        for reason in DROP_REASONS.get(backend, ()):
+            lines.append(f'hubproxy_audit_events_dropped_total{{backend="{_escape(backend)}",'
+                         f'reason="{reason}"}} {dropped.get(f"{backend}/{reason}", 0)}')
+    return lines
 
 
 def _latency_lines(m: dict[str, Any]) -> list[str]:

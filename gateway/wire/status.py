@@ -100,6 +100,12 @@ def _scrub(message: str) -> str:
     return message
 
 
+def scrub(text: str) -> str:
+    """``text`` made safe to log or show: control characters replaced, anything shaped like a
+    bearer token or a JWT redacted, at most ``MAX_MESSAGE`` characters."""
+    return _scrub(text)
+
+
 def status_object(
     code: int, message: str, *, reason: str | None = None, retry_after: int | None = None
 ) -> dict[str, object]:

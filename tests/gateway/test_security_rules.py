@@ -160,7 +160,7 @@ async def test_rule5_tokens_never_in_logs_metrics_errors(tls, caplog) -> None:  
     caplog.set_level(logging.DEBUG)
     secret_query = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJ4In0.c2lnbmF0dXJl"
     async with running(tls) as h:
-        h.gateway._audit = True
+        h.gateway.audit_trail.lines = True
         h.connect_cluster("c1")
         responses = [
             await h.exchange(get(f"/c1/api?access_token={secret_query}", close=True)),
@@ -260,7 +260,7 @@ async def test_rule7_slow_client_does_not_stall_others(tls) -> None:  # noqa: F8
 
 async def test_rule5_audit_lines_for_requests_and_streams(gw: Harness, caplog) -> None:
     caplog.set_level(logging.INFO, logger="hubproxy.audit")
-    gw.gateway._audit = True
+    gw.gateway.audit_trail.lines = True
     await gw.exchange(get("/c1/api/v1/pods?watch=1&token=abc", close=True))
     events = [json.loads(r.getMessage()) for r in caplog.records if r.name == "hubproxy.audit"]
     assert [e["event"] for e in events] == ["stream_start", "stream_end"]

@@ -13,7 +13,7 @@ import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from tests.support import LOOPBACK, BackgroundProcess, ProcessGroup, free_port, wait_for_port
 
@@ -70,3 +70,39 @@ def start_haproxy(group: ProcessGroup, root: Path, servers: list[Backend]
     wait_for_port(front, timeout=10)
     wait_for_port(tunnel, timeout=10)
     return process, front, tunnel
+
+
+def front_proxy_config(listen: int, server: int, *, send_proxy: bool = False,
+                       tls: tuple[Path, Path] | None = None) -> str:
+    """One HAProxy in front of one gateway's front door.
+
+    TCP mode (the default): bytes pass through, TLS is the gateway's; with ``send_proxy`` each
+    connection to the gateway starts with a PROXY v2 header naming the client. With ``tls``
+    (the PEM of a serving certificate and key, and the CA that verifies the gateway): HTTP mode,
+    TLS terminated and made again towards the gateway, the client appended to
+    X-Forwarded-For (``option forwardfor``), as an ingress does.
+    """
+    lines = ["global", "  maxconn 1024", "defaults", "  timeout connect 2s",
+             "  timeout client 30s", "  timeout server 30s"]
+    if tls is None:
+        lines += ["  mode tcp", "frontend front", f"  bind {LOOPBACK}:{listen}",
+                  "  default_backend gateway", "backend gateway",
+                  f"  server g0 {LOOPBACK}:{server}" + (" send-proxy-v2" if send_proxy else "")]
+    else:
+        pem, ca = tls
+        lines += ["  mode http", "frontend front", f"  bind {LOOPBACK}:{listen} ssl crt {pem}",
+                  "  option forwardfor", "  default_backend gateway", "backend gateway",
+                  f"  server g0 {LOOPBACK}:{server} ssl verify required ca-file {ca} "
+                  "sni str(localhost)"]
+    return "\n".join(lines) + "\n"
+
+
+def start_front_proxy(group: ProcessGroup, root: Path, server: int, **options: Any
+                      ) -> tuple[BackgroundProcess, int]:
+    """HAProxy (:func:`front_proxy_config`) in the foreground; returns it and its port."""
+    listen = free_port()
+    path = root / f"front-proxy-{listen}.cfg"
+    path.write_text(front_proxy_config(listen, server, **options))
+    process = group.start([HAPROXY, "-db", "-f", str(path)])
+    wait_for_port(listen, timeout=10)
+    return process, listen

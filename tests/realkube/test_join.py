@@ -75,7 +75,10 @@ def cluster_cmd(fleet: Fleet, *args: str, check: bool = True) -> subprocess.Comp
 
 def add_cluster(fleet: Fleet, name: str, port: int, *extra: str) -> tuple[str, str]:
     """(manifests, token) printed by `cluster add`."""
-    out = cluster_cmd(fleet, "add", name, "--hub", f"{LOOPBACK}:{port}", *extra).stdout
+    # The managed cluster is where the agent's profile is checked (deploy/agent's: legacy).
+    out = cluster_cmd(fleet, "add", name, "--hub", f"{LOOPBACK}:{port}", "--managed-kubeconfig",
+                      str(fleet.managed.admin_kubeconfig), "--managed-context", "cluster1",
+                      *extra).stdout
     secret = next(d for d in _docs(out) if d["kind"] == "Secret")
     return out, secret["stringData"]["join-token"]
 

@@ -93,6 +93,13 @@ class Refusal(Exception):
         self.message = message
         self.retry_after = retry_after
         self.extra_headers = extra_headers
+        # The hub user, when the refusal came after authentication (for the audit trail).
+        self.user_info: UserInfo | None = None
+
+    def of(self, user: UserInfo | None) -> Refusal:
+        """This refusal, as one of ``user``'s requests."""
+        self.user_info = user
+        return self
 
 
 class ClusterSessions(Protocol):
@@ -151,6 +158,11 @@ class Admitted:
     flow: str = ""
     # Its seat once the fair queuing gave it one; released when the exchange ends.
     seat: Seat | None = None
+    # For the audit trail (gateway.hub.audittrail): the hub user as the hub described it (None
+    # with passthrough), and the client's User-Agent (the head's fields are dropped once the
+    # request is forwarded). Admission refused the request if its token was in there.
+    user_info: UserInfo | None = None
+    user_agent: bytes = b""
 
     def release(self) -> None:
         """Give back what the request holds (its stream slot or its seat); idempotent."""
@@ -221,7 +233,10 @@ def admit_cached(gw: AdmissionContext, head: RequestHead, prepared: Prepared, re
     if user is None or not gw.authorizer.allowed_cached(user, prepared.route.cluster):
         return None
     gw.metrics.auth_lookups += 1
-    return _admitted(gw, head, prepared, user, request_id)
+    try:
+        return _admitted(gw, head, prepared, user, request_id)
+    except Refusal as exc:
+        raise exc.of(user) from None
 
 
 async def admit(gw: AdmissionContext, head: RequestHead, client_ip: str, request_id: str,
@@ -250,11 +265,14 @@ async def admit(gw: AdmissionContext, head: RequestHead, client_ip: str, request
     try:
         await gw.authorizer.authorize(user, prepared.route.cluster)
     except NotAuthorized as exc:
-        raise Refusal(403, str(exc)) from None
+        raise Refusal(403, str(exc)).of(user) from None
     except AuthUnavailable:
         raise Refusal(503, "hub authorization is unavailable, retry later",
-                      retry_after=5) from None
-    return _admitted(gw, head, prepared, user, request_id)
+                      retry_after=5).of(user) from None
+    try:
+        return _admitted(gw, head, prepared, user, request_id)
+    except Refusal as exc:
+        raise exc.of(user) from None
 
 
 def cluster_unavailable(gw: AdmissionContext, cluster: str) -> Refusal:
@@ -331,7 +349,8 @@ def _admitted(gw: AdmissionContext, head: RequestHead, prepared: Prepared,
             recheck = Recheck(prepared.token, user, cluster,
                               exec_like=path.endswith((b"/exec", b"/attach")))
     return Admitted(cluster, session, target, metadata, head_bytes,
-                    "" if user is None else user.username, prepared.upgrade, slot, recheck, flow)
+                    "" if user is None else user.username, prepared.upgrade, slot, recheck, flow,
+                    user_info=user, user_agent=head.get(b"user-agent") or b"")
 
 
 def start_admission(gw: AdmissionContext, head: RequestHead, client_ip: str, request_id: str
@@ -388,7 +407,8 @@ def _take_seat(gw: AdmissionContext, admitted: Admitted) -> asyncio.Future[Seat]
     try:
         seat = seats.take(admitted.flow)
     except SeatRefused as exc:
-        raise Refusal(429, str(exc), retry_after=exc.retry_after) from None
+        raise Refusal(429, str(exc), retry_after=exc.retry_after).of(admitted.user_info) \
+            from None
     if isinstance(seat, Seat):
         admitted.seat = seat
         return None
@@ -400,7 +420,8 @@ async def _wait_for_seat(gw: AdmissionContext, admitted: Admitted,
     try:
         seat = await waiting
     except SeatRefused as exc:
-        raise Refusal(429, str(exc), retry_after=exc.retry_after) from None
+        raise Refusal(429, str(exc), retry_after=exc.retry_after).of(admitted.user_info) \
+            from None
     except asyncio.CancelledError:
         # Cancelled just after the seat was granted: give it back, or it leaks.
         if waiting.done() and not waiting.cancelled() and waiting.exception() is None:
@@ -411,6 +432,6 @@ async def _wait_for_seat(gw: AdmissionContext, admitted: Admitted,
     session = gw.registry.pick(admitted.cluster)
     if session is None:
         seat.release()
-        raise cluster_unavailable(gw, admitted.cluster)
+        raise cluster_unavailable(gw, admitted.cluster).of(admitted.user_info)
     admitted.session = session
     return admitted

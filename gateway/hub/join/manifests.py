@@ -10,10 +10,18 @@ with what a join changes:
 * a Role lets the agent's ServiceAccount get and update **that one Secret** (resourceNames),
   nothing else in the namespace;
 * the agent's certificate files live in a memory-backed emptyDir it writes itself.
+
+The impersonation ClusterRole is one of the agent's two profiles (``IMPERSONATION_RULES``):
+``legacy`` (deploy/agent/rbac.yaml, the default, as deploy/agent) or ``read-only``
+(deploy/agent/profiles/read-only: constrained impersonation, reads only). Both name the
+ClusterRole ``hubproxy-agent-impersonator``, so applying one replaces the other:
+:func:`profile_of` says which one a cluster's ClusterRole is, for ``cluster add`` to refuse
+that without ``--force``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import yaml
@@ -24,11 +32,50 @@ CREDENTIALS = "hubproxy-agent-credentials"
 TLS_DIR = "/var/run/hubproxy/agent-tls"
 DEFAULT_IMAGE = "ghcr.io/hubproxy/hubproxy:0.1.0"
 _LABELS = {"app.kubernetes.io/name": "hubproxy-agent", "app.kubernetes.io/part-of": "hubproxy"}
+IMPERSONATOR = "hubproxy-agent-impersonator"  # the ClusterRole (and binding) of every profile
+
+LEGACY = "legacy"
+READ_ONLY = "read-only"
+# The rules of each profile's ClusterRole, as deploy/agent/rbac.yaml and
+# deploy/agent/profiles/read-only/rbac.yaml write them (tests check that they do not drift).
+IMPERSONATION_RULES: dict[str, list[dict[str, Any]]] = {
+    LEGACY: [
+        {"apiGroups": [""], "resources": ["users", "groups"], "verbs": ["impersonate"]},
+        {"apiGroups": ["authentication.k8s.io"], "resources": ["*"], "verbs": ["impersonate"]},
+    ],
+    READ_ONLY: [
+        {"apiGroups": ["authentication.k8s.io"], "resources": ["*"],
+         "verbs": ["impersonate:user-info"]},
+        {"apiGroups": ["*"], "resources": ["*"],
+         "verbs": ["impersonate-on:user-info:get", "impersonate-on:user-info:list",
+                   "impersonate-on:user-info:watch"]},
+        {"nonResourceURLs": ["*"], "verbs": ["impersonate-on:user-info:get"]},
+    ],
+}
+PROFILES = tuple(IMPERSONATION_RULES)
+DEFAULT_PROFILE = LEGACY  # what deploy/agent uses
+_RULE_LISTS = ("apiGroups", "resources", "resourceNames", "nonResourceURLs", "verbs")
+
+
+def _canonical(rules: Iterable[Mapping[str, Any]]) -> frozenset[tuple[tuple[str, ...], ...]]:
+    """Rules compared as RBAC reads them: order of rules and of values does not matter, an
+    empty list is no list."""
+    return frozenset(tuple(tuple(sorted(rule.get(key) or ())) for key in _RULE_LISTS)
+                     for rule in rules)
+
+
+_CANONICAL = {name: _canonical(rules) for name, rules in IMPERSONATION_RULES.items()}
+
+
+def profile_of(rules: Iterable[Mapping[str, Any]]) -> str | None:
+    """The profile whose ClusterRole has exactly these rules; None for any other rules."""
+    found = _canonical(rules)
+    return next((name for name, canonical in _CANONICAL.items() if canonical == found), None)
 
 
 def agent_manifests(*, cluster: str, hub: str, token: str, hub_ca_pem: str,
                     image: str = DEFAULT_IMAGE, hub_server_name: str | None = None,
-                    replicas: int = 2) -> list[dict[str, Any]]:
+                    replicas: int = 2, profile: str = DEFAULT_PROFILE) -> list[dict[str, Any]]:
     meta = {"namespace": NAMESPACE, "labels": dict(_LABELS)}
     env = [
         {"name": "HUBPROXY_HUB", "value": hub},
@@ -49,15 +96,13 @@ def agent_manifests(*, cluster: str, hub: str, token: str, hub_ca_pem: str,
         {"apiVersion": "v1", "kind": "ServiceAccount", "automountServiceAccountToken": True,
          "metadata": {"name": ACCOUNT, **meta}},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-         "metadata": {"name": "hubproxy-agent-impersonator", "labels": dict(_LABELS)},
-         "rules": [{"apiGroups": [""], "resources": ["users", "groups"],
-                    "verbs": ["impersonate"]},
-                   {"apiGroups": ["authentication.k8s.io"], "resources": ["*"],
-                    "verbs": ["impersonate"]}]},
+         "metadata": {"name": IMPERSONATOR, "labels": dict(_LABELS)},
+         "rules": [{key: list(values) for key, values in rule.items()}
+                   for rule in IMPERSONATION_RULES[profile]]},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-         "metadata": {"name": "hubproxy-agent-impersonator", "labels": dict(_LABELS)},
+         "metadata": {"name": IMPERSONATOR, "labels": dict(_LABELS)},
          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                     "name": "hubproxy-agent-impersonator"},
+                     "name": IMPERSONATOR},
          "subjects": [{"kind": "ServiceAccount", "name": ACCOUNT, "namespace": NAMESPACE}]},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
          "metadata": {"name": "hubproxy-agent-credentials", **meta},

@@ -296,7 +296,7 @@ async def test_watch_is_audited_with_its_protocol(gw: Harness, client: H2Client,
 
     gw.connect_cluster("w", watch_agent)
     caplog.set_level(logging.INFO, logger="hubproxy.audit")
-    gw.gateway._audit = True
+    gw.gateway.audit_trail.lines = True
     sid = client.start("/w/api/v1/pods?watch=1", token=HUB_TOKEN)
     await client.wait(sid, lambda r: bytes(r.body) == b'{"type":1}\n')
     live = gw.gateway.metrics.render().decode()

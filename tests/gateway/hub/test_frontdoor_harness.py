@@ -389,8 +389,8 @@ def make_config(**overrides: Any) -> GatewayConfig:
 
 
 @contextlib.asynccontextmanager
-async def running(tls: Tls, *, authorizer: Any = None, **overrides: Any
-                  ) -> AsyncIterator[Harness]:
+async def running(tls: Tls, *, authorizer: Any = None, audit_trail: Any = None,
+                  **overrides: Any) -> AsyncIterator[Harness]:
     config = make_config(**overrides)
     registry = FakeRegistry()
     reviewer = StubReviewer()
@@ -402,7 +402,7 @@ async def running(tls: Tls, *, authorizer: Any = None, **overrides: Any
 
     gateway = Gateway(config, authenticator=authenticator,
                       authorizer=authorizer or NoAuthorizer(), registry=registry,
-                      front_ssl=tls.server, hub_probe=probe)
+                      front_ssl=tls.server, hub_probe=probe, audit_trail=audit_trail)
     await gateway.start()
     harness = Harness(gateway, registry, reviewer, tls)
     try:

@@ -292,3 +292,50 @@ def test_http2_flags(pki: Path) -> None:
     config = config_from_args(parser.parse_args(["gateway", *base_flags(pki)]))
     assert not config.limits.http2 and config.limits.max_h2_streams == 32
     assert front_alpn(config) == ["http/1.1"]
+
+
+def test_real_client_and_kubernetes_audit_flags(pki: Path, tmp_path: Path) -> None:
+    import ipaddress
+
+    parser = build_parser()
+    default = config_from_args(parser.parse_args(["gateway", *base_flags(pki)]))
+    assert default.proxy_protocol_from == () and default.forwarded_for_from == ()
+    assert default.audit_log_path is None and default.audit_webhook_config_file is None
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("rules: [{level: None, users: [bob]}, {level: Metadata}]\n")
+    apply_environment(parser, {
+        "HUBPROXY_PROXY_PROTOCOL_FROM": "10.0.0.0/8,192.0.2.7",
+        "HUBPROXY_FORWARDED_FOR_FROM": "2001:db8::/64",
+        "HUBPROXY_AUDIT_LOG_PATH": str(tmp_path / "audit.log"),
+        "HUBPROXY_AUDIT_POLICY_FILE": str(policy),
+        "HUBPROXY_AUDIT_WEBHOOK_BATCH_MAX_WAIT": "250ms",
+        "HUBPROXY_AUDIT_WEBHOOK_BATCH_BUFFER_SIZE": "50",
+    })
+    config = config_from_args(parser.parse_args(["gateway", *base_flags(pki)]))
+    assert config.proxy_protocol_from == (ipaddress.ip_network("10.0.0.0/8"),
+                                          ipaddress.ip_network("192.0.2.7/32"))
+    assert config.forwarded_for_from == (ipaddress.ip_network("2001:db8::/64"),)
+    assert config.audit_log_path == str(tmp_path / "audit.log")
+    assert config.audit_webhook.batch_max_wait == 0.25
+    assert config.audit_webhook.buffer_size == 50
+    assert config.audit_webhook.batch_max_size == 400  # kube-apiserver's default
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--proxy-protocol-from", "10.0.0.0/33"], "--proxy-protocol-from '10.0.0.0/33': not an"),
+    (["--forwarded-for-from", "ingress"], "--forwarded-for-from 'ingress'"),
+    (["--audit-log-path", "x.log", "--audit-policy-file", "POLICY"],
+     "rules[0]: level 'RequestResponse' is not supported"),
+    (["--audit-policy-file", "POLICY"], "--audit-policy-file needs --audit-log-path or"),
+    (["--audit-webhook-config-file", "/nonexistent/kubeconfig"],
+     "--audit-webhook-config-file /nonexistent/kubeconfig: no such file"),
+])
+def test_bad_real_client_or_audit_flags_stop_the_start(pki: Path, tmp_path: Path,
+                                                       flags: list[str], message: str) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("rules: [{level: RequestResponse}]\n")
+    flags = [str(policy) if flag == "POLICY" else flag for flag in flags]
+    out = subprocess.run([*CMD, *base_flags(pki), *flags], capture_output=True, text=True,
+                         timeout=30)
+    assert out.returncode == 2, out.stderr
+    assert message in out.stderr

@@ -7,7 +7,15 @@ from typing import Any
 
 import yaml
 
-from gateway.hub.join.manifests import CREDENTIALS, agent_manifests
+from gateway.hub.join.manifests import (
+    CREDENTIALS,
+    DEFAULT_PROFILE,
+    IMPERSONATOR,
+    LEGACY,
+    READ_ONLY,
+    agent_manifests,
+    profile_of,
+)
 
 AGENT = Path(__file__).resolve().parents[4] / "deploy" / "agent"
 
@@ -51,3 +59,31 @@ def test_the_agent_may_touch_its_one_secret_only() -> None:
            rendered("Deployment", objects)[0]["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["HUBPROXY_CLUSTER"] == "c1" and env["HUBPROXY_HUB"] == "hub:8091"
     assert "T" not in env.values()  # the token is only in the Secret
+
+
+PROFILE_RULES = AGENT / "profiles" / "read-only" / "rbac.yaml"
+
+
+def test_each_profile_renders_deploy_agents_rules() -> None:
+    read_only = yaml.safe_load(PROFILE_RULES.read_text())["rules"]
+    for profile, rules in ((LEGACY, base("ClusterRole")["rules"]), (READ_ONLY, read_only)):
+        objects = agent_manifests(cluster="c1", hub="hub:8091", token="T", hub_ca_pem="CA",
+                                  profile=profile)
+        (role,) = rendered("ClusterRole", objects)
+        assert role["metadata"]["name"] == IMPERSONATOR
+        assert role["rules"] == rules
+        assert profile_of(role["rules"]) == profile
+    assert DEFAULT_PROFILE == LEGACY == profile_of(base("ClusterRole")["rules"])
+
+
+def test_profile_of_reads_rules_as_rbac_does() -> None:
+    legacy = base("ClusterRole")["rules"]
+    # Order of rules and of values does not matter; an empty list is no list.
+    shuffled = [{**rule, "verbs": list(reversed(rule["verbs"])), "resourceNames": []}
+                for rule in reversed(legacy)]
+    assert profile_of(shuffled) == LEGACY
+    # Anything else is no profile: a verb more, a rule less, nothing at all.
+    assert profile_of([*legacy, {"apiGroups": [""], "resources": ["pods"],
+                                 "verbs": ["get"]}]) is None
+    assert profile_of(legacy[:1]) is None
+    assert profile_of([]) is None
