@@ -544,41 +544,33 @@ class ClientConnection:
 
     def _on_data(self, flags: int, stream_id: int, payload: memoryview,
                  events: list[Event]) -> None:
-        if stream_id == 0:
-            raise ServerProtocolError(PROTOCOL_ERROR, "DATA on stream 0")
         flow = len(payload)
         if flow:
-            if flow > self._recv_window:
+            window = self._recv_window - flow
+            if window < 0:
                 raise ServerProtocolError(FLOW_CONTROL_ERROR, "DATA beyond the connection window")
             # The connection window is given back on receipt: the streams' windows bound
             # what a slow reader holds (see the module docstring).
-            self._recv_window -= flow
             self._recv_unacked += flow
-            if self._recv_window <= self._connection_window >> 1:
+            if window <= self._connection_window >> 1:
                 increment, self._recv_unacked = self._recv_unacked, 0
-                self._recv_window += increment
+                window += increment
                 self._out.append(frame(WINDOW_UPDATE, 0, 0, increment.to_bytes(4, "big")))
+            self._recv_window = window
         if flags & PADDED:
             payload = self._unpad(payload)
         stream = self.streams.get(stream_id)
-        if stream is None:
-            self._closed_stream_frame(stream_id, "DATA", events)
-            return
-        if not stream.remote_open:
-            self._stream_error(stream_id, STREAM_CLOSED, events)
-            return
-        if stream.phase != _BODY:
-            self._stream_error(stream_id, PROTOCOL_ERROR, events)  # DATA before the head
-            return
-        if flow > stream.recv_window:
-            self._stream_error(stream_id, FLOW_CONTROL_ERROR, events)
+        if stream is None or not stream.remote_open or stream.phase != _BODY \
+                or flow > stream.recv_window:
+            self._unexpected_data(stream_id, stream, events)
             return
         n = len(payload)
         ended = flags & END_STREAM
-        if stream.body_left >= 0:
+        left = stream.body_left
+        if left >= 0:
             # §8.1.1: DATA past the content-length, or the end short of it, is malformed; the
             # offending frame is not handed on.
-            left = stream.body_left - n
+            left -= n
             if left < 0 or (left and ended):
                 self._stream_error(stream_id, PROTOCOL_ERROR, events)
                 return
@@ -586,18 +578,34 @@ class ClientConnection:
         if not n and not ended and not self._cheap.spend():
             raise ServerProtocolError(ENHANCE_YOUR_CALM, "flood of empty DATA frames")
         stream.recv_window -= flow
+        if events:
+            last = events[-1]
+            if type(last) is DataReceived and last.stream_id == stream_id:
+                if n:
+                    last.pieces.append(payload)
+                last.flow_controlled_length += flow
+                if ended:
+                    last.stream_ended = True
+                    self._remote_ended(stream_id, stream)
+                return
+        events.append(DataReceived(stream_id, payload, flow, bool(ended)))
         if ended:
-            stream.remote_open = False
-            if not stream.local_open:
-                self._drop(stream_id)
-        last = events[-1] if events else None
-        if type(last) is DataReceived and last.stream_id == stream_id:
-            if n:
-                last.pieces.append(payload)
-            last.flow_controlled_length += flow
-            last.stream_ended = bool(ended)
+            self._remote_ended(stream_id, stream)
+
+    def _unexpected_data(self, stream_id: int, stream: _Stream | None,
+                         events: list[Event]) -> None:
+        """DATA that breaks a rule: on stream 0, on a stream we never opened, closed or reset,
+        whose response ended or has not begun, or beyond the stream's window."""
+        if stream_id == 0:
+            raise ServerProtocolError(PROTOCOL_ERROR, "DATA on stream 0")
+        if stream is None:
+            self._closed_stream_frame(stream_id, "DATA", events)
+        elif not stream.remote_open:
+            self._stream_error(stream_id, STREAM_CLOSED, events)
+        elif stream.phase != _BODY:
+            self._stream_error(stream_id, PROTOCOL_ERROR, events)  # DATA before the head
         else:
-            events.append(DataReceived(stream_id, payload, flow, bool(ended)))
+            self._stream_error(stream_id, FLOW_CONTROL_ERROR, events)
 
     def _on_headers(self, flags: int, stream_id: int, payload: memoryview,
                     events: list[Event]) -> None:
