@@ -5,11 +5,13 @@ front of it, one ``hubproxy gateway`` + ``hubproxy agent`` stack per ``--apiserv
 asked for (default ``h1`` and ``h2``), identical otherwise. In turns (A B A B ...), each round:
 
 - small GETs, ``wrk`` at c=16 for ``--seconds``;
-- one watch of ``--events`` small events, ``curl``.
+- one watch of ``--events`` small events, ``curl``;
+- one large body (a pod log of ``--body-mib`` MiB, streamed without a length), ``curl``.
 
-It prints the CPU seconds per 10k small GETs and the CPU µs per watch event of each agent (and
-gateway), from ``/proc``, medians over ``--rounds``, and the agents' ratios to the first
-protocol. The throughput of one stack is no guide on a shared machine; CPU per request is.
+It prints the CPU seconds per 10k small GETs, the CPU µs per watch event and the CPU seconds
+per GB of each agent (and gateway), from ``/proc``, medians over ``--rounds``, the agents'
+ratios to the first protocol, and the large body's MB/s. The throughput of one stack is no
+guide on a shared machine; CPU per request is.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from bench.procstats import CpuMeter
 from gateway.ops.rlimits import raise_open_file_limit
 
 WATCH_PATH = "/api/v1/namespaces/default/pods?watch=1&events={n}"
+LOG_PATH = "/api/v1/namespaces/default/pods/bench/log?bytes={n}"
 
 
 def log(msg: str) -> None:
@@ -44,7 +47,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     protocols = args.protocols.split(",")
     samples: dict[str, dict[str, list[float]]] = {
         p: {"agent_s_per_10k": [], "gateway_s_per_10k": [], "rps": [],
-            "agent_us_per_event": [], "gateway_us_per_event": [], "events_per_s": []}
+            "agent_us_per_event": [], "gateway_us_per_event": [], "events_per_s": [],
+            "agent_s_per_gb": [], "gateway_s_per_gb": [], "body_mb_s": []}
         for p in protocols}
     try:
         lab.make_certs()
@@ -69,9 +73,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 s["agent_us_per_event"].append(cpu["agent"] * 1e6 / args.events)
                 s["gateway_us_per_event"].append(cpu["gateway"] * 1e6 / args.events)
                 s["events_per_s"].append(args.events / max(watch["total"] - watch["ttfb"], 1e-6))
+                meter = CpuMeter(cfg.roles).start()
+                body = curl(cfg.target, LOG_PATH.format(n=args.body_mib << 20), timeout=300)
+                cpu = meter.stop()
+                gb = max(body["size"], 1) / 1e9
+                s["agent_s_per_gb"].append(cpu["agent"] / gb)
+                s["gateway_s_per_gb"].append(cpu["gateway"] / gb)
+                s["body_mb_s"].append(body["size"] / 1e6 / max(body["total"], 1e-6))
                 log(f"  round {rnd + 1} {p:<4} GETs {result['rps']:7.0f} req/s, agent "
                     f"{s['agent_s_per_10k'][-1]:.2f} s/10k; watch {s['events_per_s'][-1]:8.0f} "
-                    f"events/s, agent {s['agent_us_per_event'][-1]:.1f} us/event")
+                    f"events/s, agent {s['agent_us_per_event'][-1]:.1f} us/event; body "
+                    f"{s['body_mb_s'][-1]:.0f} MB/s, agent {s['agent_s_per_gb'][-1]:.2f} s/GB")
     finally:
         procs.stop_all()
         if not args.keep:
@@ -87,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=4, help="default 4")
     parser.add_argument("--seconds", type=float, default=5.0, help="wrk run (default 5)")
     parser.add_argument("--events", type=int, default=20_000, help="watch events (default 20000)")
+    parser.add_argument("--body-mib", type=int, default=64, help="large body (default 64)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
     args = parser.parse_args(argv)
     if WRK is None or shutil.which("curl") is None:
@@ -100,11 +113,14 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"{'protocol':<9}{'agent s/10k GETs':>17}{'ratio':>7}{'gateway s/10k':>15}"
           f"{'req/s':>8}{'agent us/event':>16}{'ratio':>7}{'gateway us/event':>18}"
-          f"{'events/s':>10}")
+          f"{'events/s':>10}{'agent s/GB':>12}{'ratio':>7}{'gateway s/GB':>14}{'MB/s':>7}")
     for p, r in result.items():
         print(f"{p:<9}{r['agent_s_per_10k']:>17.2f}"
               f"{ratio(r['agent_s_per_10k'], first['agent_s_per_10k']):>7.2f}"
               f"{r['gateway_s_per_10k']:>15.2f}{r['rps']:>8.0f}{r['agent_us_per_event']:>16.2f}"
               f"{ratio(r['agent_us_per_event'], first['agent_us_per_event']):>7.2f}"
-              f"{r['gateway_us_per_event']:>18.2f}{r['events_per_s']:>10.0f}")
+              f"{r['gateway_us_per_event']:>18.2f}{r['events_per_s']:>10.0f}"
+              f"{r['agent_s_per_gb']:>12.2f}"
+              f"{ratio(r['agent_s_per_gb'], first['agent_s_per_gb']):>7.2f}"
+              f"{r['gateway_s_per_gb']:>14.2f}{r['body_mb_s']:>7.0f}")
     return 0

@@ -26,19 +26,29 @@ def free_port() -> int:
 
 
 class Proc:
-    """One child process; stdout+stderr go to ``log``."""
+    """One child process; stdout+stderr go to ``log``. With ``pipe_stdin`` its stdin is a pipe
+    (:meth:`send` writes a line to it), else ``/dev/null``."""
 
     def __init__(self, name: str, args: Sequence[str], log: Path,
-                 env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
+                 env: dict[str, str] | None = None, cwd: Path | None = None,
+                 pipe_stdin: bool = False) -> None:
         self.name = name
         self.args = list(args)
         self.log = log
         with open(log, "wb") as out:
             self.popen = subprocess.Popen(self.args, stdout=out, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL, cwd=cwd,
+                                          stdin=subprocess.PIPE if pipe_stdin
+                                          else subprocess.DEVNULL, cwd=cwd,
                                           env={**os.environ, **(env or {})},
                                           start_new_session=True)
         self.pid = self.popen.pid
+
+    def send(self, line: str) -> None:
+        """One line to the process's stdin (``pipe_stdin``); nothing if it has gone."""
+        assert self.popen.stdin is not None, "started without pipe_stdin"
+        with contextlib.suppress(BrokenPipeError, ValueError):
+            self.popen.stdin.write(line.encode() + b"\n")
+            self.popen.stdin.flush()
 
     def output(self, tail: int = 4000) -> str:
         with contextlib.suppress(OSError):

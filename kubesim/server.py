@@ -252,7 +252,10 @@ class KubeSim:
             response = web.Response(status=404, text="404 page not found\n")
         record.status = response.status
         if not response.prepared:
-            response.headers.setdefault("Audit-Id", str(uuid.uuid4()))
+            # As kube-apiserver's WithAuditInit: the first server that received the request
+            # may have set its ID; it is echoed back.
+            response.headers.setdefault("Audit-Id",
+                                        request.headers.get("Audit-ID") or str(uuid.uuid4()))
             response.headers.setdefault("Cache-Control", "no-cache, private")
         return response
 

@@ -25,7 +25,7 @@ SERIES = re.compile(r"\bhubproxy_[a-z0-9_]+\b")
 def exported_series() -> set[str]:
     """Every series name the gateway and the agent can put on /metrics, from their own render
     with each family populated (histograms give _bucket, _sum and _count)."""
-    gateway = GatewayMetrics()
+    gateway = GatewayMetrics(cluster_detail=True)  # the detailed per-cluster series too
     gateway.request("c1", 200, 1, 1, 0.01, "short")
     gateway.hub_call("tokenreview", 0.01, ok=True)
     gateway.certificates = lambda: {"serving": 2e9}
@@ -35,8 +35,10 @@ def exported_series() -> set[str]:
                                  "bytes_out": 1, "certificate_not_after": 2e9,
                                  "draining": False}]}}
     gateway.fleet = lambda: part
-    gateway.fleet_lines = fleet.metric_lines
-    gateway.agent_certificates = fleet.agent_certificates
+    gateway.fleet_stats = fleet.tunnel_stats
+    gateway.hub_writes = lambda: {"writes": [["clusterprofiles", "ok", 1]],
+                                  "reads": {"clusterprofiles": 1},
+                                  "pending": {"clusterprofiles": 0}, "waited": 0.0}
     agent = AgentMetrics()
     agent.stream_done("kube-apiserver", "complete", 1.0, 1.01)
     agent.stats = SimpleNamespace(streams=1, refused=0, active=0)

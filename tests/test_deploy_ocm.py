@@ -81,7 +81,9 @@ def test_the_gateway_names_agents_the_ocm_way_and_writes_conditions(
     assert gateway["HUBPROXY_OCM_ADDON_CONDITIONS"] == "true"
     rules = rendered["ClusterRole/hubproxy-gateway-ocm"]["rules"]
     assert {(tuple(r["resources"]), tuple(r["verbs"])) for r in rules} == {
-        (("managedclusteraddons",), ("get",)), (("managedclusteraddons/status",), ("patch",))}
+        # list and watch: one paginated list and then what changes, not a GET per cluster
+        (("managedclusteraddons",), ("get", "list", "watch")),
+        (("managedclusteraddons/status",), ("patch",))}
     assert all(r.get("resourceNames") == ["hubproxy"] for r in rules)
 
 

@@ -1,6 +1,9 @@
 """Print the clusters a gateway serves: its ``GET /clusters`` as a table.
 
-    hubproxy clusters [--url http://127.0.0.1:8000] [-o table|json]
+    hubproxy clusters [--url http://127.0.0.1:8000] [-o table|json] [--state S] [--cluster C]
+
+The gateway answers a page at a time (``?limit=&continue=``, as Kubernetes lists do); this
+follows the pages, so the table (or the JSON document, pages joined) holds every cluster.
 
 One row per cluster that connected since the gateway started: whether it is connected now,
 its tunnel sessions (one per agent process per gateway process) and agent processes, the agent
@@ -24,9 +27,12 @@ import ssl
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from datetime import UTC, datetime
 from typing import Any
+
+PAGE = 500  # clusters asked for per request
 
 COLUMNS = ("CLUSTER", "STATUS", "SESSIONS", "INSTANCES", "VERSION", "RTT", "CERT EXPIRES",
            "STREAMS", "LAST ERROR")
@@ -45,6 +51,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "authenticating proxy such as kube-rbac-proxy)")
     parser.add_argument("--cacert", metavar="FILE",
                         help="CA that verifies an https --url (default: system roots)")
+    parser.add_argument("--state", choices=("connected", "disconnected"),
+                        help="only clusters in this state (default: all)")
+    parser.add_argument("--cluster", metavar="NAME",
+                        help="only this cluster, with its sessions (-o json)")
 
 
 def _ago(iso_time: str | None, now: float) -> str:
@@ -104,24 +114,52 @@ def table(document: dict[str, Any], now: float | None = None) -> str:
 
 
 def fetch(url: str, timeout: float, token_file: str | None = None,
-          cacert: str | None = None) -> dict[str, Any]:
-    """The gateway's ``/clusters`` document; ValueError with one printable line otherwise."""
-    request = urllib.request.Request(url.rstrip("/") + "/clusters",
-                                     headers={"Accept": "application/json"})
+          cacert: str | None = None, filters: dict[str, str] | None = None) -> dict[str, Any]:
+    """The gateway's ``/clusters`` document, every page of it joined into one (``summary``
+    from the first); ValueError with one printable line otherwise."""
+    token = None
     if token_file:
         try:
             with open(token_file) as fh:
                 token = fh.read().strip()
         except OSError as exc:
             raise ValueError(f"--token-file {token_file}: {exc.strerror}") from None
-        request.add_header("Authorization", f"Bearer {token}")
     context = ssl.create_default_context(cafile=cacert) if url.startswith("https") else None
+    query = {"limit": str(PAGE), **{k: v for k, v in (filters or {}).items() if v}}
+    document: dict[str, Any] | None = None
+    while True:
+        page = _page(url, query, timeout, token, context)
+        if document is None:
+            document = page
+        else:
+            document["clusters"] += page.get("clusters", [])
+        following = (page.get("metadata") or {}).get("continue")
+        if not following:
+            document.pop("metadata", None)
+            return document
+        if following == query.get("continue"):
+            raise ValueError(f"{url}/clusters gave the same continue token twice")
+        query["continue"] = following
+
+
+def _page(url: str, query: dict[str, str], timeout: float, token: str | None,
+          context: ssl.SSLContext | None) -> dict[str, Any]:
+    request = urllib.request.Request(
+        url.rstrip("/") + "/clusters?" + urllib.parse.urlencode(query),
+        headers={"Accept": "application/json"})
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
     try:
         with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
-            return json.loads(response.read())
+            page = json.loads(response.read())
+            if not isinstance(page, dict) or not isinstance(page.get("clusters", []), list):
+                raise ValueError("not a cluster list")
+            return page
     except urllib.error.HTTPError as exc:
         hint = (" (a gateway older than /clusters, or not a gateway's health port)"
                 if exc.code == 404 else "")
+        if exc.code == 400:
+            hint = ": " + exc.read(200).decode("utf-8", "replace").strip()
         raise ValueError(f"{url}/clusters answered {exc.code}{hint}") from None
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
@@ -133,7 +171,8 @@ def fetch(url: str, timeout: float, token_file: str | None = None,
 
 def run(args: argparse.Namespace) -> int:
     try:
-        document = fetch(args.url, args.timeout, args.token_file, args.cacert)
+        document = fetch(args.url, args.timeout, args.token_file, args.cacert,
+                         {"state": args.state or "", "cluster": args.cluster or ""})
     except ValueError as exc:
         print(f"hubproxy clusters: {exc}", file=sys.stderr)
         return 1

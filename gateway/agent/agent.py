@@ -7,9 +7,11 @@
 2. ``KubeAPITarget``: the OPEN metadata must carry a valid hub-verified identity
    (``gateway.wire.identity.Identity.from_metadata``); none or invalid -> ``NO_IDENTITY``. The
    agent's credential can impersonate, so it is never used bare. The request then runs with
-   the agent's credential + ``Impersonate-*`` for that identity. If the identity says
-   *passthrough* (the gateway's ``--token-passthrough``), the caller's own ``Authorization`` is
-   forwarded untouched and the agent adds nothing: neither credential nor impersonation.
+   the agent's credential + ``Impersonate-*`` for that identity, and the gateway's request id
+   as ``Audit-ID`` and as the extra ``hubproxy.dev/request-id`` (so the managed audit event
+   joins the gateway's audit line). If the identity says *passthrough* (the gateway's
+   ``--token-passthrough``), the caller's own ``Authorization`` is forwarded untouched and the
+   agent adds neither credential nor impersonation; ``Audit-ID`` still.
 3. ``ServiceTarget``: only allow-listed Services, dialled at the address the policy resolved;
    no credential and no identity headers (``Authorization`` is stripped too). ``https``
    Services are verified against ``--service-ca`` (default: the cluster CA) unless listed with
@@ -19,6 +21,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import ssl
 from collections.abc import Callable
@@ -112,12 +115,15 @@ class Agent:
         return Refusal(code, message)
 
     def _identity(self, metadata: bytes) -> tuple[bool, list[tuple[bytes, bytes]], str]:
-        """(passthrough, impersonation headers, request id) of OPEN metadata; raises ValueError.
+        """(passthrough, the user's impersonation headers, request id) of OPEN metadata;
+        raises ValueError. The headers carry no request id: it is this request's, not the
+        user's (``Route.audit_id`` adds it to each request).
 
         Requests of one hub user differ only in the request id, which the gateway writes as the
         last field (``,"rid":"<hex>"}``). Everything before it keys a cache of the decoded,
         validated identity and its headers, so a user's later requests skip the JSON decode and
-        the checks; metadata of any other shape is decoded in full every time.
+        the checks; metadata of any other shape is decoded in full every time. (Cached with the
+        headers, the id of a user's first request went with all the later ones: issue 24.)
         """
         prefix, sep, tail = bytes(metadata).rpartition(b',"rid":"')
         rid = tail[:-2]
@@ -129,7 +135,8 @@ class Agent:
             prefix = b""
         identity = self._decode_identity(metadata)
         passthrough = identity.passthrough
-        headers = [] if passthrough else impersonation_headers(identity)
+        headers = [] if passthrough else impersonation_headers(
+            dataclasses.replace(identity, request_id=""))
         if not passthrough and not any(name.lower() == b"impersonate-user" for name, _ in headers):
             raise ValueError("identity without a user")
         if prefix:
@@ -149,6 +156,7 @@ class Agent:
                 OpenErrorCode.NO_IDENTITY,
                 f"a kube-apiserver request needs a hub-verified identity ({type(exc).__name__})",
             )
+        audit_id = request_id.encode("utf-8")
         kube = self.kube
         target = request.target
 
@@ -160,6 +168,7 @@ class Agent:
                 label="kube-apiserver",
                 credential=kube.authorization,
                 identity_headers=identity_headers,
+                audit_id=audit_id,
                 passthrough=passthrough,
                 protocol=self.apiserver_protocol,
                 h2_ssl_context=None if self.apiserver_protocol == "h1" else kube.h2_ssl_context,

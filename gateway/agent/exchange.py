@@ -8,7 +8,9 @@ framed it, then EOF. The exchange:
 2. rewrites the head: ``Host`` becomes the upstream's, every ``Authorization``,
    ``Proxy-Authorization``, ``Impersonate-*`` and ``X-Remote-*`` header and the WebSocket bearer
    subprotocol are dropped, then the route's credential and identity headers are appended
-   (identity last) — the stream's bytes never decide who the request runs as;
+   (identity last) — the stream's bytes never decide who the request runs as. A route with an
+   ``audit_id`` (the apiserver's) replaces any ``Audit-ID`` with it, and adds it to the
+   identity as the request-id extra;
 3. takes a keep-alive connection from the pool (dial failures become typed refusals:
    UNREACHABLE, TIMEOUT, OVERLOAD), accepts the stream, and relays the request body up to the
    end its framing declares (bytes past it are a protocol violation: reset, connection dropped).
@@ -60,7 +62,7 @@ from gateway.wire.http1 import (
     parse_response_head,
     serialize_request_head,
 )
-from gateway.wire.identity import strip_identity_headers
+from gateway.wire.identity import AUDIT_ID, REQUEST_ID_HEADER, strip_identity_headers
 from gateway.wire.status import error_response
 from tunnel.errors import OpenErrorCode, OpenRefused, ResetCode, StreamError
 
@@ -77,6 +79,8 @@ UPGRADE_LINGER = 30.0  # after the upstream of an upgrade closed, wait this long
 WS_BEARER_PREFIX = b"base64url.bearer.authorization.k8s.io."
 
 _CONNECTION_TOKENS = frozenset((b"upgrade", b"keep-alive", b"close"))
+_HOST = frozenset((b"host",))
+_HOST_AND_AUDIT_ID = frozenset((b"host", AUDIT_ID.lower()))
 
 
 @dataclass
@@ -89,6 +93,10 @@ class Route:
     label: str  # for logs, e.g. "kube-apiserver" or "service ns/name:port"
     credential: Callable[[], bytes | None] = lambda: None  # Authorization value, or None
     identity_headers: Headers = field(default_factory=list)
+    # The gateway's request id, sent as Audit-ID (replacing the stream's): kube-apiserver uses
+    # it as its audit event's ID and echoes it back as Audit-Id; with identity headers, also
+    # as the request-id extra (REQUEST_ID_HEADER). b"": leave Audit-ID alone.
+    audit_id: bytes = b""
     passthrough: bool = False  # keep the caller's own Authorization, add nothing
     # HTTP/2 upstream: "h1", "auto" (h2 if the server chooses it in ALPN) or "h2" (required),
     # with a context whose ALPN offers h2. Upgrades always use HTTP/1.1.
@@ -98,12 +106,13 @@ class Route:
 
 def rewrite_request_fields(head: RequestHead, route: Route) -> Headers:
     """The header fields sent upstream (see module docstring, step 2)."""
-    caller_authorization = [(n, v) for n, v in head.headers if n.lower() == b"authorization"]
-    kept: Headers = []
+    audit_id = route.audit_id
+    replaced = _HOST_AND_AUDIT_ID if audit_id else _HOST
+    headers: Headers = [(b"Host", route.authority)]
     # gateway.hub.admission.headers owns the list of identity-bearing headers (incl. "_" aliases).
     for name, value in strip_identity_headers(head.headers):
         lowered = name.lower()
-        if lowered == b"host":
+        if lowered in replaced:
             continue
         if lowered == b"connection":
             # Only the tokens HTTP/1.1 needs; a Connection header can never nominate (and so
@@ -111,23 +120,28 @@ def rewrite_request_fields(head: RequestHead, route: Route) -> Headers:
             tokens = [t.strip() for t in value.split(b",")]
             allowed = [t for t in tokens if t.lower() in _CONNECTION_TOKENS]
             if allowed:
-                kept.append((name, b", ".join(allowed)))
+                headers.append((name, b", ".join(allowed)))
             continue
         if lowered == b"sec-websocket-protocol":
             protocols = [p.strip() for p in value.split(b",")]
             kept_protocols = [p for p in protocols if p and not p.startswith(WS_BEARER_PREFIX)]
             if kept_protocols:
-                kept.append((name, b", ".join(kept_protocols)))
+                headers.append((name, b", ".join(kept_protocols)))
             continue
-        kept.append((name, value))
-    headers: Headers = [(b"Host", route.authority), *kept]
-    if route.passthrough:
-        headers += caller_authorization[:1]
+        headers.append((name, value))
+    if audit_id:
+        headers.append((AUDIT_ID, audit_id))
+    if route.passthrough:  # the caller's own Authorization (strip_identity_headers took it)
+        headers += [(n, v) for n, v in head.headers if n.lower() == b"authorization"][:1]
     else:
         credential = route.credential()
         if credential is not None:
             headers.append((b"Authorization", credential))
-        headers += route.identity_headers  # identity last
+        identity = route.identity_headers
+        if identity:  # identity last: the user's (cached across requests), then this request's
+            headers += identity
+            if audit_id:
+                headers.append((REQUEST_ID_HEADER, audit_id))
     return headers
 
 

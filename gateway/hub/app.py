@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import ssl
@@ -51,6 +50,7 @@ from gateway.hub.fleet import FleetView
 from gateway.hub.frontdoor import FrontDoor
 from gateway.hub.frontdoor_h2 import H2FrontDoor, H2Request
 from gateway.hub.hubcalls import CountingAuthorizer
+from gateway.hub.hubwrites import HubWriteRate, HubWrites
 from gateway.hub.proxyaccept import ProxyProtocolListener
 from gateway.hub.revalidation import StreamRevalidator, period_for
 from gateway.ops import audit, startup
@@ -114,10 +114,14 @@ class Gateway:
         self.tunnel_ssl = tunnel_ssl
         self.session_config = session_config
         self.metrics = metrics or GatewayMetrics()
-        self.fleet = FleetView(registry, worker=config.worker_index)
-        self.metrics.fleet = self.fleet.snapshot
-        self.metrics.fleet_lines = fleet.metric_lines
-        self.metrics.agent_certificates = fleet.agent_certificates
+        self.metrics.cluster_detail = config.cluster_metrics == "detailed"
+        self.fleet = FleetView(registry, worker=config.worker_index,
+                               on_change=self.metrics.mark_changed)
+        self.metrics.fleet = self.fleet.entries
+        self.metrics.fleet_stats = fleet.tunnel_stats
+        # This process's writes to the hub: one rate for all its writers.
+        self.hub_writes = HubWrites(HubWriteRate(config.hub_write_qps, config.hub_write_burst))
+        self.metrics.hub_writes = self.hub_writes.snapshot
         own = {name: os.path.join(directory, "tls.crt") for name, directory in
                (("serving", config.tls_dir), ("tunnel", config.tunnel_tls_dir)) if directory}
         self.metrics.certificates = CertificateFiles(own).expiries
@@ -158,10 +162,6 @@ class Gateway:
         self.readiness = Readiness(hub_probe or _no_probe, config.readiness_interval)
         registry.subscribe(self._cluster_changed)
         registry.subscribe_sessions(self._session_changed)
-        self.metrics.cluster_names = registry.clusters
-        self.metrics.connected_agents = lambda: sum(
-            len(list(registry.sessions(c))) for c in registry.clusters()
-        )
         self.metrics.client_connections = lambda: len(self.connections)
         self.metrics.h2_client_connections = lambda: sum(
             1 for d in self.connections if isinstance(d, H2FrontDoor))
@@ -251,11 +251,12 @@ class Gateway:
                 status=exchange.status, protocol=door.protocol, source_ips=door.source_ips,
                 started=door.started)
 
-    def clusters_document(self) -> bytes:
-        """``GET /clusters``: this gateway's fleet, all workers' sessions merged (see
-        :mod:`gateway.hub.fleet`)."""
-        parts = [self.fleet.snapshot(), *(p.get("fleet") or {} for p in self.metrics.peers())]
-        return json.dumps(fleet.summarize(fleet.merge(parts)), indent=1).encode() + b"\n"
+    def clusters_document(self, query: str = "") -> Iterator[bytes]:
+        """``GET /clusters?query``: this gateway's fleet, all workers' sessions merged, a page
+        at a time, as chunks (see :func:`gateway.hub.fleet.cluster_list`); ValueError for a
+        bad query."""
+        fleets = [self.fleet.entries(), *(p.get("fleet") or {} for p in self.metrics.peers())]
+        return fleet.cluster_list(fleets, fleet.parse_query(query))
 
     def announce_instances(self, peers: tuple[int, ...]) -> None:
         """The live gateway instances changed: tell every agent session (HUB_PEER)."""
@@ -315,7 +316,7 @@ class Gateway:
                 raise startup.bind_error(exc, thost, tport, "--tunnel-listen") from None
             self.tunnel_port = int(self._tunnel.port)
         if config.health_listen is not None and config.worker_index == 0:
-            self._health = HealthServer(self.readiness, self.metrics.render,
+            self._health = HealthServer(self.readiness, self.metrics.render_chunks,
                                         clusters=self.clusters_document)
             try:
                 self.health_port = await self._health.start(*config.health_listen)

@@ -15,6 +15,11 @@ from gateway.wire.http1 import Limits
 from tunnel.identity import URI_NAMING, AgentNaming
 
 DEFAULT_MAX_REQUEST_BODY = 3 * 1024 * 1024  # kube-apiserver's MaxRequestBodyBytes
+# Hub writes per second and burst, per gateway process (gateway.hub.hubwrites). client-go's
+# rest.Config defaults are 5 and 10; controllers built on it (controller-runtime) raise them to
+# 20 and 30, which a fleet's writes need and a hub takes easily.
+DEFAULT_HUB_WRITE_QPS = 20.0
+DEFAULT_HUB_WRITE_BURST = 30
 
 
 @dataclass(frozen=True)
@@ -117,3 +122,10 @@ class GatewayConfig:
     audit_log_path: str | None = None
     audit_webhook_config_file: str | None = None  # a kubeconfig naming the webhook
     audit_webhook: WebhookSettings = field(default_factory=WebhookSettings)
+    # Writes to the hub (ClusterProfiles, OCM conditions, the instance Lease), per process:
+    # a token bucket shared by every writer (gateway.hub.hubwrites).
+    hub_write_qps: float = DEFAULT_HUB_WRITE_QPS
+    hub_write_burst: int = DEFAULT_HUB_WRITE_BURST
+    # Per-cluster series on /metrics: "basic" (bounded counters and gauges) or "detailed"
+    # (plus per-cluster latency histograms and agent certificate expiry).
+    cluster_metrics: str = "basic"

@@ -62,6 +62,7 @@ from gateway.wire.http1 import (
     framing_for_request,
     parse_request_head,
 )
+from gateway.wire.identity import AUDIT_ID
 from gateway.wire.requestclass import SHORT, front_door_class
 from gateway.wire.status import error_response
 from tunnel.connection import TunnelSession
@@ -504,8 +505,11 @@ class FrontDoor(asyncio.Protocol):
                     del self.buf[:n]
                 else:
                     close = True
+        if not self.request_id:  # refused before its head was whole: its own id all the same
+            self.request_id = new_request_id()
         # Status messages are fixed wording (never a token): safe to say why at debug.
         log.debug("request %s answered by the gateway: %d %s", self.request_id, status, message)
+        extra_headers = (*extra_headers, (AUDIT_ID, self.request_id.encode("ascii")))
         if status == 401:
             extra_headers = (*extra_headers, (b"WWW-Authenticate", b'Bearer realm="hubproxy"'))
         response = error_response(
@@ -524,6 +528,7 @@ class FrontDoor(asyncio.Protocol):
     def _next_request(self) -> None:
         self.phase = IDLE
         self.head = None
+        self.request_id = ""  # the next one gets its own
         self.client = self.client_ip
         self.req_tracker = NO_BODY
         self.resume_reading("buffer")

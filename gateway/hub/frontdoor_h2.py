@@ -28,9 +28,11 @@ there); this module wires it to admission and the tunnel:
   CVE-2023-44487), a budget of frames that cost us an answer (PING, SETTINGS) and one of
   frames that only cost parsing (WINDOW_UPDATE, PRIORITY, unknown types): past a budget the
   connection ends with GOAWAY ENHANCE_YOUR_CALM. A client that does not read
-  cannot grow our write buffer past ``4 x write_high_water`` (then it is aborted). DATA beyond
-  a ``Content-Length`` is a protocol error before a byte of it is forwarded; a body without one
-  is counted against ``max_request_body`` (413).
+  cannot grow our write buffer past ``4 x write_high_water`` (then it is aborted). A body that
+  does not match its ``Content-Length`` (DATA past it, END_STREAM short of it, or none at all)
+  is reset (PROTOCOL_ERROR) by the connection before the offending bytes are handed on, and a
+  request whose stream is gone before its turn is never admitted. A body without a
+  ``Content-Length`` is counted against ``max_request_body`` (413).
 * Drain: the gateway sends GOAWAY (last stream id) when it starts shutting down; streams in
   flight finish, later ones are refused (REFUSED_STREAM), and the connection closes when the
   last one ends.
@@ -62,7 +64,6 @@ from gateway.wire.h2server import (
     ENHANCE_YOUR_CALM,
     INTERNAL_ERROR,
     NO_ERROR,
-    PROTOCOL_ERROR,
     H2ConnectionError,
     ServerConnection,
     StreamClosedError,
@@ -77,6 +78,7 @@ from gateway.wire.http2 import (
     chunk,
     request_head_from_h2,
 )
+from gateway.wire.identity import AUDIT_ID
 from gateway.wire.requestclass import SHORT, front_door_class
 from gateway.wire.status import error_response
 from tunnel.connection import TunnelSession
@@ -274,17 +276,12 @@ class H2FrontDoor(asyncio.Protocol):
         # PingReceived (answered by the connection), FrameIgnored: nothing to do. Their
         # floods, and rapid resets, are bounded by the connection's frame budgets.
 
-    def broken(self, why: str) -> None:
-        """A request broke HTTP/2's message rules in a way that could smuggle bytes (RFC 9113
-        §8.1.1): the connection ends with PROTOCOL_ERROR, as it did under ``h2``."""
-        log.info("h2 connection from %s: protocol error: %s", self.client_ip, why)
-        self.gw.metrics.h2_protocol_errors += 1
-        self.conn.close_connection(PROTOCOL_ERROR)
-        self.flush_now()
-        self.close(goaway=False)
-
     def _request(self, event: h2server.RequestReceived) -> None:
         sid = event.stream_id
+        if sid not in self.conn.streams:
+            # Reset (by the client, or by the connection for a malformed body) in a read that
+            # came before this request's turn: nothing of it may be forwarded.
+            return
         self.streams_total += 1
         self._disarm()
         ended = event.stream_ended
@@ -558,10 +555,7 @@ class H2Request:
             return
         head = self.head
         assert head is not None
-        self.body_bytes += len(data)
-        if head.content_length is not None and self.body_bytes > head.content_length:
-            self.door.broken("DATA past the request's Content-Length")  # never forwarded
-            return
+        self.body_bytes += len(data)  # never past a Content-Length: the connection resets first
         if head.chunked and self.body_bytes > self.door.limits.max_request_body:
             limit = self.door.limits.max_request_body
             self._fail_body(413, f"the request body is larger than the gateway's limit of "
@@ -585,12 +579,7 @@ class H2Request:
             self.door.conn.acknowledge_received_data(n, self.stream_id)
 
     def body_ended(self) -> None:
-        self.client_ended = True
-        head = self.head
-        if head is not None and head.content_length is not None \
-                and self.body_bytes < head.content_length and self.phase != _ANSWERED:
-            self.door.broken("the request body ended short of its Content-Length")
-            return
+        self.client_ended = True  # with the whole Content-Length, if any (the connection checks)
         exchange = self.exchange
         if self.phase != _OPEN or exchange is None or exchange.done:
             return
@@ -779,6 +768,7 @@ class H2Request:
         self.phase = _ANSWERED
         self._disarm()
         log.debug("request %s answered by the gateway: %d %s", self.request_id, status, message)
+        extra_headers = (*extra_headers, (AUDIT_ID, self.request_id.encode("ascii")))
         if status == 401:
             extra_headers = (*extra_headers, (b"WWW-Authenticate", b'Bearer realm="hubproxy"'))
         head = self.head

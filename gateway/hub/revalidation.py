@@ -5,9 +5,10 @@ each client connection; those admitted with a :class:`gateway.hub.admission.rech
 (long-running, with a hub identity) are asked about again
 (:func:`gateway.hub.admission.recheck.recheck`), once per distinct (token, cluster) however many
 streams share it. The caches answer while their entries are fresh, so the hub is asked again
-only once they expire: a stream whose token is revoked, or whose caller loses
-``managedclusters/proxy``, is closed within ``--token-cache-ttl`` + ``period`` + the review's
-time (at most 5 s each by default), well within TTL + 15 s.
+only once they expire: a stream whose token is revoked, whose caller loses
+``managedclusters/proxy``, or whose review now returns other groups than the stream was opened
+with (it would go on impersonating the old ones), is closed within ``--token-cache-ttl`` +
+``period`` + the review's time (at most 5 s each by default), well within TTL + 15 s.
 
 How a stream is closed (:meth:`gateway.hub.exchange.Exchange.revoke`): a watch or ``logs -f``
 ends its chunked body with the terminating chunk at a chunk boundary (client-go's reflector

@@ -30,7 +30,12 @@ import sys
 from typing import Any
 
 from gateway.hub.clusterprofile import component as clusterprofile
-from gateway.hub.config import FrontDoorLimits, GatewayConfig
+from gateway.hub.config import (
+    DEFAULT_HUB_WRITE_BURST,
+    DEFAULT_HUB_WRITE_QPS,
+    FrontDoorLimits,
+    GatewayConfig,
+)
 from gateway.hub.join.service import JoinService
 from gateway.hub.ocm import component as ocm
 from gateway.hub.workers import NOT_READY as WORKER_NOT_READY
@@ -46,6 +51,7 @@ from gateway.ops.flags import (
     tunnel_liveness,
 )
 from gateway.ops.k8saudit.backends import WebhookSettings
+from gateway.ops.metrics import BASIC_SERIES_PER_CLUSTER, REQUEST_BUCKETS
 from gateway.ops.metricslink import MetricsLink, PeerSnapshots, SnapshotSender
 from gateway.ops.rlimits import raise_open_file_limit
 from gateway.wire.http1 import Limits
@@ -302,7 +308,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="gateway processes sharing the front door and tunnel ports "
                      "(default: %(default)s). Agents keep one session to each. Each worker "
                      "uses one core and its own memory; worker 0 serves health and metrics "
-                     "(the sum of all workers, at most ~1s behind; /readyz is 200 only when "
+                     "(the sum of all workers: requests and sessions at most ~1s behind, an "
+                     "idle session's RTT and bytes at most ~30s; /readyz is 200 only when "
                      "every worker is ready, --ready-wait included) and writes ClusterProfiles")
     lim.add_argument("--shutdown-timeout", type=_duration, default=25.0, metavar="DURATION",
                      help="on SIGTERM, wait this long for in-flight requests (default: 25s)")
@@ -312,6 +319,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      "front door closes; each HTTP/1.1 response meanwhile closes its "
                      "connection, so keep-alive clients reconnect elsewhere (default: 0s; "
                      "deploy/hub uses 5s). Then --shutdown-timeout applies")
+    fleet = parser.add_argument_group(
+        "fleet scale: writes to the hub and per-cluster metrics")
+    fleet.add_argument("--hub-write-qps", type=_rate, default=DEFAULT_HUB_WRITE_QPS,
+                       metavar="PER_SECOND",
+                       help="requests per second this gateway process may send to write hub "
+                       "objects as agents come and go (ClusterProfile access providers, OCM "
+                       "TunnelConnected conditions, its instance Lease, and the reads that "
+                       "prepare those writes), after a burst of --hub-write-burst, as client-go's "
+                       "QPS. Writes are coalesced per object: a storm of reconnecting agents "
+                       "costs at most one write per object that must change, at this rate "
+                       "(default: %(default)s)")
+    fleet.add_argument("--hub-write-burst", type=positive_int, default=DEFAULT_HUB_WRITE_BURST,
+                       metavar="N",
+                       help="hub writes allowed at once before --hub-write-qps applies "
+                       "(default: %(default)s)")
+    fleet.add_argument("--cluster-metrics", choices=("basic", "detailed"), default="basic",
+                       help="per-cluster series on /metrics. basic: counters and gauges only, "
+                       f"at most {BASIC_SERIES_PER_CLUSTER} series per cluster (requests by "
+                       "status class; tunnel sessions, RTT, open and opened streams, bytes each "
+                       "way; agent version); latency histograms for the whole gateway, and the "
+                       "earliest agent certificate expiry with counts expiring within 7 and 30 "
+                       "days. detailed: also latency histograms per cluster "
+                       f"({len(REQUEST_BUCKETS) + 3} series per cluster and request class) and "
+                       "each cluster's agent certificate expiry (default: %(default)s)")
     add_tunnel_liveness_arguments(parser, "agent")
     add_audit_arguments(parser)
     parser.add_argument("--log-level", default="info",
@@ -509,6 +540,9 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         join_certificate_lifetime=args.join_certificate_lifetime,
         join_poll_interval=args.join_poll_interval,
         **_audit_settings(args),
+        hub_write_qps=args.hub_write_qps,
+        hub_write_burst=args.hub_write_burst,
+        cluster_metrics=args.cluster_metrics,
     )
 
 
@@ -533,7 +567,8 @@ def start_instance_discovery(config: GatewayConfig, gateway: Any, api_client: An
     announcer = InstanceAnnouncer(
         api_client, config.lease_namespace, config.hub_instance,
         clusters=gateway.registry.clusters, on_change=gateway.announce_instances,
-        duration=config.lease_duration, ready_wait=config.ready_wait)
+        duration=config.lease_duration, ready_wait=config.ready_wait,
+        writes=gateway.hub_writes)
     gateway.registry.subscribe(announcer.cluster_changed)
     if config.ready_wait > 0:
         gateway.readiness.gates.append(announcer.readiness_reason)
@@ -587,8 +622,13 @@ async def serve(config: GatewayConfig, args: argparse.Namespace | None = None,
                                                                  config.workers))
         elif link is not None:
             peers = link.sender(config.worker_index)
-            peers.start(lambda: {**gateway.metrics.snapshot(),
-                                 WORKER_NOT_READY: gateway.readiness.reason()})
+
+            def part() -> dict[str, Any]:
+                figures = gateway.metrics.part()
+                figures["scalars"][WORKER_NOT_READY] = gateway.readiness.reason()
+                return figures
+
+            peers.start(part, changed=gateway.metrics.take_changed)
         announcer = start_instance_discovery(config, gateway, api_client)
         if joining is not None:  # every process: each has its own listener to police
             joining.listener = gateway.tunnel_listener
@@ -600,10 +640,11 @@ async def serve(config: GatewayConfig, args: argparse.Namespace | None = None,
         if args is not None and config.worker_index == 0:
             if getattr(args, "clusterprofiles", None) is not None:
                 extras.append(asyncio.ensure_future(
-                    clusterprofile.run(args, api_client, gateway.registry)))
+                    clusterprofile.run(args, api_client, gateway.registry,
+                                       gateway.hub_writes)))
             if getattr(args, "ocm_addon_conditions", False):
                 extras.append(asyncio.ensure_future(
-                    ocm.run(args, api_client, gateway.registry)))
+                    ocm.run(args, api_client, gateway.registry, gateway.hub_writes)))
         await stop.wait()
         log.info("shutting down: draining for up to %.0fs", config.shutdown_timeout)
         # The Lease goes first (in parallel with the drain): peers and agents stop counting

@@ -7,14 +7,18 @@
   proves the hub can authenticate. Otherwise 503 with the reason. Cheap: never waits for the hub.
 * ``/metrics`` -- Prometheus text (``gateway.ops.metrics``).
 * ``/clusters`` -- the gateway's fleet as JSON (``gateway.hub.fleet``; ``hubproxy clusters``
-  prints it). Like everything on this port it is **unauthenticated**: cluster names, agent
+  prints it), a page at a time (``?limit=&continue=``, filters ``?cluster=`` and ``?state=``; a
+  bad parameter is a 400). Like everything on this port it is **unauthenticated**: cluster
+  names, agent
   versions, certificate expiry and error reasons, never a secret, but an inventory. Keep
   ``--health-listen`` on a private address (loopback, or the pod IP behind a NetworkPolicy);
   to reach it from elsewhere, put an authenticating proxy in front (kube-rbac-proxy, as for
   any metrics port) or use ``kubectl port-forward``.
 
 One tiny request per connection (``Connection: close``), GET/HEAD only, heads bounded by
-``gateway.wire.http1`` limits: this port must stay boring.
+``gateway.wire.http1`` limits: this port must stay boring. ``/metrics`` and ``/clusters`` grow
+with the fleet, so they are built as generators of chunks, and the event loop runs between two
+chunks: a scrape of 10,000 clusters never stalls the tunnel sessions' liveness checks.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 
 from gateway.wire.http1 import HTTPError, Limits, find_head_end, parse_request_head
 
@@ -119,16 +123,30 @@ def _response(code: int, reason: str, body: bytes, content_type: bytes = b"text/
     ) + body
 
 
+async def collect(chunks: Iterable[bytes]) -> bytes:
+    """Join a generator's chunks, letting the event loop run between two."""
+    out = []
+    for chunk in chunks:
+        if chunk:
+            out.append(chunk)
+        await asyncio.sleep(0)
+    return b"".join(out)
+
+
 class HealthServer:
-    def __init__(self, readiness: Readiness, metrics: Callable[[], bytes],
-                 clusters: Callable[[], bytes] | None = None) -> None:
+    """``metrics()`` returns the Prometheus text as chunks; ``clusters(query)`` the
+    ``/clusters`` document for a query string as chunks, raising ValueError (a 400) for a bad
+    parameter."""
+
+    def __init__(self, readiness: Readiness, metrics: Callable[[], Iterable[bytes]],
+                 clusters: Callable[[str], Iterable[bytes]] | None = None) -> None:
         self.readiness = readiness
         self.metrics = metrics
         self.clusters = clusters
         self.server: asyncio.base_events.Server | None = None
 
-    def answer(self, method: bytes, path: bytes) -> bytes:
-        path = path.partition(b"?")[0]
+    async def answer(self, method: bytes, target: bytes) -> bytes:
+        path, _, query = target.partition(b"?")
         if method not in (b"GET", b"HEAD"):
             return _response(405, "Method Not Allowed", b"method not allowed\n")
         if path in (b"/healthz", b"/livez"):
@@ -141,10 +159,14 @@ class HealthServer:
                 response = _response(503, "Service Unavailable",
                                      b"not ready: " + why.encode("ascii", "replace") + b"\n")
         elif path == b"/metrics":
-            response = _response(200, "OK", self.metrics(),
+            response = _response(200, "OK", await collect(self.metrics()),
                                  b"text/plain; version=0.0.4; charset=utf-8")
         elif path == b"/clusters" and self.clusters is not None:
-            response = _response(200, "OK", self.clusters(), b"application/json")
+            try:
+                body = await collect(self.clusters(query.decode("ascii", "replace")))
+            except ValueError as exc:
+                return _response(400, "Bad Request", f"{exc}\n".encode("ascii", "replace"))
+            response = _response(200, "OK", body, b"application/json")
         else:
             return _response(404, "Not Found", b"not found\n")
         if method == b"HEAD":
@@ -165,7 +187,7 @@ class HealthServer:
                     if end >= 0:
                         break
             head = parse_request_head(bytes(buf[:end]), HEALTH_LIMITS)
-            writer.write(self.answer(head.method, head.target))
+            writer.write(await self.answer(head.method, head.target))
         except HTTPError as exc:
             writer.write(_response(exc.status, "Bad Request", b"bad request\n"))
         except (TimeoutError, ConnectionError):

@@ -2,23 +2,38 @@
 
 Labels are bounded and carry no secrets (DESIGN §6 rule 5): ``cluster`` is a cluster that
 connected since start (anything else counts as ``cluster="_other"``, so random paths cannot
-grow the label set), ``code`` an HTTP status. No tokens, no paths, and no user names but in
-``hubproxy_fair_flow_rejected_total`` (who is being refused by the fair queuing: at most 20
-hub users, the rest ``_other``).
+grow the label set), ``code`` an HTTP status (per cluster, its class). No tokens, no paths, and
+no user names but in ``hubproxy_fair_flow_rejected_total`` (who is being refused by the fair
+queuing: at most 20 hub users, the rest ``_other``).
 
-Counters are plain integers updated on the event loop (one increment per request, never per
-chunk); :func:`render` reads them, plus live gauges from callables, when ``/metrics`` is asked.
-With ``--workers`` each worker counts its own; the others send worker 0 a snapshot every second
-(``gateway.ops.metricslink``) and worker 0's ``/metrics`` shows the sum.
+**Series per cluster** are what a fleet multiplies (DESIGN §6 rule 8). By default a cluster adds
+at most :data:`BASIC_SERIES_PER_CLUSTER` series, counters and gauges only: requests by status
+class (``1xx``..``5xx``, those seen), its tunnel sessions, RTT, open streams, streams opened,
+bytes each way, and its agents' version (one more while its agents run two versions). Latency
+histograms are kept for the whole gateway by request class; ``--cluster-metrics detailed``
+adds them per cluster (``hubproxy_cluster_request_duration_seconds``, 19 series per cluster and
+class) and each cluster's agent certificate expiry. Agent certificates are otherwise summarized:
+the earliest expiry and how many clusters' certificates expire within 7 and 30 days.
+
+**Rendering never holds the event loop**: :meth:`GatewayMetrics.render_chunks` is a generator
+that does a bounded amount of work per step (:data:`CHUNK` clusters), and the health port runs
+the loop between steps. Counters are plain integers updated on the event loop (one increment
+per request, never per chunk).
+
+**Workers.** With ``--workers`` each worker counts its own; the others send worker 0 what
+changed (``gateway.ops.metricslink``) and worker 0's ``/metrics`` shows the sum. What a worker
+sends is a *part*: ``{"scalars": {...}, "requests": {cluster: [by class]},
+"cluster_latency": {cluster: {class: histogram}}, "fleet": {cluster: entry}}``, the same shape
+this process renders its own figures from (:meth:`GatewayMetrics.part`).
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from gateway.ops.k8saudit.backends import DROP_REASONS
 
@@ -30,6 +45,23 @@ REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
                    300.0, 1800.0, 3600.0)
 # Hub TokenReview / SubjectAccessReview call durations.
 HUB_CALL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+# Per cluster, the status of a request is counted by class: five series at most, whatever codes
+# the managed apiservers answer. Exact codes are counted for the whole gateway.
+CODE_CLASSES = ("1xx", "2xx", "3xx", "4xx", "5xx")
+# Tunnel series per cluster: sessions, RTT, open streams, streams opened, bytes (2), agent info.
+TUNNEL_SERIES_PER_CLUSTER = 7
+BASIC_SERIES_PER_CLUSTER = len(CODE_CLASSES) + TUNNEL_SERIES_PER_CLUSTER
+
+# Clusters handled per step of a render (between two turns of the event loop): 1-3 ms.
+CHUNK = 128
+DAY = 86400.0
+EXPIRY_WINDOWS = ((7, 7 * DAY), (30, 30 * DAY))  # days, seconds: agent certificates expiring
+
+
+def code_class(code: int) -> int:
+    """Index into :data:`CODE_CLASSES` of an HTTP status (anything odd counts as 5xx)."""
+    return min(max(code // 100 - 1, 0), len(CODE_CLASSES) - 1) if code >= 100 else 4
 
 
 class Histogram:
@@ -78,9 +110,57 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
+class TunnelStats(NamedTuple):
+    """One cluster's tunnel, all workers' sessions together (``gateway.hub.fleet`` computes it
+    from the fleet entries)."""
+
+    sessions: int
+    rtt_seconds: float | None  # the slowest session's
+    active_streams: int
+    streams_opened: int  # ended sessions included: a counter
+    bytes_from_agent: int
+    bytes_to_agent: int
+    versions: dict[str, int]  # sessions by agent version
+    certificate_not_after: float | None  # the earliest agent certificate
+
+
+def _no_stats(entries: list[dict[str, Any]]) -> TunnelStats:
+    return TunnelStats(0, None, 0, 0, 0, 0, {}, None)
+
+
+class LazyMapping(Mapping[str, Any]):
+    """A read-only mapping whose values are computed when read (a live view, never copied)."""
+
+    def __init__(self, keys: Callable[[], Iterable[str]], value: Callable[[str], Any]) -> None:
+        self._keys = keys
+        self._value = value
+
+    def __getitem__(self, key: str) -> Any:
+        found = self._value(key)
+        if found is None:
+            raise KeyError(key)
+        return found
+
+    def get(self, key: str, default: Any = None) -> Any:
+        found = self._value(key)
+        return default if found is None else found
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._keys()))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self._keys())
+
+
+# The per-cluster sections of a part, keyed by cluster name.
+CLUSTER_SECTIONS = ("requests", "cluster_latency", "fleet")
+
+
 @dataclass
 class GatewayMetrics:
-    requests: Counter[tuple[str, int]] = field(default_factory=Counter)
+    # Requests by cluster and status class (CODE_CLASSES), and by exact status for all.
+    cluster_requests: dict[str, list[int]] = field(default_factory=dict)
+    codes: Counter[int] = field(default_factory=Counter)
     bytes_in: int = 0  # client -> cluster (request bodies and raw upgraded bytes)
     bytes_out: int = 0  # cluster -> client
     active_streams: int = 0
@@ -98,9 +178,9 @@ class GatewayMetrics:
     # Front-door connections refused before TLS by --proxy-protocol-from, by reason
     # (gateway.hub.proxyaccept.REFUSAL_REASONS).
     proxy_protocol_refused: Counter[str] = field(default_factory=Counter)
+    # Per-cluster latency histograms and agent certificate expiry (--cluster-metrics detailed).
+    cluster_detail: bool = False
     # Live values read at scrape time.
-    connected_agents: Callable[[], int] = lambda: 0
-    cluster_names: Callable[[], Iterable[str]] = lambda: ()
     client_connections: Callable[[], int] = lambda: 0
     # Of those, the HTTP/2 ones, and the streams (requests) open on them now.
     h2_client_connections: Callable[[], int] = lambda: 0
@@ -115,26 +195,31 @@ class GatewayMetrics:
     # Agent connections that completed TLS but were refused (not TLS 1.3, wrong ALPN, no
     # cluster in the certificate); handshake_failures counts every refusal by reason.
     tunnel_refused: Callable[[], int] = lambda: 0
-    # With --workers: the latest snapshots of the other workers (worker 0 serves /metrics).
+    # With --workers: the latest parts of the other workers (worker 0 serves /metrics).
     peers: Callable[[], Iterable[dict[str, Any]]] = lambda: ()
-    # Request durations by (cluster, class: short/watch/stream).
-    latency: dict[tuple[str, str], Histogram] = field(default_factory=dict)
+    # Request durations by class (short/watch/stream), and by cluster too when detailed.
+    latency: dict[str, Histogram] = field(default_factory=dict)
+    cluster_latency: dict[str, dict[str, Histogram]] = field(default_factory=dict)
     # Hub calls (tokenreview, subjectaccessreview): durations, and outcomes (ok, error).
     hub_latency: dict[str, Histogram] = field(default_factory=dict)
     hub_calls: Counter[tuple[str, str]] = field(default_factory=Counter)
     authz_lookups: int = 0  # authorizations asked for (cache hits = lookups - SARs sent)
     # Certificate expiry (epoch seconds) by which certificate; read at scrape time.
     certificates: Callable[[], dict[str, float]] = dict
-    # The fleet (gateway.hub.fleet): this worker's part, and how to render the merged parts.
-    fleet: Callable[[], dict[str, Any]] = dict
-    fleet_lines: Callable[[list[dict[str, Any]]], list[str]] = lambda parts: []
-    agent_certificates: Callable[[list[dict[str, Any]]], dict[str, float]] = lambda parts: {}
+    # The fleet (gateway.hub.fleet): this worker's clusters' entries (a live mapping), and how
+    # one cluster's entries (one per worker) become its tunnel figures.
+    fleet: Callable[[], Mapping[str, Any]] = dict
+    fleet_stats: Callable[[list[dict[str, Any]]], TunnelStats] = _no_stats
     # Fair queuing of short requests (gateway.hub.admission.seats.Seats.snapshot); {}: off.
     fairness: Callable[[], dict[str, Any]] = dict
+    # Writes to the hub (gateway.hub.hubwrites.HubWrites.snapshot); {}: none.
+    hub_writes: Callable[[], dict[str, Any]] = dict
     # Kubernetes-format audit (gateway.hub.audittrail): events per backend, and the events
     # lost as "backend/reason"; {} when off.
     audit_events: Callable[[], dict[str, int]] = dict
     audit_dropped: Callable[[], dict[str, int]] = dict
+    # Clusters whose figures changed since the link last asked (None: nobody asks).
+    changed: set[str] | None = None
 
     def proxy_refused(self, reason: str) -> None:
         self.proxy_protocol_refused[reason] += 1
@@ -150,17 +235,38 @@ class GatewayMetrics:
         self.h2_streams_sum += streams
         self.h2_streams_count += 1
 
+    def mark_changed(self, cluster: str) -> None:
+        if self.changed is not None:
+            self.changed.add(cluster)
+
+    def take_changed(self) -> set[str]:
+        """The clusters marked changed since the last call (the first call starts tracking)."""
+        taken = self.changed if self.changed is not None else set()
+        self.changed = set()
+        return taken
+
     def request(self, cluster: str, code: int, bytes_in: int, bytes_out: int,
                 duration: float | None = None, kind: str = "short") -> None:
-        self.requests[(cluster, code)] += 1
+        counts = self.cluster_requests.get(cluster)
+        if counts is None:
+            counts = self.cluster_requests[cluster] = [0] * len(CODE_CLASSES)
+        counts[code_class(code)] += 1
+        self.codes[code] += 1
         self.bytes_in += bytes_in
         self.bytes_out += bytes_out
         if duration is not None:
-            key = (cluster, kind)
-            histogram = self.latency.get(key)
+            histogram = self.latency.get(kind)
             if histogram is None:
-                histogram = self.latency[key] = Histogram(REQUEST_BUCKETS)
+                histogram = self.latency[kind] = Histogram(REQUEST_BUCKETS)
             histogram.observe(duration)
+            if self.cluster_detail:
+                by_class = self.cluster_latency.setdefault(cluster, {})
+                histogram = by_class.get(kind)
+                if histogram is None:
+                    histogram = by_class[kind] = Histogram(REQUEST_BUCKETS)
+                histogram.observe(duration)
+        if self.changed is not None:
+            self.changed.add(cluster)
 
     def hub_call(self, call: str, seconds: float, ok: bool) -> None:
         """One TokenReview/SubjectAccessReview sent to the hub (``ok``: it answered)."""
@@ -170,11 +276,9 @@ class GatewayMetrics:
         histogram.observe(seconds)
         self.hub_calls[(call, "ok" if ok else "error")] += 1
 
-    def snapshot(self) -> dict[str, Any]:
-        """This process's figures as plain JSON values (what a worker sends to worker 0)."""
+    def scalars(self) -> dict[str, Any]:
+        """This process's figures that do not grow with the fleet, as plain JSON values."""
         return {
-            "requests": [[cluster, code, count]
-                         for (cluster, code), count in self.requests.items()],
             "bytes_in": self.bytes_in,
             "bytes_out": self.bytes_out,
             "active_streams": self.active_streams,
@@ -190,8 +294,6 @@ class GatewayMetrics:
             "proxy_protocol_refused": dict(self.proxy_protocol_refused),
             "audit_events": self.audit_events(),
             "audit_dropped": self.audit_dropped(),
-            "connected_agents": self.connected_agents(),
-            "clusters": sorted(self.cluster_names()),
             "client_connections": self.client_connections(),
             "h2_client_connections": self.h2_client_connections(),
             "h2_open_streams": self.h2_open_streams(),
@@ -201,84 +303,115 @@ class GatewayMetrics:
             "handshake_failures": dict(self.handshake_failures()),
             "authz_lookups": self.authz_lookups,
             "tunnel_refused": self.tunnel_refused(),
-            "latency": [[cluster, kind, h.to_json()]
-                        for (cluster, kind), h in self.latency.items()],
-            "hub_latency": [[call, h.to_json()] for call, h in self.hub_latency.items()],
+            "codes": {str(code): count for code, count in self.codes.items()},
+            "latency": {kind: h.to_json() for kind, h in self.latency.items()},
+            "hub_latency": {call: h.to_json() for call, h in self.hub_latency.items()},
             "hub_calls": [[call, outcome, count]
                           for (call, outcome), count in self.hub_calls.items()],
-            "fleet": self.fleet(),
             "fairness": self.fairness(),
+            "hub_writes": self.hub_writes(),
         }
 
+    def part(self) -> dict[str, Any]:
+        """This process's figures in the shape workers send (see the module docstring): the
+        per-cluster sections are live mappings, read as they are rendered or sent."""
+        latency, requests = self.cluster_latency, self.cluster_requests
+        return {
+            "scalars": self.scalars(),
+            # Copies: the link keeps what it sent to compare with what comes next.
+            "requests": LazyMapping(lambda: requests.keys(),
+                                    lambda c: list(requests[c]) if c in requests else None),
+            "cluster_latency": LazyMapping(
+                lambda: latency.keys(),
+                lambda c: ({kind: h.to_json() for kind, h in latency[c].items()}
+                           if c in latency else None)),
+            "fleet": self.fleet(),
+        }
+
+    def snapshot(self) -> dict[str, Any]:
+        """:meth:`part` copied into plain JSON values (for tests and tools; O(clusters))."""
+        part = self.part()
+        return {name: (dict(section.items()) if name in CLUSTER_SECTIONS else section)
+                for name, section in part.items()}
+
+    def render_chunks(self) -> Iterator[bytes]:
+        """Prometheus text of this process and its peer workers, a bounded step at a time."""
+        parts = [self.part(), *self.peers()]
+        own = self.certificates()
+        return render_parts(parts, own, self.fleet_stats, detail=self.cluster_detail)
+
     def render(self) -> bytes:
-        """Prometheus text: this process's figures plus the latest ones of its peer workers."""
-        merged = merge([self.snapshot(), *self.peers()])
-        parts = merged["fleet_parts"]
-        extra = [*self.fleet_lines(parts),
-                 *certificate_lines(self.certificates(), self.agent_certificates(parts))]
-        text = render(merged)
-        return text + ("\n".join(extra) + "\n").encode("ascii") if extra else text
+        """The whole text at once (tests, small fleets)."""
+        return b"".join(self.render_chunks())
 
 
+# Scalars that are counts by one label value, added up label by label.
+COUNTED_BY_LABEL = ("proxy_protocol_refused", "audit_events", "audit_dropped")
 SUMMED = ("bytes_in", "bytes_out", "active_streams", "streams_total", "connections_refused",
-          "connected_agents", "client_connections", "auth_reviews", "auth_lookups",
+          "client_connections", "auth_reviews", "auth_lookups",
           "authz_lookups", "tunnel_refused", "requests_h1", "requests_h2", "h2_connections_total",
           "h2_streams_sum", "h2_streams_count", "h2_protocol_errors", "h2_calmed",
           "h2_client_connections", "h2_open_streams", "hub_outage_answers")
 
 
-def merge(snapshots: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """One gateway's figures from its workers': counts add up; a cluster counts once however
-    many workers hold a session from it. Fields a snapshot lacks count as zero."""
+def merge_scalars(snapshots: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """One gateway's bounded figures from its workers': counts add up. Fields a worker's
+    scalars lack count as zero (a field it does not know is ignored)."""
     total: dict[str, Any] = dict.fromkeys(SUMMED, 0)
-    requests: Counter[tuple[str, int]] = Counter()
-    clusters: set[str] = set()
-    snapshots_seen = list(snapshots)
-    latency: dict[tuple[str, str], Histogram] = {}
+    codes: Counter[int] = Counter()
+    failures: Counter[str] = Counter()
+    latency: dict[str, Histogram] = {}
     hub_latency: dict[str, Histogram] = {}
     hub_calls: Counter[tuple[str, str]] = Counter()
-    fleet_parts: list[dict[str, Any]] = []
-    proxy_refused: Counter[str] = Counter()
-    audit_events: Counter[str] = Counter()
-    audit_dropped: Counter[str] = Counter()
-    for snap in snapshots_seen:
+    counted: dict[str, Counter[str]] = {key: Counter() for key in COUNTED_BY_LABEL}
+    seen = list(snapshots)
+    for snap in seen:
         for key in SUMMED:
             value = snap.get(key, 0)
             if isinstance(value, int):
                 total[key] += value
-        for cluster, code, count in snap.get("requests", ()):
-            requests[(str(cluster), int(code))] += int(count)
-        clusters.update(str(c) for c in snap.get("clusters", ()))
-        for cluster, kind, values in snap.get("latency", ()):
-            latency_key = (str(cluster), str(kind))
-            if latency_key not in latency:
-                latency[latency_key] = Histogram(REQUEST_BUCKETS)
-            latency[latency_key].add_json(values)
-        for call, values in snap.get("hub_latency", ()):
-            if call not in hub_latency:
-                hub_latency[call] = Histogram(HUB_CALL_BUCKETS)
-            hub_latency[call].add_json(values)
-        for call, outcome, count in snap.get("hub_calls", ()):
+        for code, count in (snap.get("codes") or {}).items():
+            codes[int(code)] += int(count)
+        for reason, count in (snap.get("handshake_failures") or {}).items():
+            failures[str(reason)] += int(count)
+        for kind, values in (snap.get("latency") or {}).items():
+            latency.setdefault(str(kind), Histogram(REQUEST_BUCKETS)).add_json(values)
+        for call, values in (snap.get("hub_latency") or {}).items():
+            hub_latency.setdefault(str(call), Histogram(HUB_CALL_BUCKETS)).add_json(values)
+        for call, outcome, count in snap.get("hub_calls") or ():
             hub_calls[(str(call), str(outcome))] += int(count)
-        fleet_parts.append(snap.get("fleet") or {})
-        for reason, count in (snap.get("proxy_protocol_refused") or {}).items():
-            proxy_refused[str(reason)] += int(count)
-        for backend, count in (snap.get("audit_events") or {}).items():
-            audit_events[str(backend)] += int(count)
-        for key, count in (snap.get("audit_dropped") or {}).items():
-            audit_dropped[str(key)] += int(count)
-    total["requests"] = requests
-    total["connected_clusters"] = len(clusters)
-    total.update(_merge_certificates(snapshots_seen))
+        for key, counter in counted.items():
+            for label, count in (snap.get(key) or {}).items():
+                counter[str(label)] += int(count)
+    total.update(counted)
+    total["codes"] = codes
+    total["handshake_failures"] = failures
     total["latency"] = latency
     total["hub_latency"] = hub_latency
     total["hub_calls"] = hub_calls
-    total["fleet_parts"] = fleet_parts
-    total["proxy_protocol_refused"] = proxy_refused
-    total["audit_events"] = audit_events
-    total["audit_dropped"] = audit_dropped
-    total["fairness"] = _merge_fairness(snap.get("fairness") or {} for snap in snapshots_seen)
+    total["fairness"] = _merge_fairness(snap.get("fairness") or {} for snap in seen)
+    total["hub_writes"] = _merge_hub_writes(snap.get("hub_writes") or {} for snap in seen)
     return total
+
+
+def _merge_hub_writes(parts: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """Workers' hub writes, added up (each has its own Lease; worker 0 has the writers)."""
+    writes: Counter[tuple[str, str]] = Counter()
+    reads: Counter[str] = Counter()
+    pending: Counter[str] = Counter()
+    waited, seen = 0.0, False
+    for part in parts:
+        if not part:
+            continue
+        seen = True
+        for resource, outcome, count in part.get("writes") or ():
+            writes[(str(resource), str(outcome))] += int(count)
+        reads.update({str(k): int(v) for k, v in (part.get("reads") or {}).items()})
+        pending.update({str(k): int(v) for k, v in (part.get("pending") or {}).items()})
+        waited += float(part.get("waited") or 0.0)
+    if not seen:
+        return {}
+    return {"writes": writes, "reads": reads, "pending": pending, "waited": waited}
 
 
 def _merge_fairness(parts: Iterable[dict[str, Any]]) -> dict[str, Any]:
@@ -351,38 +484,51 @@ def _fairness_lines(m: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _merge_certificates(snapshots: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """Handshake failures add up across workers."""
-    failures: Counter[str] = Counter()
-    for snap in snapshots:
-        for reason, count in snap.get("handshake_failures", {}).items():
-            failures[str(reason)] += int(count)
-    return {"handshake_failures": failures}
-
-
-def _render_certificates(m: dict[str, Any]) -> list[str]:
+def _hub_write_lines(m: dict[str, Any]) -> list[str]:
+    writes = m.get("hub_writes") or {}
+    if not writes:
+        return []
     lines = [
-        "# HELP hubproxy_tunnel_handshake_failures_total Agent connections refused before a "
-        "session, by reason (expired, not_yet_valid, unknown_ca, wrong_name, no_certificate, "
-        "bad_certificate, protocol, timeout, aborted).",
-        "# TYPE hubproxy_tunnel_handshake_failures_total counter",
+        "# HELP hubproxy_hub_writes_pending Hub objects waiting for their writer (coalesced: "
+        "one per object however many events), by resource.",
+        "# TYPE hubproxy_hub_writes_pending gauge",
     ]
-    for reason, count in sorted(m.get("handshake_failures", {}).items()):
-        lines.append(
-            f'hubproxy_tunnel_handshake_failures_total{{reason="{_escape(reason)}"}} {count}')
+    for resource, count in sorted(writes["pending"].items()):
+        lines.append(f'hubproxy_hub_writes_pending{{resource="{_escape(resource)}"}} {count}')
+    lines += [
+        "# HELP hubproxy_hub_writes_total Writes sent to the hub by the gateway's writers, by "
+        "resource and outcome (ok, conflict, not_found, forbidden, error).",
+        "# TYPE hubproxy_hub_writes_total counter",
+    ]
+    for (resource, outcome), count in sorted(writes["writes"].items()):
+        lines.append(f'hubproxy_hub_writes_total{{resource="{_escape(resource)}",'
+                     f'outcome="{_escape(outcome)}"}} {count}')
+    lines += [
+        "# HELP hubproxy_hub_writer_reads_total Reads the writers sent to prepare writes (list "
+        "pages, a GET before a patch), by resource; they share the write rate.",
+        "# TYPE hubproxy_hub_writer_reads_total counter",
+    ]
+    for resource, count in sorted(writes["reads"].items()):
+        lines.append(f'hubproxy_hub_writer_reads_total{{resource="{_escape(resource)}"}} '
+                     f"{count}")
+    lines += [
+        "# HELP hubproxy_hub_write_rate_wait_seconds_total Time writers waited for the hub "
+        "write rate (--hub-write-qps, --hub-write-burst).",
+        "# TYPE hubproxy_hub_write_rate_wait_seconds_total counter",
+        f"hubproxy_hub_write_rate_wait_seconds_total {writes['waited']:.6f}",
+    ]
     return lines
 
 
-def render(m: dict[str, Any]) -> bytes:
+def _scalar_lines(m: dict[str, Any]) -> list[str]:
     reviews = m["auth_reviews"]
     lines = [
-        "# HELP hubproxy_requests_total Requests answered, by cluster and HTTP status.",
-        "# TYPE hubproxy_requests_total counter",
+        "# HELP hubproxy_requests_by_code_total Requests answered, by HTTP status (all "
+        "clusters; per cluster see hubproxy_requests_total).",
+        "# TYPE hubproxy_requests_by_code_total counter",
     ]
-    for (cluster, code), count in sorted(m["requests"].items()):
-        lines.append(
-            f'hubproxy_requests_total{{cluster="{_escape(cluster)}",code="{code}"}} {count}'
-        )
+    for code, count in sorted(m["codes"].items()):
+        lines.append(f'hubproxy_requests_by_code_total{{code="{code}"}} {count}')
     lines += [
         "# HELP hubproxy_active_streams Tunnel streams currently carrying a request.",
         "# TYPE hubproxy_active_streams gauge",
@@ -390,12 +536,6 @@ def render(m: dict[str, Any]) -> bytes:
         "# HELP hubproxy_streams_total Tunnel streams opened.",
         "# TYPE hubproxy_streams_total counter",
         f"hubproxy_streams_total {m['streams_total']}",
-        "# HELP hubproxy_connected_agents Agent tunnel sessions connected.",
-        "# TYPE hubproxy_connected_agents gauge",
-        f"hubproxy_connected_agents {m['connected_agents']}",
-        "# HELP hubproxy_connected_clusters Clusters with at least one agent session.",
-        "# TYPE hubproxy_connected_clusters gauge",
-        f"hubproxy_connected_clusters {m['connected_clusters']}",
         "# HELP hubproxy_client_connections Open client connections on the front door.",
         "# TYPE hubproxy_client_connections gauge",
         f"hubproxy_client_connections {m['client_connections']}",
@@ -445,17 +585,59 @@ def render(m: dict[str, Any]) -> bytes:
         "# TYPE hubproxy_bytes_total counter",
         f'hubproxy_bytes_total{{direction="in"}} {m["bytes_in"]}',
         f'hubproxy_bytes_total{{direction="out"}} {m["bytes_out"]}',
-        *_render_certificates(m),
+        "# HELP hubproxy_tunnel_handshake_failures_total Agent connections refused before a "
+        "session, by reason (expired, not_yet_valid, unknown_ca, wrong_name, no_certificate, "
+        "bad_certificate, protocol, timeout, aborted).",
+        "# TYPE hubproxy_tunnel_handshake_failures_total counter",
+    ]
+    for reason, count in sorted(m["handshake_failures"].items()):
+        lines.append(
+            f'hubproxy_tunnel_handshake_failures_total{{reason="{_escape(reason)}"}} {count}')
+    lines += [
         "# HELP hubproxy_tunnel_refused_total Agent connections refused after TLS (not TLS "
         "1.3, wrong ALPN, no cluster in the certificate); by reason in "
         "hubproxy_tunnel_handshake_failures_total.",
         "# TYPE hubproxy_tunnel_refused_total counter",
         f"hubproxy_tunnel_refused_total {m['tunnel_refused']}",
+        "# HELP hubproxy_request_duration_seconds Requests by class: short (its whole "
+        "exchange), watch and stream (how long they stayed open); per cluster with "
+        "--cluster-metrics detailed (hubproxy_cluster_request_duration_seconds).",
+        "# TYPE hubproxy_request_duration_seconds histogram",
     ]
-    lines += _latency_lines(m)
+    for kind, histogram in sorted(m["latency"].items()):
+        lines += histogram.lines("hubproxy_request_duration_seconds",
+                                 f'class="{_escape(kind)}"')
+    lines += [
+        "# HELP hubproxy_hub_request_duration_seconds TokenReviews and SubjectAccessReviews "
+        "sent to the hub (cache misses), by call.",
+        "# TYPE hubproxy_hub_request_duration_seconds histogram",
+    ]
+    for call, histogram in sorted(m["hub_latency"].items()):
+        lines += histogram.lines("hubproxy_hub_request_duration_seconds",
+                                 f'call="{_escape(call)}"')
+    lines += [
+        "# HELP hubproxy_hub_requests_total Hub calls by outcome: ok (the hub answered, yes or "
+        "no) or error (unreachable, timeout, refused the gateway's credential).",
+        "# TYPE hubproxy_hub_requests_total counter",
+    ]
+    for (call, outcome), count in sorted(m["hub_calls"].items()):
+        lines.append(f'hubproxy_hub_requests_total{{call="{_escape(call)}",'
+                     f'outcome="{_escape(outcome)}"}} {count}')
+    sars = sum(count for (call, _), count in m["hub_calls"].items()
+               if call == "subjectaccessreview")
+    lines += [
+        "# HELP hubproxy_authz_cache_hits_total Authorizations answered from the cache (or "
+        "coalesced).",
+        "# TYPE hubproxy_authz_cache_hits_total counter",
+        f"hubproxy_authz_cache_hits_total {max(0, m.get('authz_lookups', 0) - sars)}",
+        "# HELP hubproxy_authz_cache_misses_total SubjectAccessReviews sent to the hub.",
+        "# TYPE hubproxy_authz_cache_misses_total counter",
+        f"hubproxy_authz_cache_misses_total {sars}",
+    ]
     lines += _fairness_lines(m)
     lines += _audit_lines(m)
-    return ("\n".join(lines) + "\n").encode("ascii")
+    lines += _hub_write_lines(m)
+    return lines
 
 
 def _proxy_protocol_lines(m: dict[str, Any]) -> list[str]:
@@ -499,60 +681,164 @@ def _audit_lines(m: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _latency_lines(m: dict[str, Any]) -> list[str]:
-    lines = [
-        "# HELP hubproxy_request_duration_seconds Requests by cluster and class: short (its "
-        "whole exchange), watch and stream (how long they stayed open).",
-        "# TYPE hubproxy_request_duration_seconds histogram",
-    ]
-    for (cluster, kind), histogram in sorted(m.get("latency", {}).items()):
-        lines += histogram.lines("hubproxy_request_duration_seconds",
-                                 f'cluster="{_escape(cluster)}",class="{_escape(kind)}"')
-    lines += [
-        "# HELP hubproxy_hub_request_duration_seconds TokenReviews and SubjectAccessReviews "
-        "sent to the hub (cache misses), by call.",
-        "# TYPE hubproxy_hub_request_duration_seconds histogram",
-    ]
-    for call, histogram in sorted(m.get("hub_latency", {}).items()):
-        lines += histogram.lines("hubproxy_hub_request_duration_seconds",
-                                 f'call="{_escape(call)}"')
-    lines += [
-        "# HELP hubproxy_hub_requests_total Hub calls by outcome: ok (the hub answered, yes or "
-        "no) or error (unreachable, timeout, refused the gateway's credential).",
-        "# TYPE hubproxy_hub_requests_total counter",
-    ]
-    for (call, outcome), count in sorted(m.get("hub_calls", {}).items()):
-        lines.append(f'hubproxy_hub_requests_total{{call="{_escape(call)}",'
-                     f'outcome="{_escape(outcome)}"}} {count}')
-    sars = sum(count for (call, _), count in m.get("hub_calls", {}).items()
-               if call == "subjectaccessreview")
-    lines += [
-        "# HELP hubproxy_authz_cache_hits_total Authorizations answered from the cache (or "
-        "coalesced).",
-        "# TYPE hubproxy_authz_cache_hits_total counter",
-        f"hubproxy_authz_cache_hits_total {max(0, m.get('authz_lookups', 0) - sars)}",
-        "# HELP hubproxy_authz_cache_misses_total SubjectAccessReviews sent to the hub.",
-        "# TYPE hubproxy_authz_cache_misses_total counter",
-        f"hubproxy_authz_cache_misses_total {sars}",
-    ]
-    return lines
+def _text(lines: list[str]) -> bytes:
+    return ("\n".join(lines) + "\n").encode("ascii") if lines else b""
 
 
-def certificate_lines(own: dict[str, float], agents: dict[str, float]) -> list[str]:
-    """``hubproxy_certificate_expiry_timestamp_seconds``: ``{certificate="serving"}`` and
-    ``"tunnel"`` (``own``), and ``{certificate="agent",cluster=...}`` for each connected cluster
-    (the earliest of its sessions' client certificates), in one metric family."""
-    if not own and not agents:
-        return []
-    lines = [
-        "# HELP hubproxy_certificate_expiry_timestamp_seconds When a certificate expires (Unix "
-        "time): serving, tunnel, and each agent's client certificate (earliest per cluster).",
-        "# TYPE hubproxy_certificate_expiry_timestamp_seconds gauge",
+def _chunks(names: list[str]) -> Iterator[list[str]]:
+    for start in range(0, len(names), CHUNK):
+        yield names[start:start + CHUNK]
+
+
+def _union(mappings: Iterable[Mapping[str, Any]]) -> list[str]:
+    names: set[str] = set()
+    for mapping in mappings:
+        names.update(mapping)
+    return sorted(names)
+
+
+def render_parts(parts: list[dict[str, Any]], own_certificates: dict[str, float],
+                 fleet_stats: Callable[[list[dict[str, Any]]], TunnelStats], *,
+                 detail: bool = False, now: float | None = None) -> Iterator[bytes]:
+    """The Prometheus text of a gateway's parts (its workers'), as chunks: each step of the
+    generator handles at most :data:`CHUNK` clusters. Every family's lines are contiguous and
+    its TYPE line appears once."""
+    import time
+
+    now = time.time() if now is None else now
+    m = merge_scalars(part.get("scalars") or {} for part in parts)
+    yield _text(_scalar_lines(m))
+
+    requests = [part.get("requests") or {} for part in parts]
+    names = _union(requests)
+    yield b""  # a turn of the event loop between two steps of work
+    lines = ["# HELP hubproxy_requests_total Requests answered, by cluster and HTTP status "
+             "class (1xx..5xx; exact codes in hubproxy_requests_by_code_total).",
+             "# TYPE hubproxy_requests_total counter"]
+    for chunk in _chunks(names):
+        for name in chunk:
+            total = [0] * len(CODE_CLASSES)
+            for section in requests:
+                counts = section.get(name)
+                if counts:
+                    for i, count in enumerate(counts[:len(CODE_CLASSES)]):
+                        total[i] += int(count)
+            label = _escape(name)
+            lines += [f'hubproxy_requests_total{{cluster="{label}",code="{CODE_CLASSES[i]}"}} '
+                      f"{count}" for i, count in enumerate(total) if count]
+        yield _text(lines)
+        lines = []
+
+    if detail:
+        latency = [part.get("cluster_latency") or {} for part in parts]
+        lines = ["# HELP hubproxy_cluster_request_duration_seconds Requests by cluster and "
+                 "class (--cluster-metrics detailed).",
+                 "# TYPE hubproxy_cluster_request_duration_seconds histogram"]
+        for chunk in _chunks(_union(latency)):
+            for name in chunk:
+                merged: dict[str, Histogram] = {}
+                for section in latency:
+                    for kind, values in (section.get(name) or {}).items():
+                        merged.setdefault(kind, Histogram(REQUEST_BUCKETS)).add_json(values)
+                for kind, histogram in sorted(merged.items()):
+                    lines += histogram.lines("hubproxy_cluster_request_duration_seconds",
+                                             f'cluster="{_escape(name)}",'
+                                             f'class="{_escape(kind)}"')
+            yield _text(lines)
+            lines = []
+
+    fleets = [part.get("fleet") or {} for part in parts]
+    stats: list[tuple[str, TunnelStats]] = []
+    names = _union(fleets)
+    yield b""
+    for chunk in _chunks(names):
+        for name in chunk:
+            entries = [entry for entry in (f.get(name) for f in fleets) if entry]
+            stats.append((name, fleet_stats(entries)))
+        yield b""
+    for chunk_lines in _tunnel_lines(stats, own_certificates, detail, now):
+        yield _text(chunk_lines)
+
+
+def _tunnel_lines(stats: list[tuple[str, TunnelStats]], own_certificates: dict[str, float],
+                  detail: bool, now: float) -> Iterator[list[str]]:
+    connected = [s for _, s in stats if s.sessions]
+    yield [
+        "# HELP hubproxy_connected_agents Agent tunnel sessions connected.",
+        "# TYPE hubproxy_connected_agents gauge",
+        f"hubproxy_connected_agents {sum(s.sessions for s in connected)}",
+        "# HELP hubproxy_connected_clusters Clusters with at least one agent session.",
+        "# TYPE hubproxy_connected_clusters gauge",
+        f"hubproxy_connected_clusters {len(connected)}",
     ]
-    for name, when in sorted(own.items()):
-        lines.append(f'hubproxy_certificate_expiry_timestamp_seconds{{certificate='
-                     f'"{_escape(name)}"}} {when:.0f}')
-    for cluster, when in sorted(agents.items()):
-        lines.append(f'hubproxy_certificate_expiry_timestamp_seconds{{certificate="agent",'
-                     f'cluster="{_escape(cluster)}"}} {when:.0f}')
-    return lines
+    families: list[tuple[str, str, str, Callable[[str, TunnelStats], list[str]]]] = [
+        ("hubproxy_tunnel_sessions", "gauge", "Agent tunnel sessions per cluster (all workers).",
+         lambda label, s: [f"hubproxy_tunnel_sessions{{{label}}} {s.sessions}"]),
+        ("hubproxy_tunnel_rtt_seconds", "gauge", "Tunnel round-trip time measured by PING, the "
+         "slowest session of each cluster.",
+         lambda label, s: [] if s.rtt_seconds is None else
+         [f"hubproxy_tunnel_rtt_seconds{{{label}}} {s.rtt_seconds:.6f}"]),
+        ("hubproxy_tunnel_active_streams", "gauge", "Streams open on each cluster's sessions.",
+         lambda label, s: [f"hubproxy_tunnel_active_streams{{{label}}} {s.active_streams}"]),
+        ("hubproxy_tunnel_streams_opened_total", "counter", "Streams opened toward each "
+         "cluster.",
+         lambda label, s: [f"hubproxy_tunnel_streams_opened_total{{{label}}} "
+                           f"{s.streams_opened}"]),
+        ("hubproxy_tunnel_bytes_total", "counter", "Tunnel bytes (TLS payload, frames "
+         "included) per cluster and direction.",
+         lambda label, s: [
+             f'hubproxy_tunnel_bytes_total{{{label},direction="from_agent"}} '
+             f"{s.bytes_from_agent}",
+             f'hubproxy_tunnel_bytes_total{{{label},direction="to_agent"}} {s.bytes_to_agent}']),
+        ("hubproxy_agent_info", "gauge", "Connected agent sessions by cluster and agent "
+         "version.",
+         lambda label, s: [f'hubproxy_agent_info{{{label},version="{_escape(v)}"}} {n}'
+                           for v, n in sorted(s.versions.items())]),
+    ]
+    for name, kind, text, lines_of in families:
+        lines = [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
+        for start in range(0, len(stats), CHUNK):
+            for cluster, s in stats[start:start + CHUNK]:
+                lines += lines_of(f'cluster="{_escape(cluster)}"', s)
+            yield lines
+            lines = []
+    yield from _certificate_lines(stats, own_certificates, detail, now)
+
+
+def _certificate_lines(stats: list[tuple[str, TunnelStats]], own: dict[str, float],
+                       detail: bool, now: float) -> Iterator[list[str]]:
+    """This process's certificates and, per cluster only when detailed, the agents'; always
+    the earliest agent certificate and how many clusters' expire within 7 and 30 days."""
+    expiries = [(c, s.certificate_not_after) for c, s in stats
+                if s.sessions and s.certificate_not_after is not None]
+    if own or (detail and expiries):
+        lines = [
+            "# HELP hubproxy_certificate_expiry_timestamp_seconds When a certificate expires "
+            "(Unix time): serving, tunnel, and with --cluster-metrics detailed each cluster's "
+            "agent client certificate (earliest of its sessions).",
+            "# TYPE hubproxy_certificate_expiry_timestamp_seconds gauge",
+        ]
+        for name, when in sorted(own.items()):
+            lines.append(f'hubproxy_certificate_expiry_timestamp_seconds{{certificate='
+                         f'"{_escape(name)}"}} {when:.0f}')
+        if detail:
+            for cluster, when in expiries:
+                lines.append(f'hubproxy_certificate_expiry_timestamp_seconds{{'
+                             f'certificate="agent",cluster="{_escape(cluster)}"}} {when:.0f}')
+        yield lines
+    if not expiries:
+        return
+    earliest = min(when for _, when in expiries if when is not None)
+    lines = [
+        "# HELP hubproxy_agent_certificate_earliest_expiry_timestamp_seconds When the first of "
+        "the connected agents' client certificates expires (Unix time).",
+        "# TYPE hubproxy_agent_certificate_earliest_expiry_timestamp_seconds gauge",
+        f"hubproxy_agent_certificate_earliest_expiry_timestamp_seconds {earliest:.0f}",
+        "# HELP hubproxy_agent_certificates_expiring Connected clusters whose agent client "
+        "certificate (the earliest of their sessions) expires within the window (or has).",
+        "# TYPE hubproxy_agent_certificates_expiring gauge",
+    ]
+    for days, seconds in EXPIRY_WINDOWS:
+        count = sum(1 for _, when in expiries if when is not None and when - now <= seconds)
+        lines.append(f'hubproxy_agent_certificates_expiring{{within="{days}d"}} {count}')
+    yield lines

@@ -33,6 +33,14 @@ code and raises :class:`H2ConnectionError`; a *stream error* queues RST_STREAM a
   decoding failure COMPRESSION_ERROR. A second HEADERS on a stream is trailers and must end it.
 * Padding (§6.1, §6.2) is removed and checked; priorities are parsed and ignored (§5.3.2), a
   stream depending on itself is a stream error.
+* A request's ``content-length`` is held against its DATA (§8.1.1): HEADERS with END_STREAM
+  that declare a body, DATA past the declared length, and END_STREAM (on DATA or trailers)
+  short of it are stream errors PROTOCOL_ERROR, found before the request or the offending
+  DATA is handed on, so a malformed request is never forwarded. (The value's syntax, and
+  every other message rule, is :func:`gateway.wire.http2.request_head_from_h2`'s.)
+* SETTINGS: at most ``MAX_SETTINGS_ENTRIES`` (100) entries and no id twice in one frame, else
+  PROTOCOL_ERROR, as Go's server does; so an INITIAL_WINDOW_SIZE change moves each open
+  stream's window once per frame, never once per entry.
 * Flow control (§6.9) both ways: received DATA counts against the connection's and the
   stream's windows (more is FLOW_CONTROL_ERROR); they are given back by
   :meth:`ServerConnection.acknowledge_received_data` once the application took the bytes, in
@@ -48,9 +56,9 @@ Floods are bounded here too, frame by frame, by three token buckets (:class:`Fra
 stream resets, the client's or ours for its broken stream rules (rapid reset,
 CVE-2023-44487); frames that cost us an answer (PING, SETTINGS), spent before the answer is
 queued; frames that cost only parsing (WINDOW_UPDATE, PRIORITY, unknown types, ACKs, frames
-for closed streams). Past a budget: connection error ENHANCE_YOUR_CALM. Checking them here,
-not on the events afterwards, means a read holding a hundred PINGs past the budget queues no
-hundred PONGs first.
+for closed streams) and each entry of a SETTINGS frame. Past a budget: connection error
+ENHANCE_YOUR_CALM. Checking them here, not on the events afterwards, means a read holding a
+hundred PINGs past the budget queues no hundred PONGs first.
 """
 
 from __future__ import annotations
@@ -62,6 +70,7 @@ from collections.abc import Callable, Iterable
 
 from gateway.wire.hpackdecode import Decoder, HeaderListTooLarge, HPACKDecodeError
 from gateway.wire.hpackfields import FieldEncoder
+from gateway.wire.http1 import plain_content_length
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
@@ -87,6 +96,7 @@ RECENT_RESETS = 1024  # streams we reset whose late frames are still ignored, no
 RESET_BURST, RESET_RATE = 200, 50.0  # stream resets: burst, then per second
 ANSWERED_BURST, ANSWERED_RATE = 200, 20.0  # PING and SETTINGS (each costs us an ACK)
 CHEAP_BURST, CHEAP_RATE = 5000, 1000.0  # WINDOW_UPDATE, PRIORITY, unknown and ignored frames
+MAX_SETTINGS_ENTRIES = 100  # per SETTINGS frame, as Go's server allows (each costs CHEAP)
 
 _FRAME_HEAD = struct.Struct(">BHBBL")  # length (24 bits, as 8 + 16), type, flags, stream id
 _SETTING = struct.Struct(">HL")
@@ -111,13 +121,14 @@ class FrameBudget:
         self.rate = rate
         self.stamp = time.monotonic()
 
-    def spend(self) -> bool:
+    def spend(self, cost: int = 1) -> bool:
+        """Take ``cost`` tokens; False (and nothing taken) when fewer are left."""
         now = time.monotonic()
         self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
         self.stamp = now
-        if self.tokens < 1:
+        if self.tokens < cost:
             return False
-        self.tokens -= 1
+        self.tokens -= cost
         return True
 
 
@@ -236,14 +247,27 @@ class _StreamError(Exception):
 # --- the connection ---------------------------------------------------------------------------
 
 class _Stream:
-    __slots__ = ("local_open", "recv_unacked", "recv_window", "remote_open", "send_window")
+    __slots__ = ("body_left", "local_open", "recv_unacked", "recv_window", "remote_open",
+                 "send_window")
 
-    def __init__(self, send_window: int, recv_window: int, remote_open: bool) -> None:
+    def __init__(self, send_window: int, recv_window: int, remote_open: bool,
+                 body_left: int) -> None:
         self.send_window = send_window  # what we may still send on it
         self.recv_window = recv_window  # what the client may still send on it
         self.recv_unacked = 0  # acknowledged by the application, not yet given back
         self.remote_open = remote_open
         self.local_open = True
+        self.body_left = body_left  # content-length minus the DATA received; -1: none declared
+
+
+def _declared_length(headers: Fields) -> int:
+    """The request's ``content-length``, -1 when it declares none that parses (such a request
+    is refused whole by :func:`gateway.wire.http2.request_head_from_h2`, before admission)."""
+    for name, value in headers:
+        if name == b"content-length":
+            length = plain_content_length(value)
+            return -1 if length is None else length
+    return -1
 
 
 class ServerConnection:
@@ -423,6 +447,15 @@ class ServerConnection:
             self._give_back(flow)
             self._stream_error(stream_id, FLOW_CONTROL_ERROR, events)
             return
+        if stream.body_left >= 0:
+            # §8.1.1: DATA past the content-length, or END_STREAM short of it, is malformed;
+            # this frame's bytes are not handed on (nothing of it may be forwarded).
+            left = stream.body_left - len(payload)
+            if left < 0 or (left and flags & END_STREAM):
+                self._give_back(flow)
+                self._stream_error(stream_id, PROTOCOL_ERROR, events)
+                return
+            stream.body_left = left
         stream.recv_window -= flow
         events.append(DataReceived(stream_id, payload, flow))
         if flags & END_STREAM:
@@ -476,7 +509,7 @@ class ServerConnection:
         if stream is not None:  # a second header block on a stream: trailers
             if not stream.remote_open:
                 self._stream_error(stream_id, STREAM_CLOSED, events)
-            elif not end_stream:
+            elif not end_stream or stream.body_left > 0:  # trailers end it short: malformed
                 self._stream_error(stream_id, PROTOCOL_ERROR, events)
             else:
                 stream.remote_open = False
@@ -495,12 +528,18 @@ class ServerConnection:
             self._stream_error(stream_id, REFUSED_STREAM if self._goaway_last is not None
                                else PROTOCOL_ERROR, events)
             return
+        body_left = _declared_length(headers)
+        if end_stream and body_left > 0:
+            # §8.1.1: a content-length with no body to match it is malformed. Refused here,
+            # before the application sees the request, so that none of it is forwarded.
+            self._stream_error(stream_id, PROTOCOL_ERROR, events)
+            return
         if len(self.streams) >= self.max_concurrent_streams:
             self._stream_error(stream_id, PROTOCOL_ERROR if self._settings_acked
                                else REFUSED_STREAM, events)
             return
         self.streams[stream_id] = _Stream(self._peer_initial_window, self._initial_window,
-                                          not end_stream)
+                                          not end_stream, body_left)
         events.append(RequestReceived(stream_id, headers, end_stream))
 
     def _on_priority(self, flags: int, stream_id: int, payload: bytes,
@@ -540,18 +579,32 @@ class ServerConnection:
             return
         if len(payload) % 6:
             raise H2ConnectionError(FRAME_SIZE_ERROR, "SETTINGS not a multiple of 6 bytes")
+        entries = _SETTING.iter_unpack(payload)
+        count = len(payload) // 6
+        if count > MAX_SETTINGS_ENTRIES:
+            # A handful of settings are defined; a long frame is only work for us.
+            raise H2ConnectionError(PROTOCOL_ERROR, f"SETTINGS with more than "
+                                                    f"{MAX_SETTINGS_ENTRIES} entries")
         if not self._answered.spend():
             raise H2ConnectionError(ENHANCE_YOUR_CALM, "PING or SETTINGS flood")
-        for key, value in _SETTING.iter_unpack(payload):
+        if count and not self._cheap.spend(count):
+            raise H2ConnectionError(ENHANCE_YOUR_CALM, "flood of SETTINGS entries")
+        settings = dict(entries)
+        if len(settings) != count:
+            raise H2ConnectionError(PROTOCOL_ERROR, "SETTINGS with a repeated id")
+        for key, value in settings.items():
             if key == INITIAL_WINDOW_SIZE:
                 if value > MAX_WINDOW:
                     raise H2ConnectionError(FLOW_CONTROL_ERROR, "INITIAL_WINDOW_SIZE too large")
+                # Ids are not repeated: every open stream's window moves once per frame.
                 delta = value - self._peer_initial_window
                 self._peer_initial_window = value
-                for stream in self.streams.values():
-                    stream.send_window += delta
-                    if stream.send_window > MAX_WINDOW:
-                        raise H2ConnectionError(FLOW_CONTROL_ERROR, "a window went past 2^31-1")
+                if delta:
+                    for stream in self.streams.values():
+                        stream.send_window += delta
+                        if stream.send_window > MAX_WINDOW:
+                            raise H2ConnectionError(FLOW_CONTROL_ERROR,
+                                                    "a window went past 2^31-1")
             elif key == MAX_FRAME_SIZE:
                 if not FRAME_LIMIT <= value <= 2**24 - 1:
                     raise H2ConnectionError(PROTOCOL_ERROR, "MAX_FRAME_SIZE out of range")

@@ -242,13 +242,21 @@ def _bad_field_line(line: bytes, status: int) -> NoReturn:
     raise HTTPError("invalid header name", status)
 
 
+def plain_content_length(value: bytes) -> int | None:
+    """``value`` as a ``Content-Length``: plain ASCII digits, at most 18 of them (below
+    2**63); None for anything else (signs, spaces, lists, empty)."""
+    if not value or value.translate(None, _DIGITS) or len(value) > _MAX_CONTENT_LENGTH_DIGITS:
+        return None
+    return int(value)
+
+
 def _content_length(values: list[bytes], status: int) -> int:
     if len(values) != 1:
         raise HTTPError("more than one Content-Length", status)
-    value = values[0]
-    if not value or value.translate(None, _DIGITS) or len(value) > _MAX_CONTENT_LENGTH_DIGITS:
+    length = plain_content_length(values[0])
+    if length is None:
         raise HTTPError("invalid Content-Length", status)
-    return int(value)
+    return length
 
 
 def _codings(values: list[bytes]) -> list[bytes]:

@@ -14,11 +14,12 @@ control are the ``h2`` library's):
   connection-specific fields, ``te`` only ``trailers``, pseudo-headers only ``:method``,
   ``:scheme``, ``:authority`` and ``:path``, each at most once and before every regular field,
   ``:method``, ``:scheme`` and a non-empty ``:path`` present, ``Host`` equal to ``:authority``
-  when both are sent. A request that breaks them is malformed (RFC 9113 §8.1.1): it is answered
-  400 on its stream and never forwarded; the connection carries on. On top of that the head
-  meets our HTTP/1.1 limits (field count, line and head sizes: 431/414) and the same byte rules
-  (method a token, target visible ASCII, ``Content-Length`` plain digits). A body without
-  ``Content-Length`` is forwarded chunked (:func:`chunk`). ``CONNECT`` (and so extended
+  when both are sent, ``:scheme`` ``https`` or ``http``, no control character in any
+  pseudo-header (§8.2.1). A request that breaks them is malformed (RFC 9113 §8.1.1): it is
+  answered 400 on its stream and never forwarded; the connection carries on. On top of that
+  the head meets our HTTP/1.1 limits (field count, line and head sizes: 431/414) and the same
+  byte rules (method a token, target visible ASCII, ``Content-Length`` plain digits). A body
+  without ``Content-Length`` is forwarded chunked (:func:`chunk`). ``CONNECT`` (and so extended
   CONNECT, RFC 8441) is refused with 405: WebSocket and SPDY upgrades stay on HTTP/1.1, as
   client-go does.
 * :class:`ResponseTranslator` takes the HTTP/1.1 response bytes the
@@ -42,6 +43,7 @@ from gateway.wire.http1 import (
     find_head_end,
     framing_for_response,
     parse_response_head,
+    plain_content_length,
 )
 
 Headers = list[tuple[bytes, bytes]]
@@ -50,7 +52,6 @@ _TCHAR = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqr
 LOWER_TCHAR = b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz"  # HTTP/2 field names
 _TARGET_OK = bytes(range(0x21, 0x7F))
 _VALUE_OK = bytes(b for b in range(256) if b == 9 or (b >= 0x20 and b != 0x7F))
-_DIGITS = b"0123456789"
 
 # RFC 9113 §8.2.2: never in HTTP/2 (h2 refuses them inbound; we drop them outbound), plus the
 # names a response's Connection header nominates.
@@ -67,6 +68,7 @@ _NOTABLE = _CONNECTION_SPECIFIC_IN | {b"te", b"cookie", b"content-length"}
 _METHOD, _SCHEME, _AUTHORITY, _PATH, _REGULAR = 1, 2, 4, 8, 16
 _PSEUDO = {b":method": _METHOD, b":scheme": _SCHEME, b":authority": _AUTHORITY, b":path": _PATH}
 _REQUIRED = _METHOD | _SCHEME | _PATH
+_SCHEMES = frozenset((b"https", b"http"))
 
 
 class H2RequestError(ValueError):
@@ -101,13 +103,18 @@ def request_head_from_h2(fields: Headers, limits: Limits, *, end_stream: bool) -
                 raise H2RequestError("malformed request: unknown, repeated or misplaced "
                                      "pseudo-header field")
             seen |= bit
+            if value.translate(None, _VALUE_OK):  # RFC 9113 §8.2.1, pseudo-headers too
+                raise H2RequestError("malformed request: control character in a "
+                                     "pseudo-header field")
             if bit == _METHOD:
                 method = value
             elif bit == _PATH:
                 path = value
             elif bit == _AUTHORITY:
                 authority = value
-            continue  # :scheme is ours to set (https)
+            elif value not in _SCHEMES:  # checked, then dropped: HTTP/1.1 does not carry it
+                raise H2RequestError("malformed request: :scheme is neither https nor http")
+            continue
         seen |= _REGULAR
         if len(name) + len(value) + 2 > max_line:
             raise H2RequestError("header field too large", 431)
@@ -165,11 +172,10 @@ def request_head_from_h2(fields: Headers, limits: Limits, *, end_stream: bool) -
         raise H2RequestError("invalid Host header", 400)
     head = RequestHead(method, path, b"HTTP/1.1", headers, names)
     if lengths:
-        value = lengths[0]
-        if (len(lengths) > 1 or not value or value.translate(None, _DIGITS)
-                or len(value) > 18):
+        length = plain_content_length(lengths[0]) if len(lengths) == 1 else None
+        if length is None:
             raise H2RequestError("invalid Content-Length", 400)
-        head.content_length = int(value)
+        head.content_length = length
     elif not end_stream:
         # A body of unknown length: HTTP/1.1 needs it chunked (transfer-encoding was refused).
         head.chunked = True

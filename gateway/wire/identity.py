@@ -18,8 +18,8 @@ user or group in ``system:`` -- defence in depth for rule 3 on the agent side.
 Every value is checked: no control characters, at most ``MAX_VALUE`` characters,
 ``MAX_GROUPS`` groups, ``MAX_EXTRA_KEYS`` x ``MAX_EXTRA_VALUES`` extras. Violations raise
 :class:`IdentityError` (the gateway answers 403) instead of being silently cut. The request id
-travels as the extra ``hubproxy.dev/request-id`` (added by :func:`impersonation_headers`, not
-stored in ``extra``).
+travels as the extra ``hubproxy.dev/request-id`` (:data:`REQUEST_ID_HEADER`, not stored in
+``extra``) and as :data:`AUDIT_ID`: it is one request's, never cached with the identity.
 
 Impersonation by the agent needs RBAC on the managed cluster for the agent's service account:
 ``impersonate`` on ``users``, ``groups``, ``uids`` and ``userextras/<key>`` for each forwarded
@@ -40,6 +40,9 @@ MAX_EXTRA_KEYS = 16
 MAX_EXTRA_VALUES = 16
 
 REQUEST_ID_EXTRA = "hubproxy.dev/request-id"
+# The header kube-apiserver takes its audit event's ID from (and echoes back as Audit-Id) when
+# the first server that received the request set it: the gateway's request id, by the agent.
+AUDIT_ID = b"Audit-ID"
 # Any header name starting with this, in any case, asks the apiserver to impersonate.
 IMPERSONATE_PREFIX = b"impersonate"
 
@@ -193,8 +196,8 @@ def impersonation_headers(identity: Identity) -> list[tuple[bytes, bytes]]:
 
     ``Impersonate-User``, one ``Impersonate-Group`` per group, ``Impersonate-Uid`` when set, then
     one ``Impersonate-Extra-<escaped key>`` per value (values raw: UTF-8, checked for control
-    characters), and finally ``Impersonate-Extra-hubproxy.dev%2Frequest-id`` when there is a
-    request id. A passthrough identity has no impersonation headers.
+    characters), and finally :data:`REQUEST_ID_HEADER` when there is a request id. A
+    passthrough identity has no impersonation headers.
     """
     if identity.passthrough:
         return []
@@ -207,11 +210,15 @@ def impersonation_headers(identity: Identity) -> list[tuple[bytes, bytes]]:
         name = b"Impersonate-Extra-" + escape_extra_key(key)
         out.extend((name, v.encode("utf-8")) for v in values)
     if identity.request_id:
-        out.append(
-            (b"Impersonate-Extra-" + escape_extra_key(REQUEST_ID_EXTRA),
-             identity.request_id.encode("utf-8"))
-        )
+        out.append((REQUEST_ID_HEADER, identity.request_id.encode("utf-8")))
     return out
+
+
+# The request id as kube-apiserver records it in the event's ``impersonatedUser``. The id is
+# one request's, never one identity's: a caller that keeps a user's headers across requests
+# keeps them without it and adds this per request. (The same id goes as AUDIT_ID, the event's
+# ``auditID``, on every route to the apiserver, passthrough too: gateway.agent.exchange.)
+REQUEST_ID_HEADER = b"Impersonate-Extra-" + escape_extra_key(REQUEST_ID_EXTRA)
 
 
 def strip_identity_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:

@@ -170,3 +170,60 @@ def test_hub_errors_leave_the_exec_open(system: System, caller: Caller) -> None:
     print(f"exec ended {took:.1f}s after the hub answered again: {err.strip()!r}")
     assert took < LIMIT and code != 0
     assert "was revoked on the hub" in err, err
+
+
+def test_a_hub_group_change_ends_a_watch_the_old_group_allowed(
+        system: System, gateway: ShortCacheGateway) -> None:
+    """Issue 24: a stream kept the groups it was opened with. A hub user whose group grants
+    reading ConfigMaps on cluster1 watches them; the hub moves the user to another group (the
+    token stays valid). The watch ends cleanly (curl sees the terminating chunk), and the next
+    request impersonates the new group, which the managed cluster refuses."""
+    name = f"grp-{secrets.token_hex(3)}"
+    token = f"static-hub-token-{secrets.token_hex(16)}"
+    system.hub.add_user(token, name, ["team-a"], uid=f"uid-{name}")
+    system.hub.grant(f"User:{name}", ["get"], ["managedclusters/proxy"],
+                     api_groups=["cluster.open-cluster-management.io"])
+    cluster = system.clusters["cluster1"]
+    cluster.grant("Group:cluster:hub:team-a", ["list", "watch"], ["configmaps"],
+                  namespace="default")
+    header = write_private(system.root / "users" / f"{name}.header",
+                           f"Authorization: Bearer {token}\n")
+    path = "/cluster1/api/v1/namespaces/default/configmaps"
+    url = f"https://127.0.0.1:{gateway.front_port}{path}"
+    curl = ["curl", "-sS", "--cacert", str(system.ca_file), "-H", f"@{header}",
+            "-w", "\n%{http_code}"]
+    user = f"cluster:hub:{name}"
+    deadline = time.monotonic() + 30
+    while not subprocess.run([*curl, url], capture_output=True, text=True,
+                             timeout=30).stdout.endswith("\n200"):  # the agent connected
+        assert time.monotonic() < deadline, gateway.logs()[-3000:]
+        time.sleep(0.3)
+    since = time.time()
+    watch = subprocess.Popen([*curl, "--no-buffer", url + "?watch=1"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while not [r for r in cluster.received if r.at >= since and r.acting_as == user]:
+            assert watch.poll() is None, watch.communicate()
+            assert time.monotonic() < deadline, gateway.logs()[-3000:]
+            time.sleep(0.1)
+        [opened] = [r for r in cluster.received if r.at >= since and r.acting_as == user]
+        assert opened.header("Impersonate-Group") == ["cluster:hub:team-a"]
+        time.sleep(2.5)  # rechecked with the same groups: still open
+        assert watch.poll() is None
+        system.hub.add_user(token, name, ["team-b"], uid=f"uid-{name}")  # the hub moves it
+        moved = time.monotonic()
+        out, err = watch.communicate(timeout=LIMIT + 10)
+        took = time.monotonic() - moved
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+            watch.wait(5)
+    print(f"the watch ended {took:.1f}s after the group change")
+    assert took < LIMIT
+    assert watch.returncode == 0 and out.endswith("\n200"), (watch.returncode, err)
+    since = time.time()
+    listed = subprocess.run([*curl, url], capture_output=True, text=True, timeout=30)
+    assert listed.stdout.endswith("\n403"), listed.stdout
+    [relisted] = [r for r in cluster.received if r.at >= since and r.acting_as == user]
+    assert relisted.header("Impersonate-Group") == ["cluster:hub:team-b"]

@@ -146,6 +146,29 @@ def test_rule2_authorization_and_remote_headers_never_reach_the_cluster(system: 
         assert r.acting_as == "cluster:hub:system:serviceaccount:demo:demo"
 
 
+def test_rule2_cookies_never_reach_the_apiserver_but_reach_a_service(system: System) -> None:
+    """Issue 24: a Cookie (a dashboard's hub session, say) crossed to the managed apiserver over
+    HTTP/1.1 and HTTP/2 (several cookie fields joined, then forwarded). kube-apiserver reads no
+    cookie on API paths: none crosses now. A Service is an application: it gets its own."""
+    ns, name, port = SERVICE
+    for protocol in ("--http1.1", "--http2"):
+        since = time.time()
+        code, body = split_status(system.curl(
+            "/cluster1/api/v1/namespaces/default/pods", protocol,
+            "-H", "Cookie: hubsession=HUB-SESSION-1", "-H", "Cookie: theme=dark"))
+        assert code == 200, body
+        received = managed_received_since(system, "cluster1", since)
+        assert received and all(r.header("Cookie") == [] for r in received), protocol
+        assert not any("HUB-SESSION" in v for r in received for _, v in r.headers)
+        RecordingHandler.seen.clear()
+        code, body = split_status(system.curl(
+            f"/cluster1/api/v1/namespaces/{ns}/services/{name}:{port}/proxy-service/", protocol,
+            "-H", "Cookie: app=1", "-H", "Cookie: theme=dark"))
+        assert code == 200, body
+        cookies = [v for k, v in json.loads(body)["headers"] if k == "cookie"]
+        assert cookies in (["app=1; theme=dark"], ["app=1", "theme=dark"]), cookies
+
+
 # --- Rule 3: hub identities are prefixed ------------------------------------------------------
 def test_rule3_hub_system_masters_cannot_become_cluster_admin(system: System) -> None:
     kubeconfig = system.root / "admin.kubeconfig"

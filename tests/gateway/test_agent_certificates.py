@@ -150,15 +150,16 @@ async def test_refused_agents_are_explained_once_and_counted(pki: Path, tmp_path
             assert any("the agent certificate" in line and "expired on" in line
                        for line in expired.lines), expired.output[-2000:]
 
-            # A good agent connects; its certificate's expiry is published per cluster.
+            # A good agent connects; its certificate's expiry is published (the earliest of
+            # the fleet's; per cluster with --cluster-metrics detailed).
             good = agent(group, pki, "c1", tunnel, agent_kc)
             await asyncio.to_thread(good.wait_for_line, "connected to the hub", 30)
             await asyncio.to_thread(gateway.wait_for_line, "cluster c1 connected", 30)
             not_after = x509.load_pem_x509_certificate(
                 (pki / "agents" / "c1" / "tls.crt").read_bytes()).not_valid_after_utc
             metrics = await asyncio.to_thread(scrape, health)
-            assert (f'hubproxy_certificate_expiry_timestamp_seconds{{certificate="agent",'
-                    f'cluster="c1"}} {not_after.timestamp():.0f}') in metrics, metrics
+            assert (f'hubproxy_agent_certificate_earliest_expiry_timestamp_seconds '
+                    f'{not_after.timestamp():.0f}') in metrics, metrics
 
             logs = gateway.output + expired.output + foreign.output + good.output
             for fragment in key_fragments(pki):

@@ -512,3 +512,17 @@ async def test_token_request_bound_to_a_pod(api: Client, sim: RunningKubeSim) ->
         "POST", path, body={"spec": {"boundObjectRef": {**ref, "name": "gone"}}}
     )
     assert (code, body["message"]) == (404, 'pods "gone" not found')
+
+
+async def test_audit_id_is_the_requests_or_a_fresh_one(api: Client) -> None:
+    """As kube-apiserver's audit filter: the Audit-ID a request brings is its audit ID and is
+    echoed back as Audit-Id; without one, each response gets a fresh UUID."""
+    url = api.sim.url + "/api/v1/namespaces/default/configmaps"
+    auth = {"Authorization": f"Bearer {api.sim.admin_token}"}
+    async with api.session.get(url, headers={**auth, "Audit-ID": "0a1b2c3d"}) as resp:
+        assert resp.headers["Audit-Id"] == "0a1b2c3d"
+    fresh = []
+    for _ in range(2):
+        async with api.session.get(url, headers=auth) as resp:
+            fresh.append(resp.headers["Audit-Id"])
+    assert len(set(fresh)) == 2 and "0a1b2c3d" not in fresh

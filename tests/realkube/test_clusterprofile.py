@@ -5,12 +5,14 @@ The gateway (`--clusterprofiles=on`, its hub RBAC exactly deploy/hub's) writes i
 schema; it leaves a foreign provider and `status.conditions` as they were; it writes nothing
 for a cluster without an agent; a consumer reaches the cluster with only what the entry says;
 and when the front CA rotates on disk, the entry follows and the front door serves the new
-certificate, without a restart.
+certificate, without a restart; and a restarted gateway whose agent comes back keeps the entry
+without writing it again (issue 22: a restart storm costs no ClusterProfile write).
 """
 
 from __future__ import annotations
 
 import base64
+import datetime
 import json
 import os
 import shutil
@@ -56,6 +58,9 @@ def wait_until(check: Callable[[], bool], what: str, timeout: float = 30) -> Non
         time.sleep(0.2)
 
 
+WRITER_ARGS = ("--clusterprofiles", "on", "--clusterprofile-namespace", "fleet")
+
+
 @pytest.fixture(scope="module")
 def writer(fleet: Fleet) -> Iterator[Gateway]:
     # Its own copy of the PKI: the rotation below must not change what other tests trust.
@@ -67,9 +72,8 @@ def writer(fleet: Fleet) -> Iterator[Gateway]:
                         "accessProviders": [FOREIGN], "conditions": [CONDITION]}}))
     port = free_port()
     gateway = start_gateway(
-        fleet.group, pki, fleet.gateway_kubeconfig, fleet.agent_kubeconfig,
-        "--clusterprofiles", "on", "--public-url", f"https://127.0.0.1:{port}",
-        "--clusterprofile-namespace", "fleet", front_port=port)
+        fleet.group, pki, fleet.gateway_kubeconfig, fleet.agent_kubeconfig, *WRITER_ARGS,
+        "--public-url", f"https://127.0.0.1:{port}", front_port=port)
     try:
         wait_connected(gateway, fleet.alice)
         wait_until(lambda: bool(ours(fleet, CLUSTER)), "our entry written")
@@ -150,3 +154,39 @@ def test_writer_stays_within_its_rbac(fleet: Fleet, writer: Gateway) -> None:
     assert {verb for verb, _, sub in touched if sub != "status"} <= {"get", "list", "watch"}
     # Nothing it tried was forbidden (a 409 from the resourceVersion guard would be fine).
     assert [e["requestURI"] for e in events if e["responseStatus"]["code"] == 403] == []
+
+
+def test_a_restarted_gateway_keeps_the_entry_and_writes_nothing(
+        fleet: Fleet, writer: Gateway) -> None:
+    """The grace runs from the gateway's start: its predecessor's entry stays while the agent
+    comes back, instead of being removed and written again."""
+    before = read_profile(fleet, CLUSTER)["status"]["accessProviders"]
+    assert any(p["name"] == "hubproxy" for p in before)
+    for process in (writer.agent, writer.process):
+        if process is not None:
+            process.stop()
+    restarted = time.time()
+    again = start_gateway(fleet.group, writer.pki, fleet.gateway_kubeconfig,
+                          fleet.agent_kubeconfig, *WRITER_ARGS, "--public-url", writer.front,
+                          front_port=writer.front_port)
+    try:
+        # The front door serves the rotated certificate now: watch the log, not a request.
+        wait_until(lambda: f"cluster {CLUSTER} connected" in again.process.output,
+                   "the agent is back")
+        time.sleep(3)  # the new writer has listed the profiles and seen the agent
+        assert read_profile(fleet, CLUSTER)["status"]["accessProviders"] == before
+        writes = [e["requestURI"] for e in fleet.hub.audit_events()
+                  if e["user"]["username"] == "system:serviceaccount:hubproxy:hubproxy-gateway"
+                  and e["verb"] == "patch"
+                  and e["objectRef"].get("resource") == "clusterprofiles"
+                  and _at(e) >= restarted]
+        assert writes == []
+    finally:
+        for process in (again.agent, again.process):
+            if process is not None:
+                process.stop()
+
+
+def _at(event: dict[str, Any]) -> float:
+    return datetime.datetime.fromisoformat(
+        event["requestReceivedTimestamp"].replace("Z", "+00:00")).timestamp()

@@ -9,6 +9,7 @@ no token appears in the audit log or in the gateway's and agent's output.
 from __future__ import annotations
 
 import json
+import time
 
 from tests.realkube.conftest import AGENT_SA, CLUSTER, PREFIX, Fleet
 from tests.realkube.test_agent_profiles import AGENT_USER as READ_ONLY_AGENT_USER
@@ -66,3 +67,43 @@ def test_no_token_in_audit_logs_or_process_output(fleet: Fleet) -> None:
     lines = [json.loads(line) for line in fleet.gateway.process.output.splitlines()
              if line.startswith('{"event":"request"')]
     assert any(line.get("user") == "system:serviceaccount:fleet:alice" for line in lines)
+
+
+def test_one_id_per_request_from_the_gateway_audit_line_to_the_managed_audit_event(
+        fleet: Fleet) -> None:
+    """Issue 24: the managed apiserver's event of each request joins the gateway's audit line.
+    Several requests of one user (the agent's identity cache at work), over HTTP/1.1 and
+    HTTP/2, each with an Audit-ID of the client's own: for every one, the event's ``auditID``,
+    its ``hubproxy.dev/request-id`` extra and the ``Audit-Id`` the client got back are the
+    gateway's ``request_id``, and no two requests share it. (The agent cached the extra with the
+    user: 49 of 53 requests of one run carried the first request's id, and no Audit-ID was
+    set, so the apiserver made up its own.)"""
+    answered: dict[str, str] = {}  # marker -> the Audit-Id the client got
+    for i in range(6):
+        marker = f"audit-id-probe-{i}"
+        head_file = fleet.root / f"{marker}.head"
+        code, _ = fleet.gateway.curl(
+            f"/{CLUSTER}/api/v1/namespaces/team/configmaps/{marker}", fleet.alice,
+            "--http2" if i % 2 else "--http1.1", "-D", str(head_file),
+            "-H", f"Audit-ID: chosen-by-the-client-{i}")
+        assert code == 404  # answered by the managed apiserver, as alice's mapped identity
+        fields = [line.partition(":") for line in head_file.read_text().splitlines()]
+        answered[marker] = next(v.strip() for k, _, v in fields if k.lower() == "audit-id")
+
+    lines: dict[str, str] = {}
+    deadline = time.monotonic() + 10
+    while len(lines) < len(answered) and time.monotonic() < deadline:
+        lines = {line["path"].rpartition("/")[2]: line["request_id"]
+                 for line in (json.loads(text) for text in fleet.gateway.process.lines
+                              if text.startswith('{"event":"request"'))
+                 if "/configmaps/audit-id-probe-" in line.get("path", "")}
+        time.sleep(0.1)
+    events = {e["requestURI"].rpartition("/")[2]: e for e in fleet.managed.audit_events()
+              if "/configmaps/audit-id-probe-" in e["requestURI"]}
+    assert set(lines) == set(events) == set(answered)
+    for marker, request_id in lines.items():
+        event = events[marker]
+        assert event["auditID"] == request_id, (marker, event["auditID"], request_id)
+        assert event["impersonatedUser"]["extra"]["hubproxy.dev/request-id"] == [request_id]
+        assert answered[marker] == request_id
+    assert len(set(lines.values())) == len(lines)

@@ -59,6 +59,13 @@ def test_tunnel_connected_follows_the_agent(fleet: Fleet) -> None:
         up = conditions(fleet)
         assert up["TunnelConnected"]["reason"] == "TunnelUp"
         assert up["Available"] == AVAILABLE
+        # The add-ons were read with one list (field selector metadata.name=hubproxy), which
+        # deploy/ocm's resourceNames rule allows on a real apiserver: no GET per cluster.
+        lists = [e for e in hub.audit_events()
+                 if e["user"]["username"] == "system:serviceaccount:hubproxy:hubproxy-gateway"
+                 and e["verb"] == "list" and e.get("stage") == "ResponseComplete"
+                 and e["objectRef"].get("resource") == "managedclusteraddons"]
+        assert lists and all(e["responseStatus"]["code"] == 200 for e in lists), lists[-1:]
 
         assert gateway.agent is not None
         gateway.agent.stop()

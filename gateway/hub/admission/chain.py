@@ -197,7 +197,8 @@ def prepare(head: RequestHead, client_ip: str,
         upgrade = check_upgrade(head, cluster_route)
         bearer = extract_token(head.headers)
         headers = rewrite_request_headers(
-            bearer.headers, client_ip=client_ip, host=head.host or b"unknown"
+            bearer.headers, client_ip=client_ip, host=head.host or b"unknown",
+            to_service=cluster_route.service is not None,
         )
     except (RouteError, BodyTooLarge, UpgradeRefused, BearerError, HeaderRefused) as exc:
         raise Refusal(exc.status, str(exc)) from None

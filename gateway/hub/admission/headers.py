@@ -31,6 +31,11 @@ Removed:
   forwarding chain is kept. They are rebuilt from what the gateway saw:
   ``X-Forwarded-For: <client ip>``, ``X-Forwarded-Proto``, ``X-Forwarded-Host`` (the client's
   Host) and the equivalent ``Forwarded``.
+* On the Kubernetes API form only (:data:`API_FORM_ONLY_STRIPPED`): ``Cookie``, which
+  kube-apiserver never reads on API paths, while a dashboard may keep a hub token in one (it
+  would reach every managed cluster); and the client's ``Audit-ID``, which the agent sets to
+  the gateway's request id. A request to a Service (``to_service``) keeps both: its cookies
+  belong to the application.
 
 Kept on purpose: ``Transfer-Encoding`` and ``Content-Length``. Unlike Go's ReverseProxy, which
 re-frames the body, the gateway relays the body bytes verbatim, so the framing headers must
@@ -44,7 +49,7 @@ import functools
 import ipaddress
 
 from gateway.hub.admission.bearer import strip_token_subprotocols
-from gateway.wire.identity import IMPERSONATE_PREFIX
+from gateway.wire.identity import AUDIT_ID, IMPERSONATE_PREFIX
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -68,6 +73,7 @@ _IMPERSONATE = IMPERSONATE_PREFIX
 # Removed from client requests and, for X-Forwarded-*/Forwarded, rebuilt by the gateway.
 _STRIPPED_EXACT = frozenset({b"authorization", b"forwarded", b"x-real-ip", b"upgrade"})
 _STRIPPED_PREFIXES = (b"x-remote-", b"x-forwarded-")
+API_FORM_ONLY_STRIPPED = frozenset({b"cookie", AUDIT_ID.lower()})
 
 # Names whose underscore aliases are refused, and which Connection may not nominate.
 _SENSITIVE_EXACT = frozenset(
@@ -175,9 +181,11 @@ def _forwarded_host(host: bytes) -> bytes:
 
 
 def rewrite_request_headers(
-    headers: Headers, *, client_ip: str, proto: str = "https", host: bytes | str
+    headers: Headers, *, client_ip: str, proto: str = "https", host: bytes | str,
+    to_service: bool = False,
 ) -> Headers:
-    """The headers to forward for a client request. Raises :class:`HeaderRefused`."""
+    """The headers to forward for a client request; ``to_service``: it goes to a Service (the
+    ``/proxy-service/`` form), not to the kube-apiserver. Raises :class:`HeaderRefused`."""
     tokens = connection_tokens(headers)
     check_client_headers(headers, tokens)
     host_b = host.encode("ascii") if isinstance(host, str) else host
@@ -194,6 +202,7 @@ def rewrite_request_headers(
             or lname in nominated
             or lname in _STRIPPED_EXACT
             or lname.startswith(_STRIPPED_PREFIXES)
+            or (not to_service and lname in API_FORM_ONLY_STRIPPED)
         ):
             if lname == b"upgrade" and upgrade is not None and not upgrade_kept:
                 out.append((name, value))

@@ -6,10 +6,13 @@ SubjectAccessReview for the cluster) through the same caches: while the cached a
 fresh it costs nothing; once they expire (``--token-cache-ttl``) the hub is asked again, and
 identical questions from many streams are coalesced into one.
 
-Only a clean "no" revokes: the token is rejected (401), it now names another user (401), or the
-hub denies the cluster (403). A hub that cannot answer (:class:`AuthUnavailable`: down, slow, out
-of review slots) never closes a stream: the answer is :data:`UNKNOWN` and the next round asks
-again. Token-passthrough requests carry no hub identity and are not rechecked.
+Only a clean "no" revokes: the token is rejected (401), it now names another user (401) or the
+same user with other groups, in any order (401: the managed cluster would go on seeing the
+groups the stream was opened with, which the hub no longer vouches for; the client opens it
+again and is admitted with the current ones), or the hub denies the cluster (403). A hub that
+cannot answer (:class:`AuthUnavailable`: down, slow, out of review slots) never closes a
+stream: the answer is :data:`UNKNOWN` and the next round asks again. Token-passthrough
+requests carry no hub identity and are not rechecked.
 """
 
 from __future__ import annotations
@@ -57,6 +60,10 @@ async def recheck(authenticator: Authenticator, authorizer: Authorizer,
         return UNKNOWN
     if (user.username, user.uid) != (admitted_on.user.username, admitted_on.user.uid):
         return Revoked(401, "Unauthorized", "the bearer token now names another hub user")
+    if set(user.groups) != set(admitted_on.user.groups):  # the order carries no meaning
+        return Revoked(401, "Unauthorized", "the hub user's groups changed since this stream "
+                                            "was opened: open it again to act with the "
+                                            "current ones")
     try:
         await authorizer.authorize(user, admitted_on.cluster)
     except NotAuthorized:

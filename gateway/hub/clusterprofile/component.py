@@ -18,6 +18,7 @@ from typing import Any
 
 from gateway.hub.clusterprofile.provider import ca_certificates_only
 from gateway.hub.clusterprofile.writer import AccessProviderWriter
+from gateway.hub.hubwrites import HubWrites
 
 log = logging.getLogger("hubproxy.clusterprofile")
 
@@ -63,8 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=60.0,
         metavar="SECONDS",
-        help="keep a cluster's entry this long after its last agent disconnects, so a "
-        "reconnecting agent does not make consumers flap (default: %(default)s)",
+        help="keep a cluster's entry this long after its last agent disconnects, and after "
+        "the gateway starts, so a reconnecting agent (or a restarted gateway) does not make "
+        "consumers flap (default: %(default)s)",
     )
 
 
@@ -81,8 +83,10 @@ def ca_file(args: argparse.Namespace) -> Path:
     return Path(args.tls_dir) / "ca.crt"
 
 
-def build_writer(args: argparse.Namespace, api_client: Any, registry: Any) -> AccessProviderWriter:
-    """A writer fed by the session registry (`clusters()` and `subscribe(cb)`)."""
+def build_writer(args: argparse.Namespace, api_client: Any, registry: Any,
+                 writes: HubWrites | None = None) -> AccessProviderWriter:
+    """A writer fed by the session registry (`clusters()` and `subscribe(cb)`), its writes at
+    the process's shared rate (``writes``)."""
     path = ca_file(args)
     writer = AccessProviderWriter(
         api_client,
@@ -92,16 +96,18 @@ def build_writer(args: argparse.Namespace, api_client: Any, registry: Any) -> Ac
         connected_clusters=registry.clusters,
         namespaces=args.clusterprofile_namespace,
         grace=args.clusterprofile_grace,
+        writes=writes,
     )
     registry.subscribe(writer.cluster_changed)
     return writer
 
 
-async def run(args: argparse.Namespace, api_client: Any, registry: Any) -> None:
+async def run(args: argparse.Namespace, api_client: Any, registry: Any,
+              writes: HubWrites | None = None) -> None:
     """Run the feature as configured until cancelled (returns at once when unset)."""
     if args.clusterprofiles is None:
         return
-    writer = build_writer(args, api_client, registry)
+    writer = build_writer(args, api_client, registry, writes)
     if args.clusterprofiles == "on":
         await writer.run()
         return

@@ -3,6 +3,10 @@
 :class:`InstanceAnnouncer` creates this instance's Lease (see :mod:`.leases`), renews it every
 ``duration / 3``, lists the instance Leases every ``interval`` and, when the live set changes,
 hands it to ``on_change`` (the gateway announces it to its agents over the tunnel, HUB_PEER).
+When clusters come or go the Lease is written again with the new list, coalesced: at most one
+write per ``PUBLISH_GAP`` however many clusters changed (a storm of 10,000 reconnecting agents
+costs about one write a second, not one per agent), each at the process's shared hub write
+rate (:mod:`gateway.hub.hubwrites`).
 The set always holds this instance, whatever the hub says. On :meth:`stop` the Lease is
 deleted, so peers and agents stop counting this instance at their next listing.
 
@@ -26,13 +30,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gateway.hub.hubwrites import HubWrites
 from gateway.hub.instances import leases
 
 log = logging.getLogger("hubproxy.gateway")
 
 DEFAULT_DURATION = 15  # seconds a Lease stays live without renewal
 DEFAULT_INTERVAL = 2.0  # listing period: how soon a new or departed instance is seen
-MIN_GAP = 0.25  # between two steps, however often clusters come and go (bounds Lease writes)
+PUBLISH_GAP = 1.0  # between two steps, however often clusters come and go (bounds Lease writes)
+RESOURCE = "leases"
 
 
 def _now() -> datetime.datetime:
@@ -44,7 +50,8 @@ class InstanceAnnouncer:
                  clusters: Callable[[], list[str]],
                  on_change: Callable[[tuple[int, ...]], None], *,
                  duration: int = DEFAULT_DURATION, interval: float = DEFAULT_INTERVAL,
-                 ready_wait: float = 30.0, holder: str | None = None) -> None:
+                 ready_wait: float = 30.0, holder: str | None = None,
+                 writes: HubWrites | None = None) -> None:
         from kubernetes_asyncio import client
 
         self.api = client.CoordinationV1Api(api_client)
@@ -63,11 +70,14 @@ class InstanceAnnouncer:
         self.ready = False
         self.listed = False  # at least one listing succeeded
         self._renewed_at = 0.0
+        self._listed_at = float("-inf")
+        self._clusters_changed = True  # the list must be read again before the next write
         self._version: str | None = None  # resourceVersion of our Lease; None: not created
         self._published: list[str] = []  # the clusters our Lease names
         self._wake = asyncio.Event()  # a cluster came or went: publish it now
         self._task: asyncio.Task[None] | None = None
         self._failures = 0
+        self.writes = writes or HubWrites()
 
     # --- readiness gate ------------------------------------------------------------------------
 
@@ -96,8 +106,10 @@ class InstanceAnnouncer:
     # --- loop ----------------------------------------------------------------------------------
 
     def cluster_changed(self, _cluster: str, _connected: bool) -> None:
-        """Registry subscriber: publish the new cluster list at once (not at the next period),
-        so a peer that starts now does not read a list without the cluster and turn Ready."""
+        """Registry subscriber: publish the new cluster list soon (within PUBLISH_GAP, not at
+        the next period), so a peer that starts now does not read a list without the cluster
+        and turn Ready."""
+        self._clusters_changed = True
         self._wake.set()
 
     def start(self) -> None:
@@ -118,23 +130,36 @@ class InstanceAnnouncer:
                 if self._failures in (1, 10) or self._failures % 100 == 0:
                     log.warning("instance Lease %s/%s: %s (keeping the last live set of %d)",
                                 self.namespace, self.name, _why(exc), len(self.peers))
-            await asyncio.sleep(MIN_GAP)
+            await asyncio.sleep(PUBLISH_GAP)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.interval - MIN_GAP)
+                await asyncio.wait_for(self._wake.wait(), self._until_due())
             self._wake.clear()
 
-    async def step(self) -> None:
-        """Renew (or create) our Lease when due, then list the live instances."""
+    def _until_due(self) -> float:
+        """Seconds until the next renewal or listing is due."""
         now_m = time.monotonic()
-        clusters = sorted(self.clusters())
-        # Also at once when the clusters changed: a new peer's readiness gate reads them.
-        if (self._version is None or now_m - self._renewed_at >= self.duration / 3
-                or clusters != self._published):
-            await self._renew(clusters)
-            self._renewed_at = now_m
-            self._published = clusters
+        renew = self._renewed_at + self.duration / 3 - now_m
+        listing = self._listed_at + self.interval - now_m
+        return max(0.0, min(renew, listing))
+
+    async def step(self) -> None:
+        """Renew (or create) our Lease when due or when the clusters changed, then list the
+        live instances when that is due."""
+        now_m = time.monotonic()
+        renew_due = self._version is None or now_m - self._renewed_at >= self.duration / 3
+        if renew_due or self._clusters_changed:
+            self._clusters_changed = False
+            clusters = sorted(self.clusters())
+            # Also at once when the clusters changed: a new peer's readiness gate reads them.
+            if renew_due or clusters != self._published:
+                await self._renew(clusters)
+                self._renewed_at = now_m
+                self._published = clusters
+        if now_m - self._listed_at < self.interval and self.listed:
+            return
         listing = await self.api.list_namespaced_lease(
             self.namespace, label_selector=leases.SELECTOR)
+        self._listed_at = now_m
         self.live = leases.live_instances(list(listing.items or []), _now())
         self.listed = True
         peers = tuple(sorted({self.instance, *self.live}))
@@ -150,16 +175,17 @@ class InstanceAnnouncer:
         # The whole Lease each time (update with the version we last wrote: Leases refuse
         # unconditional updates), so the RBAC needs no patch verb.
         body = leases.lease_body(self.instance, self.holder, self.duration, clusters, _now())
+        send = self.writes.send
         if self._version is not None:
             body["metadata"]["resourceVersion"] = self._version
             try:
-                written = await self.api.replace_namespaced_lease(self.name, self.namespace,
-                                                                  body)
+                written = await send(RESOURCE, lambda: self.api.replace_namespaced_lease(
+                    self.name, self.namespace, body))
                 self._version = written.metadata.resource_version
                 return
             except ApiException as exc:
                 if exc.status == 409:  # written by someone else: take its version, retry
-                    current = await self.api.read_namespaced_lease(self.name, self.namespace)
+                    current = await send(RESOURCE, self._read, write=False)
                     self._version = current.metadata.resource_version
                     return await self._renew(clusters)
                 if exc.status != 404:
@@ -167,16 +193,21 @@ class InstanceAnnouncer:
                 self._version = None  # deleted under us: create it again
                 del body["metadata"]["resourceVersion"]
         try:
-            written = await self.api.create_namespaced_lease(self.namespace, body)
+            written = await send(RESOURCE, lambda: self.api.create_namespaced_lease(
+                self.namespace, body))
         except ApiException as exc:
             if exc.status != 409:
                 raise
-            written = await self.api.read_namespaced_lease(self.name, self.namespace)
+            written = await send(RESOURCE, self._read, write=False)
             body["metadata"]["resourceVersion"] = written.metadata.resource_version
-            written = await self.api.replace_namespaced_lease(self.name, self.namespace, body)
+            written = await send(RESOURCE, lambda: self.api.replace_namespaced_lease(
+                self.name, self.namespace, body))
         self._version = written.metadata.resource_version
         log.info("instance Lease %s/%s held (instance %08x)", self.namespace, self.name,
                  self.instance)
+
+    async def _read(self) -> Any:
+        return await self.api.read_namespaced_lease(self.name, self.namespace)
 
     async def stop(self, timeout: float = 2.0) -> None:
         """Stop renewing and delete our Lease (bounded: a hub outage must not hold a shutdown)."""

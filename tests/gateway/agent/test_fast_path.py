@@ -72,7 +72,13 @@ async def request(agent: Agent, meta: bytes, path: str = "/echo/x") -> Any:
     return stream
 
 
+REQUEST_ID_EXTRA = "impersonate-extra-hubproxy.dev%2frequest-id"
+
+
 async def test_a_users_later_requests_reuse_the_decoded_identity(agent: Agent) -> None:
+    """The identity is decoded once per user, but every request carries its own id to the
+    apiserver, as the extra and as Audit-ID (issue 24: the cached headers held the first
+    request's id, and 49 of 53 requests of one user carried it)."""
     CountingIdentity.decoded = 0
     agent._decode_identity = CountingIdentity.from_metadata
     alice, bob = "cluster:hub:alice", "cluster:hub:bob"
@@ -82,9 +88,29 @@ async def test_a_users_later_requests_reuse_the_decoded_identity(agent: Agent) -
         assert stream.response()[0] == 200
         headers = seen_headers(json.loads(stream.response()[2]))
         seen.append([v for k, v in headers if k == "impersonate-user"])
+        assert [v for k, v in headers if k == REQUEST_ID_EXTRA] == [rid]
+        assert [v for k, v in headers if k == "audit-id"] == [rid]
         assert exchange_of(stream).request_id == rid
     assert seen == [[alice], [alice], [bob], [alice]]
     assert CountingIdentity.decoded == 2  # alice once, bob once
+
+
+@pytest.mark.parametrize("passthrough", [False, True])
+async def test_the_request_id_replaces_the_streams_audit_id(agent: Agent,
+                                                            passthrough: bool) -> None:
+    """Audit-ID is the gateway's request id whatever the stream's bytes say (kube-apiserver
+    takes its audit event's ID from it), passthrough included; the impersonation extra only
+    where there is impersonation."""
+    meta = (Identity(user="", groups=(), uid="", request_id="5eed", passthrough=True)
+            if passthrough else Identity(user="cluster:hub:alice", groups=(), uid="",
+                                         request_id="5eed")).to_metadata()
+    stream = open_stream(agent, KubeAPITarget(), meta,
+                         get("/echo/a", "Audit-ID: client-chosen", "audit-id: another"))
+    stream.send_eof()
+    await stream.wait_done()
+    headers = seen_headers(json.loads(stream.response()[2]))
+    assert [v for k, v in headers if k == "audit-id"] == ["5eed"]
+    assert [v for k, v in headers if k == REQUEST_ID_EXTRA] == ([] if passthrough else ["5eed"])
 
 
 async def test_metadata_of_another_shape_is_decoded_and_checked_every_time(agent: Agent) -> None:

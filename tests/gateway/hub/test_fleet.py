@@ -93,12 +93,11 @@ async def test_clusters_view_and_metrics_of_a_running_gateway(tmp_path: Path) ->
         assert line.split()[:5] == ["c1", "connected", "1", "1", version("hubproxy")]
 
         text = await asyncio.to_thread(_scrape, running.health)
-        assert _value(text, 'hubproxy_request_duration_seconds_count{cluster="c1",'
-                            'class="short"}') == 3
-        assert _value(text, 'hubproxy_request_duration_seconds_count{cluster="c1",'
-                            'class="watch"}') == 1
-        assert _value(text, 'hubproxy_request_duration_seconds_count{cluster="_other",'
-                            'class="short"}') == 1
+        # Latency for the whole gateway: c1's three short requests and the unknown one.
+        assert _value(text, 'hubproxy_request_duration_seconds_count{class="short"}') == 4
+        assert _value(text, 'hubproxy_request_duration_seconds_count{class="watch"}') == 1
+        assert _value(text, 'hubproxy_requests_total{cluster="c1",code="2xx"}') == 4
+        assert _value(text, 'hubproxy_requests_total{cluster="_other",code="5xx"}') == 1
         # One TokenReview and a SAR per cluster asked for (c1, nope); the rest were cache hits.
         assert _value(text, 'hubproxy_hub_requests_total{call="tokenreview",outcome="ok"}') == 1
         assert _value(text, 'hubproxy_hub_requests_total{call="subjectaccessreview",'
@@ -120,8 +119,8 @@ async def test_clusters_view_and_metrics_of_a_running_gateway(tmp_path: Path) ->
             assert _value(text, f'hubproxy_certificate_expiry_timestamp_seconds'
                                 f'{{certificate="{name}"}}') == \
                 round(cert.not_valid_after_utc.timestamp())
-        assert _value(text, 'hubproxy_certificate_expiry_timestamp_seconds{certificate="agent",'
-                            'cluster="c1"}') == round(agent_cert.not_valid_after_utc.timestamp())
+        assert _value(text, 'hubproxy_agent_certificate_earliest_expiry_timestamp_seconds') == \
+            round(agent_cert.not_valid_after_utc.timestamp())
         # Every family has one TYPE line (Prometheus rejects a repeated one).
         types = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")]
         assert len(types) == len(set(types))
@@ -172,9 +171,10 @@ def test_workers_parts_merge_into_one_cluster() -> None:
     assert c1["rtt_ms"] == 3.0 and c1["last_error"] == "protocol error: x"
     assert c1["certificate_not_after"] == "2001-09-09T01:46:40Z"
     assert c2["connected"] is False and c2["disconnected_at"] == "1970-01-01T00:01:11Z"
-    lines = fleet.metric_lines([_part(0, "a"), _part(1, "b")])
-    assert 'hubproxy_tunnel_bytes_total{cluster="c1",direction="from_agent"} 30' in lines
-    assert 'hubproxy_tunnel_streams_opened_total{cluster="c1"} 8' in lines
+    stats = fleet.tunnel_stats([_part(0, "a")["c1"], _part(1, "b")["c1"]])
+    assert (stats.bytes_from_agent, stats.bytes_to_agent) == (30, 50)
+    assert stats.streams_opened == 8 and stats.sessions == 2 and stats.rtt_seconds == 0.003
+    assert stats.certificate_not_after == 1e9 and stats.versions == {"0.1.0": 2}
     printed = rows(document, now=100.0 + 3600)
     assert printed[1][:2] == ("c2", "disconnected (1h ago)")
     assert printed[1][-1] == "connection lost: reset (1h ago)"

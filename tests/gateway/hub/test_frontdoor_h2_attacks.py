@@ -4,6 +4,8 @@ socket: refused, or bounded."""
 from __future__ import annotations
 
 import asyncio
+import struct
+import time
 from collections.abc import AsyncIterator
 
 import hpack
@@ -19,7 +21,7 @@ from hyperframe.frame import (
 )
 
 from gateway.hub.config import FrontDoorLimits
-from gateway.wire.h2server import ANSWERED_BURST, CHEAP_BURST, RESET_BURST
+from gateway.wire.h2server import ANSWERED_BURST, CHEAP_BURST, MAX_SETTINGS_ENTRIES, RESET_BURST
 from tests.gateway.hub.h2client import H2Client, RawH2
 from tests.gateway.hub.test_frontdoor_harness import (
     HUB_TOKEN,
@@ -157,6 +159,57 @@ async def test_ping_and_settings_floods_are_bounded(gw: Harness, raw: RawH2, fra
     assert acks <= ANSWERED_BURST + 2
 
 
+def settings_frame(entries: list[tuple[int, int]]) -> bytes:
+    payload = b"".join(struct.pack(">HL", key, value) for key, value in entries)
+    return struct.pack(">BHBBL", 0, len(payload), 4, 0, 0) + payload
+
+
+@pytest.mark.parametrize("entries", [2730, MAX_SETTINGS_ENTRIES])
+async def test_settings_flood_with_streams_open_is_bounded(h2tls: Tls, entries: int  # noqa: F811
+                                                           ) -> None:
+    """Issue 24: with 250 streams open, 150 SETTINGS frames of 2,730 INITIAL_WINDOW_SIZE
+    entries (2.4 MB) cost the gateway ~6 s of CPU (every stream walked for every entry) and
+    held another connection's request that long; no GOAWAY. Now a frame of more than 100
+    entries is PROTOCOL_ERROR at once, and frames of 100 distinct entries spend the parsing
+    budget per entry (ENHANCE_YOUR_CALM after ~50 of them)."""
+    async with running(h2tls) as harness:  # the default limit: 250 streams per connection
+        harness.connect_cluster("c1")
+        harness.connect_cluster("hold", hold_agent)
+        await warm_token(harness)
+        raw = await RawH2.connect(harness.port, harness.tls.ca_file)
+        other = await H2Client.connect(harness.port, harness.tls.ca_file)
+        try:
+            raw.send(b"".join(_headers_frame(raw, 1 + 2 * i) for i in range(250)))
+            await raw.wait_for(lambda: len(harness.streams("hold")) == 250, timeout=20)
+            if entries > MAX_SETTINGS_ENTRIES:
+                frames = [settings_frame([(4, 65535 + i % 2) for i in range(entries)])] * 2
+            else:  # distinct ids: INITIAL_WINDOW_SIZE and unknown ones
+                frames = [settings_frame([(4, 65535 + j)] + [(0x100 + i, 1)
+                                                            for i in range(entries - 1)])
+                          for j in range(2)]
+            acks_before = len([f for f in raw.frames_of(SettingsFrame) if "ACK" in f.flags])
+            cpu = time.process_time()
+            raw.send(b"".join(frames[k % 2] for k in range(150)))
+            started = time.monotonic()
+            answer = await other.request("/c1/version", token=HUB_TOKEN, timeout=30)
+            waited = time.monotonic() - started
+            await raw.wait_closed(timeout=30)
+            cpu = time.process_time() - cpu  # the gateway's and both clients' (one process)
+        finally:
+            await other.close()
+            await raw.close()
+        acks = len([f for f in raw.frames_of(SettingsFrame) if "ACK" in f.flags]) - acks_before
+        assert raw.goaway is not None
+        if entries > MAX_SETTINGS_ENTRIES:
+            assert raw.goaway.error_code == PROTOCOL_ERROR and acks == 0
+        else:
+            assert raw.goaway.error_code == ENHANCE_YOUR_CALM
+            assert acks <= CHEAP_BURST // MAX_SETTINGS_ENTRIES
+        assert answer.status == 200 and waited < 2.0, waited
+        assert cpu < 2.0, cpu
+        assert all(s.closed for s in harness.streams("hold"))  # the held streams ended too
+
+
 async def test_window_update_flood_is_bounded(gw: Harness, raw: RawH2) -> None:
     for _ in range(20):  # bounded: 20 x 1000 frames
         raw.send(WindowUpdateFrame(0, window_increment=1).serialize() * 1000)
@@ -247,23 +300,81 @@ async def test_streams_opened_but_never_read_hold_one_window(gw: Harness) -> Non
         await c.close()
 
 
+def post_block(raw: RawH2, length: int, cluster: str = "c1") -> bytes:
+    return raw.encoder.encode([(":method", "POST"), (":scheme", "https"),
+                               (":authority", "localhost"),
+                               (":path", f"/{cluster}/api/v1/namespaces/default/configmaps"),
+                               ("authorization", f"Bearer {HUB_TOKEN}"),
+                               ("content-length", str(length))])
+
+
+async def assert_stream_reset_alone(gw: Harness, raw: RawH2, sid: int, opened: int) -> None:
+    """Stream ``sid`` is reset PROTOCOL_ERROR (RFC 9113 §8.1.1: a malformed request is a
+    stream error); ``opened`` tunnel streams exist; the connection carries on."""
+    await raw.wait_for(lambda: raw.frames_of(RstStreamFrame, sid))
+    assert raw.frames_of(RstStreamFrame, sid)[0].error_code == PROTOCOL_ERROR
+    assert len(gw.streams("c1")) == opened
+    raw.headers(sid + 2, raw.headers_block("/c1/version", HUB_TOKEN))
+    await raw.wait_for(lambda: any(f.stream_id == sid + 2 and "END_STREAM" in f.flags
+                                   for f in raw.frames))
+    assert statuses(raw)[sid + 2] == 200 and raw.goaway is None
+
+
 async def test_body_larger_than_content_length_is_refused(gw: Harness, raw: RawH2) -> None:
-    """DATA past a declared Content-Length is a protocol error; the excess never reaches the
-    cluster."""
+    """DATA past a declared Content-Length resets the stream before a byte of that frame is
+    forwarded. (It was a connection error, GOAWAY PROTOCOL_ERROR, until issue 24: RFC 9113
+    §8.1.1 makes it a stream error, as Go's server has it.)"""
     await warm_token(gw)
-    block = raw.encoder.encode([(":method", "POST"), (":scheme", "https"),
-                                (":authority", "localhost"),
-                                (":path", "/c1/api/v1/namespaces/default/configmaps"),
-                                ("authorization", f"Bearer {HUB_TOKEN}"),
-                                ("content-length", "10")])
-    raw.headers(1, block, end_stream=False)
+    raw.headers(1, post_block(raw, 10, "hold"), end_stream=False)  # answered, then held
     raw.send(DataFrame(1, data=b"0123456789").serialize())
+    await raw.wait_for(lambda: len(gw.streams("hold")) == 1
+                       and gw.streams("hold")[0].received.endswith(b"0123456789"))
     raw.send(DataFrame(1, data=b"SMUGGLED-GET / HTTP/1.1\r\n\r\n", flags=["END_STREAM"])
              .serialize())
-    await raw.wait_closed()
-    assert raw.goaway is not None and raw.goaway.error_code == PROTOCOL_ERROR
-    for stream in gw.streams("c1")[1:]:
-        assert b"SMUGGLED" not in stream.received
+    await assert_stream_reset_alone(gw, raw, 1, opened=1)
+    stream = gw.streams("hold")[0]
+    assert b"SMUGGLED" not in stream.received
+    assert stream.closed and stream.reset_code is not None  # the managed side's stream too
+
+
+async def test_rule2_headers_that_end_a_post_with_a_content_length_reach_no_cluster(
+        gw: Harness, raw: RawH2) -> None:
+    """Issue 24: HEADERS with END_STREAM and ``content-length: 5`` reached the managed
+    apiserver as a POST with no body before the gateway found it malformed. Now no tunnel
+    stream is opened, even with the token's review cached (admission would be immediate)."""
+    await warm_token(gw)
+    raw.headers(1, post_block(raw, 5), end_stream=True)
+    await assert_stream_reset_alone(gw, raw, 1, opened=1)  # warm_token's
+    assert not any(b"POST" in s.received for s in gw.streams("c1"))
+
+
+async def test_rule2_a_body_ending_short_in_the_same_read_reaches_no_cluster(
+        gw: Harness, raw: RawH2) -> None:
+    """HEADERS (content-length 5) and DATA of 3 bytes with END_STREAM in one read: the stream
+    is reset before its request's turn comes, and the request is never admitted."""
+    await warm_token(gw)
+    frames = bytearray()
+    headers = HeadersFrame(1)
+    headers.data = post_block(raw, 5)
+    headers.flags.add("END_HEADERS")
+    frames += headers.serialize()
+    frames += DataFrame(1, data=b"{}\n", flags=["END_STREAM"]).serialize()
+    raw.send(bytes(frames))
+    await assert_stream_reset_alone(gw, raw, 1, opened=1)
+    assert not any(b"POST" in s.received for s in gw.streams("c1"))
+
+
+@pytest.mark.parametrize("scheme", ["https\r\nimpersonate-user: admin", "ftp", ""],
+                         ids=["crlf", "ftp", "empty"])
+async def test_rule2_scheme_is_https_or_http(gw: Harness, raw: RawH2, scheme: str) -> None:
+    """Issue 24: ``:scheme`` was never checked (only dropped); CR/LF in it was accepted."""
+    encoder = hpack.Encoder()
+    block = encoder.encode([(":method", "GET"), (":scheme", scheme),
+                            (":authority", "localhost"), (":path", "/c1/version"),
+                            ("authorization", f"Bearer {HUB_TOKEN}")])
+    raw.encoder = encoder  # later blocks share its dynamic table
+    raw.headers(1, block)
+    await assert_malformed_answered_400(gw, raw)
 
 
 def statuses(raw: RawH2) -> dict[int, int]:

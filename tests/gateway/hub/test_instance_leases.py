@@ -36,8 +36,30 @@ def test_missing_clusters_are_those_other_live_instances_serve() -> None:
                                            4: leases.LiveInstance(4, None)}, 3) == set()
 
 
-def test_a_cluster_list_too_large_for_an_annotation_is_left_out() -> None:
+def test_a_long_cluster_list_is_compressed_and_read_back() -> None:
+    """20,000 names are 280 KB of text, past the annotation cap: compressed they fit."""
     many = [f"cluster-{i:06d}" for i in range(20000)]
     body = lease(1, many, 0)
-    assert leases.CLUSTERS_ANNOTATION not in body["metadata"]["annotations"]
+    annotations = body["metadata"]["annotations"]
+    assert leases.CLUSTERS_ANNOTATION not in annotations
+    assert len(annotations[leases.COMPRESSED_CLUSTERS_ANNOTATION]) <= leases.MAX_CLUSTERS_TEXT
+    assert leases.live_instances([body], NOW)[1].clusters == frozenset(many)
+
+
+def test_a_cluster_list_too_large_even_compressed_is_left_out() -> None:
+    import secrets
+
+    many = [secrets.token_hex(16) for _ in range(20000)]  # random: ~25 bytes each compressed
+    body = lease(1, many, 0)
+    assert body["metadata"]["annotations"] == {}
     assert leases.live_instances([body], NOW)[1].clusters is None
+
+
+def test_a_compressed_list_that_does_not_decode_or_inflates_too_far_names_nothing() -> None:
+    import base64
+    import zlib
+
+    bomb = base64.b64encode(zlib.compress(b"a" * (leases.MAX_INFLATED + 1), 9)).decode()
+    for packed in ("not base64!", base64.b64encode(b"not zlib").decode(), bomb):
+        assert leases.published_clusters({leases.COMPRESSED_CLUSTERS_ANNOTATION: packed}) \
+            is None

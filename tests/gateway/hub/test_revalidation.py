@@ -323,3 +323,59 @@ async def test_a_port_forward_websocket_gets_a_close_frame_that_says_why(tls, ca
             assert await reader.read(-1) == b""
         await wait_for(lambda: streams[0].closed)
         writer.close()
+
+
+async def test_rule1_a_group_change_ends_a_watch_as_revocation_does(tls, carol) -> None:  # noqa: F811
+    """Issue 24: the recheck asked the hub with the user's current groups but the stream went
+    on impersonating the old ones. A review that now returns other groups ends it as a
+    revocation does; the client's re-watch carries the new groups. The same groups in another
+    order change nothing."""
+    async with running(tls, token_cache_ttl=TTL) as h:
+        streams, agent = streaming_agent(chunk(EVENT))
+        h.connect_cluster("c1", agent)
+        reader, writer = await h.open()
+        writer.write(get(WATCH, carol))
+        async with asyncio.timeout(5):
+            assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
+        assert json.loads(streams[0].metadata)["groups"] == ["cluster:hub:devs"]
+        started = asyncio.get_running_loop().time()
+        USERS[carol] = {**USERS[carol], "groups": ["devs", "readers"]}  # the hub adds one
+        assert await read_chunks(reader, timeout=TTL + 0.5 + 3.0) == [EVENT, b""]
+        assert asyncio.get_running_loop().time() - started < TTL + 0.5 + 3.0
+        await wait_for(lambda: streams[0].closed)  # the managed cluster's watch is cancelled
+        writer.write(get(WATCH, carol))  # the client watches again
+        async with asyncio.timeout(5):
+            assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
+        await wait_for(lambda: len(streams) == 2)
+        assert json.loads(streams[1].metadata)["groups"] == ["cluster:hub:devs",
+                                                             "cluster:hub:readers"]
+        USERS[carol] = {**USERS[carol], "groups": ["readers", "devs"]}
+        await asyncio.sleep(3 * TTL + 0.5)  # rechecked: the same groups, reordered
+        assert not streams[1].closed
+        USERS[carol] = {**USERS[carol], "groups": ["ops"]}  # the hub moves carol once more
+        assert await read_chunks(reader, timeout=TTL + 0.5 + 3.0) == [EVENT, b""]
+        await wait_for(lambda: streams[1].closed)
+        assert h.gateway.revalidator is not None and h.gateway.revalidator.revoked == 2
+        writer.close()
+
+
+async def test_a_group_change_ends_an_exec_with_a_status_that_says_why(tls, carol) -> None:  # noqa: F811
+    async with running(tls, token_cache_ttl=TTL) as h:
+        streams, agent = websocket_agent(b"v5.channel.k8s.io", ws_frame(b"\x01hello"))
+        h.connect_cluster("c1", agent)
+        reader, writer = await h.open()
+        writer.write(ws_request(EXEC, carol))
+        async with asyncio.timeout(5):
+            assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 101")
+            assert await read_ws_frame(reader) == (2, b"\x01hello")
+        USERS[carol] = {**USERS[carol], "groups": []}  # carol left every group
+        async with asyncio.timeout(TTL + 0.5 + 5.0):
+            opcode, payload = await read_ws_frame(reader)
+            assert opcode == 2 and payload[0] == 3  # the error channel
+            status = json.loads(payload[1:])
+            assert (status["code"], status["reason"]) == (401, "Unauthorized")
+            assert "groups changed" in status["message"]
+            opcode, payload = await read_ws_frame(reader)
+            assert opcode == 8
+        await wait_for(lambda: streams[0].closed)
+        writer.close()

@@ -99,9 +99,10 @@ async def test_metrics_counts_without_identities_or_tokens(tls) -> None:  # noqa
         status, body = await health_get(h, "/metrics")
         assert status == 200
         text = body.decode()
-        assert 'hubproxy_requests_total{cluster="c1",code="200"} 2' in text
-        assert 'hubproxy_requests_total{cluster="_other",code="401"} 1' in text
-        assert 'hubproxy_requests_total{cluster="_other",code="404"} 1' in text
+        assert 'hubproxy_requests_total{cluster="c1",code="2xx"} 2' in text
+        assert 'hubproxy_requests_total{cluster="_other",code="4xx"} 2' in text  # 401, 404
+        assert 'hubproxy_requests_by_code_total{code="401"} 1' in text
+        assert 'hubproxy_requests_by_code_total{code="404"} 1' in text
         assert "random-name-123" not in text  # unbounded label values are folded
         assert "hubproxy_connected_clusters 1" in text
         assert "hubproxy_connected_agents 1" in text

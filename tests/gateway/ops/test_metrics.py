@@ -1,14 +1,19 @@
-"""Histograms and the new gateway series in the Prometheus text, merged over workers."""
+"""Histograms and the gateway series in the Prometheus text, merged over workers; the series a
+cluster adds are bounded, and rendering is a generator of bounded steps."""
 
 from __future__ import annotations
 
+import re
+import time
+
+from gateway.hub.fleet import tunnel_stats
 from gateway.ops.metrics import (
+    BASIC_SERIES_PER_CLUSTER,
+    CHUNK,
     REQUEST_BUCKETS,
     GatewayMetrics,
     Histogram,
-    certificate_lines,
-    merge,
-    render,
+    render_parts,
 )
 
 
@@ -38,10 +43,10 @@ def test_workers_latency_hub_calls_and_refusals_add_up() -> None:
     first.authz_lookups, second.authz_lookups = 5, 2
     second.hub_call("subjectaccessreview", 0.01, ok=True)
     first.tunnel_refused = lambda: 2
-    text = render(merge([first.snapshot(), second.snapshot()])).decode()
-    assert 'hubproxy_request_duration_seconds_count{cluster="c1",class="short"} 2' in text
-    assert 'hubproxy_request_duration_seconds_bucket{cluster="c1",class="watch",le="1800"} 1' \
-        in text
+    first.peers = lambda: [second.snapshot()]
+    text = first.render().decode()
+    assert 'hubproxy_request_duration_seconds_count{class="short"} 2' in text
+    assert 'hubproxy_request_duration_seconds_bucket{class="watch",le="1800"} 1' in text
     assert 'hubproxy_hub_requests_total{call="tokenreview",outcome="error"} 1' in text
     assert 'hubproxy_hub_request_duration_seconds_count{call="tokenreview"} 2' in text
     assert "hubproxy_authz_cache_hits_total 6" in text  # 7 lookups, 1 SAR
@@ -49,14 +54,117 @@ def test_workers_latency_hub_calls_and_refusals_add_up() -> None:
     assert len(REQUEST_BUCKETS) + 3 == sum(
         1 for line in text.splitlines()
         if line.startswith('hubproxy_request_duration_seconds_') and 'class="short"' in line)
+    # Latency per cluster only when asked for.
+    assert "hubproxy_cluster_request_duration_seconds_" not in text
+    assert 'cluster="c1",class=' not in text
 
 
-def test_certificates_form_one_family() -> None:
-    lines = certificate_lines({"serving": 2e9, "tunnel": 2e9}, {"c1": 1.9e9})
-    assert sum(line.startswith("# TYPE") for line in lines) == 1
-    assert 'hubproxy_certificate_expiry_timestamp_seconds{certificate="agent",cluster="c1"} ' \
-           '1900000000' in lines
-    assert certificate_lines({}, {}) == []
+def test_detailed_cluster_metrics_add_per_cluster_latency_of_all_workers() -> None:
+    first, second = GatewayMetrics(cluster_detail=True), GatewayMetrics(cluster_detail=True)
+    first.request("c1", 200, 0, 0, 0.02, "short")
+    second.request("c1", 404, 0, 0, 0.03, "short")
+    first.peers = lambda: [second.snapshot()]
+    text = first.render().decode()
+    assert 'hubproxy_cluster_request_duration_seconds_count{cluster="c1",class="short"} 2' \
+        in text
+    assert 'hubproxy_request_duration_seconds_count{class="short"} 2' in text
+
+
+def test_requests_count_by_code_class_per_cluster_and_by_code_overall() -> None:
+    one, two = GatewayMetrics(), GatewayMetrics()
+    for code in (200, 201, 201, 404, 503, 101):
+        one.request("c1", code, 0, 0)
+    two.request("c1", 200, 0, 0)
+    two.request("_other", 404, 0, 0)
+    one.peers = lambda: [two.snapshot()]
+    text = one.render().decode()
+    for line in ('hubproxy_requests_total{cluster="c1",code="1xx"} 1',
+                 'hubproxy_requests_total{cluster="c1",code="2xx"} 4',
+                 'hubproxy_requests_total{cluster="c1",code="4xx"} 1',
+                 'hubproxy_requests_total{cluster="c1",code="5xx"} 1',
+                 'hubproxy_requests_total{cluster="_other",code="4xx"} 1',
+                 'hubproxy_requests_by_code_total{code="201"} 2',
+                 'hubproxy_requests_by_code_total{code="200"} 2',
+                 'hubproxy_requests_by_code_total{code="404"} 2'):
+        assert line in text, line
+    assert 'code="3xx"' not in text  # classes never seen make no series
+
+
+def _entry(version: str, not_after: float, worker: int = 0) -> dict:
+    return {"sessions": [{"agent_version": version, "agent_instance": f"{worker:08x}",
+                          "hub_worker": worker, "connected_at": 1.0, "rtt_ms": 2.0,
+                          "active_streams": 1, "streams_total": 3, "bytes_in": 10,
+                          "bytes_out": 20, "certificate_not_after": not_after,
+                          "draining": False}],
+            "last_error": None, "last_error_at": None, "disconnected_at": None,
+            "ended_bytes_in": 5, "ended_bytes_out": 5, "ended_streams": 1}
+
+
+def _cluster_series(text: str, cluster: str) -> list[str]:
+    return [line for line in text.splitlines()
+            if not line.startswith("#") and f'cluster="{cluster}"' in line]
+
+
+def test_series_per_cluster_are_bounded_whatever_the_traffic() -> None:
+    """Every status code, every request class and two agent versions: the cluster still adds
+    at most BASIC_SERIES_PER_CLUSTER series (one more per extra agent version), all counters
+    and gauges; detailed adds the histograms and the certificate."""
+    fleets = {"c1": _entry("0.1.0", 2e9)}
+    other = {"c1": _entry("0.2.0", 2e9 + 1, worker=1)}
+    for detail in (False, True):
+        one = GatewayMetrics(cluster_detail=detail)
+        for code in range(100, 600):
+            for kind in ("short", "watch", "stream"):
+                one.request("c1", code, 1, 1, 0.01, kind)
+        one.fleet = lambda: fleets
+        one.fleet_stats = tunnel_stats
+        one.peers = lambda: [{"fleet": other}]
+        text = one.render().decode()
+        series = _cluster_series(text, "c1")
+        if not detail:
+            assert len(series) == BASIC_SERIES_PER_CLUSTER + 1, series  # two versions
+            assert not any("_bucket" in line for line in series)
+        else:
+            histograms = [s for s in series if "cluster_request_duration" in s]
+            assert len(histograms) == 3 * (len(REQUEST_BUCKETS) + 3)
+            assert 'hubproxy_certificate_expiry_timestamp_seconds{certificate="agent",' \
+                'cluster="c1"} 2000000000' in series
+        # Every family has one TYPE line, its samples right after it.
+        types = re.findall(r"^# TYPE (\S+)", text, re.M)
+        assert len(types) == len(set(types))
+        assert 'hubproxy_tunnel_sessions{cluster="c1"} 2' in series
+        assert 'hubproxy_tunnel_streams_opened_total{cluster="c1"} 8' in series
+
+
+def test_agent_certificates_are_summarized_not_listed_per_cluster() -> None:
+    now = time.time()
+    fleets = {"soon": _entry("0.1.0", now + 3 * 86400), "month": _entry("0.1.0",
+                                                                        now + 20 * 86400),
+              "later": _entry("0.1.0", now + 90 * 86400)}
+    chunks = render_parts([{"fleet": fleets}], {"serving": 2e9, "tunnel": 2e9}, tunnel_stats,
+                          now=now)
+    text = b"".join(chunks).decode()
+    assert f"hubproxy_agent_certificate_earliest_expiry_timestamp_seconds " \
+           f"{now + 3 * 86400:.0f}" in text
+    assert 'hubproxy_agent_certificates_expiring{within="7d"} 1' in text
+    assert 'hubproxy_agent_certificates_expiring{within="30d"} 2' in text
+    assert 'hubproxy_certificate_expiry_timestamp_seconds{certificate="serving"} 2000000000' \
+        in text
+    assert 'certificate="agent"' not in text
+    assert sum(line.startswith("# TYPE hubproxy_certificate_expiry") for line in
+               text.splitlines()) == 1
+
+
+def test_rendering_is_bounded_steps() -> None:
+    """Each step of the generator handles at most CHUNK clusters of a family: 3 * CHUNK
+    clusters take several steps, and no step holds more than CHUNK clusters' lines."""
+    one = GatewayMetrics()
+    for i in range(3 * CHUNK):
+        one.request(f"c{i:04d}", 200, 0, 0)
+    steps = [chunk for chunk in one.render_chunks()]
+    with_requests = [c for c in steps if b"hubproxy_requests_total{" in c]
+    assert len(with_requests) == 3
+    assert all(c.count(b"\n") <= CHUNK + 2 for c in with_requests)
 
 
 def test_fair_queuing_figures_of_workers_add_up_and_are_absent_when_off() -> None:

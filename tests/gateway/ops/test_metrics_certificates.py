@@ -1,10 +1,10 @@
 """Agent-certificate metrics: handshake failures by reason, rendered in the Prometheus text
-format and merged across --workers snapshots (expiry per cluster is in test_metrics.py, one
-family with the serving and tunnel certificates)."""
+format and merged across --workers parts (expiry is in test_metrics.py: the earliest agent
+certificate, and per cluster only with --cluster-metrics detailed)."""
 
 from __future__ import annotations
 
-from gateway.ops.metrics import GatewayMetrics, merge, render
+from gateway.ops.metrics import GatewayMetrics, render_parts
 
 
 def test_certificate_metrics_render_and_merge_across_workers() -> None:
@@ -20,7 +20,10 @@ def test_certificate_metrics_render_and_merge_across_workers() -> None:
     assert "# TYPE hubproxy_tunnel_handshake_failures_total counter" in text
 
 
-def test_snapshots_of_older_workers_without_certificate_fields_still_merge() -> None:
-    text = render(merge([{"requests": [["c1", 200, 1]]}])).decode()
+def test_parts_without_certificate_fields_still_render() -> None:
+    from gateway.hub.fleet import tunnel_stats
+
+    text = b"".join(render_parts([{"scalars": {}, "requests": {"c1": [0, 1, 0, 0, 0]}}], {},
+                                 tunnel_stats)).decode()
     assert "hubproxy_tunnel_handshake_failures_total{" not in text
-    assert 'hubproxy_requests_total{cluster="c1",code="200"} 1' in text
+    assert 'hubproxy_requests_total{cluster="c1",code="2xx"} 1' in text

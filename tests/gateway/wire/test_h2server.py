@@ -38,6 +38,7 @@ from gateway.wire.h2server import (
     ANSWERED_BURST,
     CHEAP_BURST,
     MAX_CONTINUATIONS,
+    MAX_SETTINGS_ENTRIES,
     PREFACE,
     RECENT_RESETS,
     RESET_BURST,
@@ -805,6 +806,69 @@ def test_trailers_in_continuation_frames() -> None:
     assert client.send(wire) == [("TrailersReceived", 1), ("StreamEnded", 1)]
 
 
+# --- §8.1.1: content-length against the DATA ---------------------------------------------------
+
+def with_length(n: bytes) -> list[tuple[bytes, bytes]]:
+    return [*REQUEST, (b"content-length", n)]
+
+
+def test_headers_ending_the_stream_with_a_content_length_are_malformed() -> None:
+    """HEADERS with END_STREAM and ``content-length: 5``: refused before the application hears
+    of the request (it reached the managed apiserver as a POST with no body, issue 24)."""
+    client = Client()
+    client.stream_error(client.headers(1, with_length(b"5")), 1, PROTOCOL_ERROR)
+    assert client.send(client.headers(3, with_length(b"0"))) == [
+        ("RequestReceived", 3, tuple(with_length(b"0")), True)]
+
+
+def test_data_past_the_content_length_is_malformed_and_not_handed_on() -> None:
+    client = Client()
+    assert client.send(client.headers(1, with_length(b"5"), end_stream=False))[0][0] == \
+        "RequestReceived"
+    assert client.send(data_frame(1, b"abc")) == [("DataReceived", 1, b"abc", 3)]
+    client.stream_error(data_frame(1, b"def"), 1, PROTOCOL_ERROR)  # 6 > 5: no DataReceived
+    # Its bytes went back to the connection window: a later stream may use all of it.
+    client.server.acknowledge_received_data(3, 1)
+    assert client.server._recv_window + client.server._recv_unacked == 65535
+
+
+@pytest.mark.parametrize("ending", ["data", "empty-data", "trailers"])
+def test_a_body_ending_short_of_its_content_length_is_malformed(ending: str) -> None:
+    client = Client()
+    client.send(client.headers(1, with_length(b"5"), end_stream=False))
+    if ending == "data":  # the last DATA is not handed on either
+        client.stream_error(data_frame(1, b"abcd", end_stream=True), 1, PROTOCOL_ERROR)
+        return
+    assert client.send(data_frame(1, b"abcd")) == [("DataReceived", 1, b"abcd", 4)]
+    last = (data_frame(1, b"", end_stream=True) if ending == "empty-data"
+            else client.headers(1, [(b"x-checksum", b"1")]))
+    client.stream_error(last, 1, PROTOCOL_ERROR)
+
+
+@pytest.mark.parametrize("ending", ["data", "trailers"])
+def test_a_body_of_exactly_its_content_length_ends_the_stream(ending: str) -> None:
+    client = Client()
+    client.send(client.headers(1, with_length(b"5"), end_stream=False))
+    padded = raw(T_DATA, F_PADDED, 1, b"\x03abc" + b"\0" * 3)  # padding is not body
+    assert client.send(padded) == [("DataReceived", 1, b"abc", 7)]
+    if ending == "data":
+        assert client.send(data_frame(1, b"de", end_stream=True)) == [
+            ("DataReceived", 1, b"de", 2), ("StreamEnded", 1)]
+    else:
+        assert client.send(data_frame(1, b"de")) == [("DataReceived", 1, b"de", 2)]
+        assert client.send(client.headers(1, [(b"x-t", b"1")])) == [
+            ("TrailersReceived", 1), ("StreamEnded", 1)]
+
+
+def test_an_unparsable_content_length_is_left_to_the_request_rules() -> None:
+    """Not a number the connection can hold the body against: the request goes on to
+    :func:`gateway.wire.http2.request_head_from_h2`, which refuses it whole (400)."""
+    client = Client()
+    fields = with_length(b"5x")
+    assert client.send(client.headers(1, fields)) == [
+        ("RequestReceived", 1, tuple(fields), True)]
+
+
 # --- §6.10: CONTINUATION ----------------------------------------------------------------------
 
 def test_header_block_over_continuation_frames() -> None:
@@ -1007,11 +1071,64 @@ def test_initial_window_size_change_overflowing_a_stream_window_is_flow_control_
     client.connection_error(settings((S_INITIAL_WINDOW_SIZE, 65536)), FLOW_CONTROL_ERROR)
 
 
-def test_last_value_of_a_repeated_setting_wins() -> None:
+class CountingStreams(dict[int, Any]):
+    """The connection's stream table, counting the walks over every open stream."""
+
+    walks = 0
+
+    def values(self) -> Any:
+        self.walks += 1
+        return super().values()
+
+
+def test_initial_window_size_moves_the_streams_once_per_frame() -> None:
+    """Issue 24: an INITIAL_WINDOW_SIZE change costs one step per open stream per SETTINGS
+    frame, not per entry (a frame of 2,730 entries with 250 streams open cost 680,000 steps)."""
+    client = Client(max_concurrent_streams=200)
+    client.server.streams = CountingStreams()
+    for sid in range(1, 401, 2):
+        client.send(client.headers(sid, end_stream=False))
+    filler = [(0x100 + i, i) for i in range(MAX_SETTINGS_ENTRIES - 1)]
+    for value in (70_000, 80_000, 80_000):  # the last one changes nothing
+        assert client.send(settings((S_INITIAL_WINDOW_SIZE, value), *filler)) == [
+            ("SettingsChanged",)]
+    assert client.server.streams.walks == 2
+    assert {s.send_window for s in client.server.streams.values()} == {80_000}
+
+
+@pytest.mark.parametrize("pairs", [
+    [(S_INITIAL_WINDOW_SIZE, 100), (S_INITIAL_WINDOW_SIZE, 1)],
+    [(S_ENABLE_PUSH, 0), (S_MAX_FRAME_SIZE, 20_000), (S_ENABLE_PUSH, 0)],
+    [(0x99, 1), (0x99, 1)],  # even an unknown id
+], ids=["initial-window", "enable-push", "unknown"])
+def test_a_repeated_setting_id_is_protocol_error(pairs: list[tuple[int, int]]) -> None:
+    """Issue 24, as Go's server: an id twice in one frame is refused (RFC 9113 would apply
+    both in order; only a flood needs that), and none of the frame is applied."""
     client = Client()
     client.open(1)
-    client.send(settings((S_INITIAL_WINDOW_SIZE, 100), (S_INITIAL_WINDOW_SIZE, 1)))
-    assert client.server.local_flow_control_window(1) == 1
+    client.connection_error(settings(*pairs), PROTOCOL_ERROR)
+    assert client.server.streams[1].send_window == 65535
+    assert client.server.max_outbound_frame_size == 16384
+
+
+def test_settings_with_more_than_100_entries_is_protocol_error() -> None:
+    client = Client()
+    most = [(0x100 + i, 0) for i in range(MAX_SETTINGS_ENTRIES)]
+    assert client.send(settings(*most)) == [("SettingsChanged",)]
+    [ack] = client.out()
+    assert ack.flags == {"ACK"}
+    client.connection_error(settings(*most, (S_INITIAL_WINDOW_SIZE, 1)), PROTOCOL_ERROR)
+    assert MAX_SETTINGS_ENTRIES == 100
+
+
+def test_settings_entries_are_spent_from_the_parsing_budget() -> None:
+    """Each entry costs what a frame that is only parsed costs: a client cannot make entries
+    free by packing them into few frames."""
+    client = Client(cheap=FrameBudget(250, 0.0))
+    hundred = settings(*[(0x100 + i, 0) for i in range(100)])
+    assert client.send(hundred + hundred) == [("SettingsChanged",)] * 2
+    assert len(client.out()) == 2
+    client.connection_error(hundred, ENHANCE_YOUR_CALM)
 
 
 # --- §6.7: PING -------------------------------------------------------------------------------

@@ -81,6 +81,37 @@ def test_malformed_requests_rfc9113(fields: list[tuple[bytes, bytes]]) -> None:
     assert err.value.status == 400
 
 
+def _with(name: bytes, value: bytes) -> list[tuple[bytes, bytes]]:
+    return [(n, value if n == name else v) for n, v in BASE]
+
+
+@pytest.mark.parametrize("fields", [
+    _with(b":scheme", b"https\r\nimpersonate-user: admin"),
+    _with(b":scheme", b"ftp"),
+    _with(b":scheme", b"HTTPS"),
+    _with(b":scheme", b""),
+    _with(b":scheme", b"https "),
+    _with(b":method", b"GET\r\nX"),
+    _with(b":path", b"/c1/version\n"),
+    _with(b":authority", b"gw\x00.example"),
+    _with(b":authority", b"gw\x7f"),
+], ids=["crlf-in-scheme", "scheme-ftp", "scheme-upper-case", "scheme-empty",
+        "scheme-trailing-space", "crlf-in-method", "lf-in-path", "nul-in-authority",
+        "del-in-authority"])
+def test_malformed_pseudo_header_values(fields: list[tuple[bytes, bytes]]) -> None:
+    """Issue 24: ``:scheme`` is ``https`` or ``http`` (it was never checked, only dropped), and
+    no pseudo-header carries a control character (RFC 9113 §8.2.1)."""
+    with pytest.raises(H2RequestError) as err:
+        head(fields=fields)
+    assert err.value.status == 400
+    assert "malformed request" in str(err.value)
+
+
+def test_scheme_http_and_https_are_well_formed() -> None:
+    for scheme in (b"https", b"http"):
+        assert head(fields=_with(b":scheme", scheme)).target == b"/c1/api/v1/pods?watch=1"
+
+
 def test_te_trailers_and_inner_whitespace_are_well_formed() -> None:
     h = head([(b"te", b"trailers"), (b"x-a", b"a b\tc"), (b"x-empty", b"")])
     assert h.get(b"te") == b"trailers" and h.get(b"x-a") == b"a b\tc" and h.get(b"x-empty") == b""

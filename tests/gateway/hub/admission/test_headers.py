@@ -46,6 +46,23 @@ def test_plain_request_keeps_order_and_adds_forwarding() -> None:
     ]
 
 
+@pytest.mark.parametrize("name", [b"Cookie", b"cookie", b"COOKIE", b"Audit-ID", b"audit-id"])
+def test_rule2_cookie_and_audit_id_never_go_to_the_apiserver(name: bytes) -> None:
+    """Issue 24: kube-apiserver reads no cookie on API paths, and a dashboard may keep a hub
+    token in one; the client's Audit-ID is replaced by the gateway's request id (the agent)."""
+    out = rewrite((name, b"hubsession=s3cret"), (b"X-Custom", b"1"))
+    assert name.lower() not in names(out)
+    assert not any(b"s3cret" in v for _, v in out)
+    assert b"x-custom" in names(out)
+
+
+def test_a_service_gets_its_cookies_and_audit_id() -> None:
+    """The /proxy-service/ form reaches an application: its cookies are its own."""
+    out = rewrite_request_headers([*BASE, (b"Cookie", b"app=1; theme=dark"), (b"Audit-ID", b"x")],
+                                  client_ip="10.1.2.3", host=b"gw", to_service=True)
+    assert (b"Cookie", b"app=1; theme=dark") in out and (b"Audit-ID", b"x") in out
+
+
 def test_ipv6_client() -> None:
     out = dict(rewrite(client_ip="::1"))
     assert out[b"X-Forwarded-For"] == b"::1"
