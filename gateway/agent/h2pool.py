@@ -429,6 +429,7 @@ class H2Upstream(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
         self.draining = True
+        self.h2.connection_lost()
         if not self.ready.done():
             self.ready.set_exception(ConnectionError("the apiserver closed the connection"))
             self.ready.exception()  # retrieved: the pool may not be waiting any more

@@ -951,6 +951,16 @@ class ClientConnection:
         self._remember_reset(stream_id)
         return True
 
+    def connection_lost(self) -> None:
+        """The transport is gone: nothing more is accepted, and every stream is forgotten, its
+        grown window back to the :class:`WindowBudget` the agent's other connections share
+        (else each connection lost with a large transfer under way would keep its growth
+        from them for good)."""
+        self._broken = True
+        self._pending = b""
+        for stream_id in list(self.streams):
+            self._drop(stream_id)
+
     def local_flow_control_window(self, stream_id: int) -> int:
         """How many bytes of DATA the server's windows take now on ``stream_id`` (0 or less:
         none)."""

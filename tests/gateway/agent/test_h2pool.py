@@ -488,3 +488,17 @@ async def test_a_large_body_grows_its_stream_window_and_gives_the_growth_back(
     assert given > size  # more credit than bytes taken: the window grew
     assert agent.pool.h2_window_budget.used == 0
     agent.pool.close()
+
+
+async def test_a_connection_lost_during_a_large_body_gives_its_growth_back(
+        server: h2server.H2Server, ca_file: str, tmp_path: Path) -> None:
+    # Grown windows are shared by the agent's connections: one lost with a transfer under way
+    # must not keep its share (a few apiserver restarts would leave no stream room to grow).
+    agent = await make_agent(server, ca_file, tmp_path)
+    budget = agent.pool.h2_window_budget
+    stream = request(agent, "/big?n=200000000")
+    await stream.wait(lambda: budget.used > 0, 20)
+    server.h2_connections[0].transport.abort()
+    await stream.wait_done(10)
+    assert not stream.eof and budget.used == 0
+    agent.pool.close()

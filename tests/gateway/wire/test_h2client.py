@@ -1176,6 +1176,22 @@ def test_the_budget_is_shared_and_growth_goes_back_when_a_stream_ends() -> None:
     assert take(server, two, 33000) == [33000 + 65535]
 
 
+def test_a_lost_connection_gives_its_streams_growth_back() -> None:
+    server, clock, budget = tuned()
+    one, two = server.request(), server.request()
+    clock.now += 0.5
+    for sid in (one, two):
+        server.respond(sid)
+        assert take(server, sid, 33000) == [33000]
+    clock.now += 0.001
+    for sid in (one, two):
+        assert take(server, sid, 33000) == [33000 + 65535]
+    assert budget.used == 2 * 65535
+    server.client.connection_lost()
+    assert budget.used == 0 and not server.client.streams
+    assert server.client.receive_data(data_frame(one, b"x")) == []  # nothing more accepted
+
+
 def test_a_grown_window_taken_slowly_again_shrinks_back_to_the_initial_window() -> None:
     server, clock, budget = tuned()
     sid = server.request()
