@@ -5,7 +5,9 @@ Thin over the sans-IO ``session_state.Session``: received bytes land in one grow
 ``StreamProtocol.data_received`` as a memoryview slice (consumers must not keep it). Output is
 coalesced: every call that produces frames schedules one flush per loop iteration, which writes
 control frames first and then up to ``flush_limit`` DATA bytes round-robin with one
-``transport.writelines``. No task per frame; one timer per session for liveness.
+``transport.writelines``. No task per frame, and no timer per session: liveness is one timer per
+event loop for all its sessions (``tunnel.liveness``). An idle session owns no receive buffer
+(``tunnel.readbuf``).
 
 Stream ids: the session without ``on_open`` (the hub) opens odd ids; a session with ``on_open``
 (the agent) would open even ids. Agents never open streams toward the hub today.
@@ -20,7 +22,8 @@ Extensions beyond contracts.md:
 - ``ALPN = "hubproxy-tunnel/1"`` (the listener/dialer set it on their SSL contexts).
 - ``TunnelSession(config=None, on_open=None, name="")`` (both keyword, both optional);
   ``.config``, ``.name``, ``.close_reason`` (why it closed, e.g. "peer dead"), ``.ping()``,
-  ``.rtt``, ``.agent_version``/``.agent_instance`` (from the agent's SETTINGS),
+  ``.rtt``, ``.pings_sent``, ``.receive_buffer_size``, ``.agent_version``/``.agent_instance``
+  (from the agent's SETTINGS), ``.on_settings`` (callbacks after each peer SETTINGS),
   ``.bytes_received``/``.bytes_sent`` (TLS payload bytes, frames included), ``.streams_opened``,
   ``.close(reason="closed")``, ``.get_extra_info(name)`` (of the TLS transport).
 - ``TunnelStream.accepted``, ``.is_reading()``, ``.get_extra_info(name)``, ``.close()``
@@ -53,7 +56,8 @@ from tunnel.errors import (
     StreamError,
     StreamReset,
 )
-from tunnel.frames import HEADER_SIZE
+from tunnel.liveness import LoopKeepalive, loop_keepalive, tick_for
+from tunnel.readbuf import ReceiveBuffer
 from tunnel.session_state import SessionConfig
 from tunnel.targets import Target
 
@@ -198,6 +202,14 @@ class TunnelStream:
 class TunnelSession(asyncio.BufferedProtocol):
     """One multiplexed session over one TLS connection (either side)."""
 
+    # Slots: a hub holds one per agent, thousands of them (issue 22).
+    __slots__ = ("_closed_fut", "_core", "_eager_turn", "_flush_scheduled", "_idle_fut",
+                 "_keepalive", "_loop", "_parsing", "_rx", "_settings_fut", "_streams",
+                 "_transport", "_transport_paused", "bytes_received", "bytes_sent",
+                 "close_reason", "closed", "config", "connection_error", "draining",
+                 "goaway_message", "keepalive_slot", "name", "on_closed", "on_open",
+                 "on_peer_draining", "on_settings", "streams_opened")
+
     def __init__(self, *, config: SessionConfig | None = None,
                  on_open: Callable[[OpenRequest], StreamProtocol | None] | None = None,
                  name: str = "") -> None:
@@ -209,22 +221,22 @@ class TunnelSession(asyncio.BufferedProtocol):
         self._transport: asyncio.Transport | None = None
         # Set with the transport in connection_made; used only where a transport exists.
         self._loop: asyncio.AbstractEventLoop
-        size = max(256 * 1024, 2 * (self.config.max_frame_size + HEADER_SIZE))
-        self._buf = bytearray(size)
-        self._start = 0
-        self._end = 0
+        self._rx = ReceiveBuffer(self.config.max_frame_size)
+        self._parsing = False  # in buffer_updated: a nested read (a closing flush) is dropped
         self._flush_scheduled = False
         self._eager_turn = False  # an OPEN was written at once this loop turn
         self._settings_fut: asyncio.Future[None] | None = None
         self._transport_paused = False
-        self._timer: asyncio.TimerHandle | None = None
-        self._last_rtt_probe = 0.0
+        self._keepalive: LoopKeepalive | None = None
+        self.keepalive_slot = -1  # where the loop's keepalive wheel has this session filed
         self._closed_fut: asyncio.Future[None] | None = None
         self._idle_fut: asyncio.Future[None] | None = None
         self.on_closed: list[Callable[[TunnelSession], None]] = []
         # Called once when the peer announces it is leaving (DRAIN or GOAWAY): streams that
         # never end on their own (watches) can then be ended cleanly by their owner.
         self.on_peer_draining: list[Callable[[TunnelSession], None]] = []
+        # Called after each SETTINGS from the peer is applied (the hub's instances may change).
+        self.on_settings: list[Callable[[TunnelSession], None]] = []
         self.closed = False
         self.draining = False
         self.close_reason: str = ""
@@ -245,6 +257,16 @@ class TunnelSession(asyncio.BufferedProtocol):
     @property
     def rtt(self) -> float | None:
         return self._core.rtt
+
+    @property
+    def pings_sent(self) -> int:
+        """PINGs this side has sent (keepalive and RTT probes)."""
+        return self._core.pings_sent
+
+    @property
+    def receive_buffer_size(self) -> int:
+        """Bytes this session holds for reading (0 while idle: ``tunnel.readbuf``)."""
+        return self._rx.held
 
     def get_extra_info(self, name: str, default: object = None) -> object:
         if self._transport is None:
@@ -386,46 +408,62 @@ class TunnelSession(asyncio.BufferedProtocol):
         self._loop = asyncio.get_running_loop()
         if self._closed_fut is None:
             self._closed_fut = self._loop.create_future()
-        self._core.last_received = self._core.clock()
-        self._core.ping()  # first RTT sample
-        self._last_rtt_probe = self._core.clock()
+        core = self._core
+        now = core.last_received = core.clock()
+        core.ping()  # first RTT sample
         self._schedule_flush()
-        self._arm_timer()
+        cfg = self.config
+        self._keepalive = loop_keepalive(self._loop, tick_for(cfg.ping_after, cfg.dead_after))
+        due = core.keepalive(now)
+        assert due is not None
+        self._keepalive.add(self, due)
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        buf = self._buf
-        if self._end == len(buf):
-            self._compact()
-        return memoryview(buf)[self._end:]
+        if self._drops_input():
+            # asyncio's SSL transport reads once more while it closes, from inside our own
+            # buffer_updated: those bytes are dropped (as they were before: a closed session
+            # parses nothing).
+            return _discard_view()
+        return self._rx.get_buffer()
 
     def buffer_updated(self, nbytes: int) -> None:
-        self._end += nbytes
+        if self._drops_input():
+            return
         self.bytes_received += nbytes
+        rx = self._rx
+        view = rx.received(nbytes)
         core = self._core
+        parsed = 0
+        self._parsing = True
         try:
-            with memoryview(self._buf) as view:
-                while self._start < self._end and not self.closed:
-                    # A bounded number of OPENs per pass: they get answered (accept) before
-                    # the next pass counts pending opens.
-                    consumed = core.receive(view[self._start:self._end], max_opens=64)
-                    self._start += consumed
-                    self._dispatch()
-                    if not consumed:
-                        break
+            end = len(view)
+            while parsed < end and not self.closed:
+                # A bounded number of OPENs per pass: they get answered (accept) before
+                # the next pass counts pending opens.
+                consumed = core.receive(view[parsed:], max_opens=64)
+                parsed += consumed
+                self._dispatch()
+                if not consumed:
+                    break
         except ProtocolError as exc:
+            rx.release()
+            self._parsing = False
             log.warning("tunnel session %s: protocol error: %s", self.name, exc)
             self._protocol_failure(exc)
             return
-        if self._start == self._end:
-            self._start = self._end = 0
-        elif len(self._buf) - self._end < HEADER_SIZE + 4096:
-            self._compact()
-        self._schedule_flush()
+        except BaseException:
+            rx.release()  # (a consumer's bug: the transport ends the connection)
+            raise
+        finally:
+            self._parsing = False
+        if self.closed:
+            rx.release()
+            return
+        rx.consumed(parsed, view, nbytes)
+        self._send_queued()
 
-    def _compact(self) -> None:
-        n = self._end - self._start
-        self._buf[:n] = self._buf[self._start:self._end]
-        self._start, self._end = 0, n
+    def _drops_input(self) -> bool:
+        return self._parsing or self.closed
 
     def eof_received(self) -> bool:
         return False
@@ -471,9 +509,10 @@ class TunnelSession(asyncio.BufferedProtocol):
                     self.goaway_message = ev.message
                 if announced:
                     self._peer_draining()
-            elif (type(ev) is ss.SettingsReceived and self._settings_fut is not None
-                  and not self._settings_fut.done()):
-                self._settings_fut.set_result(None)
+            elif type(ev) is ss.SettingsReceived:
+                if self._settings_fut is not None and not self._settings_fut.done():
+                    self._settings_fut.set_result(None)
+                self._callbacks(self.on_settings, "on_settings")
 
     def _after_core(self) -> None:
         """Dispatch events produced by local calls (e.g. a stream closing on accept)."""
@@ -537,6 +576,16 @@ class TunnelSession(asyncio.BufferedProtocol):
         if not self._streams and self._idle_fut is not None and not self._idle_fut.done():
             self._idle_fut.set_result(None)
 
+    def _send_queued(self) -> None:
+        """Frames were queued: only control frames (an idle session's PING or PONG, window
+        updates) go out now, in one write, rather than a loop turn later (a third of an idle
+        exchange's cost); DATA waits for the turn's flush, which then takes everything."""
+        core = self._core
+        if self._flush_scheduled or core.has_stream_data():
+            self._schedule_flush()
+        elif core.has_data() and self._transport is not None and not self._transport.is_closing():
+            self._write_pending()
+
     def _schedule_flush(self) -> None:
         if not self._flush_scheduled and self._transport is not None and not self.closed:
             self._flush_scheduled = True
@@ -569,31 +618,27 @@ class TunnelSession(asyncio.BufferedProtocol):
         if not self._transport_paused and core.has_data():
             self._schedule_flush()
 
-    def _arm_timer(self) -> None:
-        interval = max(0.01, min(self.config.ping_after, self.config.dead_after) / 4)
-        self._timer = self._loop.call_later(interval, self._tick)
-
-    def _tick(self) -> None:
+    def keepalive_due(self, now: float, verdicts_from: float) -> float | None:
+        """The loop's keepalive looks at this session (``tunnel.liveness.Watched``)."""
         if self.closed:
-            return
+            return None
         core = self._core
-        now = core.clock()
-        silent = now - core.last_received
-        if silent >= self.config.dead_after:
+        pinged = core.last_ping
+        assert self._keepalive is not None
+        due = core.keepalive(now, early=self._keepalive.wheel.tick)
+        if due is None:
+            if now < verdicts_from:
+                return verdicts_from  # our own loop was blocked: read before judging
+            silent = now - core.last_received
             log.warning("tunnel session %s: silent %.1fs, declaring it dead", self.name, silent)
             self.close_reason = "peer dead"
             if self._transport is not None:
                 self._transport.abort()
             self._shutdown(SessionClosed(f"peer silent for {silent:.1f}s"))
-            return
-        if silent >= self.config.ping_after and not core.ping_outstanding:
-            core.ping()
-            self._schedule_flush()
-        elif self._streams and now - self._last_rtt_probe >= self.config.rtt_interval:
-            self._last_rtt_probe = now
-            core.ping()
-            self._schedule_flush()
-        self._arm_timer()
+            return None
+        if core.last_ping != pinged:
+            self._send_queued()
+        return due
 
     def _protocol_failure(self, exc: ProtocolError) -> None:
         self._core.fail(exc)
@@ -611,8 +656,10 @@ class TunnelSession(asyncio.BufferedProtocol):
         self.draining = True
         if not self.close_reason:
             self.close_reason = str(exc)
-        if self._timer is not None:
-            self._timer.cancel()
+        if self._keepalive is not None:
+            self._keepalive.remove(self)
+        if not self._parsing:
+            self._rx.release()
         self._core.close_all()
         for stream in list(self._streams.values()):
             self._lose(stream, exc)
@@ -625,11 +672,22 @@ class TunnelSession(asyncio.BufferedProtocol):
                 log.exception("tunnel session %s: on_closed callback failed", self.name)
 
     def _peer_draining(self) -> None:
-        for cb in list(self.on_peer_draining):
+        self._callbacks(self.on_peer_draining, "on_peer_draining")
+
+    def _callbacks(self, callbacks: list[Callable[[TunnelSession], None]], what: str) -> None:
+        for cb in list(callbacks):
             try:
                 cb(self)
             except Exception:
-                log.exception("tunnel session %s: on_peer_draining callback failed", self.name)
+                log.exception("tunnel session %s: %s callback failed", self.name, what)
+
+
+_DISCARD = bytearray(4096)
+
+
+def _discard_view() -> memoryview:
+    """Where bytes a session will not parse are read (never empty: see ``tunnel.readbuf``)."""
+    return memoryview(_DISCARD)
 
 
 def _reset_code(code: int) -> ResetCode:

@@ -2,7 +2,13 @@
 
 * The hub is verified against the configured CA only: the caller's SSL context factory is
   pinned (``certs.tls.client_context``), and we insist on TLS 1.3 and our ALPN.
-* Reconnects wait an exponential delay with full jitter, reset after a stable session.
+* Reconnects wait an exponential delay with full jitter, reset after a stable session; a hub
+  that says it is busy (or drops or times out the dial) makes the delay start at seconds, not
+  tenths (``tunnel.backoff``), so a fleet redialling one hub spreads out.
+* Nothing polls (issue 22: one process may hold thousands of agents' sessions): a dialer sleeps
+  until its session ends or is drained, the hub's SETTINGS change its instances, or the loop's
+  one certificate watch (every ``ROTATION_CHECK_INTERVAL``, once per distinct context factory)
+  sees a new context.
 * GOAWAY from the hub (it is shutting down or shedding load): a new session is dialled for new
   streams while the old one finishes its in-flight streams.
 * Certificate rotation: when the context factory hands out a new context (files changed on
@@ -34,18 +40,23 @@ import logging
 import socket
 import ssl
 import time
+import weakref
 from collections.abc import Callable
 
 from tunnel.backoff import Backoff
 from tunnel.connection import ALPN, OpenRequest, SessionConfig, StreamProtocol, TunnelSession
-from tunnel.handshake import LogThrottle, describe_hub_refusal
+from tunnel.handshake import AGENT_HANDSHAKE_TIMEOUT, LogThrottle, describe_hub_refusal, hub_busy
 from tunnel.proxy import ProxyConfig, ProxyError, open_through_proxy
 from tunnel.redial import RedialBackoff, Search
 
 log = logging.getLogger("hubproxy.tunnel")
 
 OnOpen = Callable[[OpenRequest], StreamProtocol | None]
-WATCH_INTERVAL = 0.5
+ContextFactory = Callable[[], ssl.SSLContext]
+ROTATION_CHECK_INTERVAL = 2.0  # how often the loop asks each context factory for a new context
+# A TCP connect gets this long: when the hub's listen queue is full the kernel drops SYNs, and
+# the retransmissions would otherwise keep a dial waiting for minutes.
+CONNECT_TIMEOUT = 10.0
 ROTATION_OVERLAP = 1.0  # seconds the rotated session stays usable beside its successor
 OLD_SESSION_DEADLINE = 300.0  # how long a replaced session may keep its in-flight streams
 SETTINGS_TIMEOUT = 5.0  # a hub that sends no SETTINGS by then is taken as a single instance
@@ -66,7 +77,7 @@ class AgentDialer:
         server_hostname: str | None = None,
         *,
         backoff: Backoff | None = None,
-        handshake_timeout: float = 10.0,
+        handshake_timeout: float = AGENT_HANDSHAKE_TIMEOUT,
         fanout: HubFanout | None = None,
         proxy: ProxyConfig | None = None,
     ) -> None:
@@ -88,6 +99,8 @@ class AgentDialer:
         self._refusals = LogThrottle(REFUSAL_LOG_INTERVAL)
         self.last_refusal: str | None = None  # why the hub last refused us (None once accepted)
         self._rotated: TunnelSession | None = None  # replaced certificate, successor not up
+        self._wakeup: asyncio.Future[None] | None = None  # set: look at the session again
+        self._busy = False  # the last dial failed because the hub is busy
 
     @property
     def connected(self) -> bool:
@@ -109,7 +122,7 @@ class AgentDialer:
                 rotated: TunnelSession | None = self._rotated
                 if rotated is not None and (rotated.closed or rotated.draining):
                     self._rotated = None
-                await self._sleep(self.backoff.next_delay())
+                await self._sleep(self.backoff.next_delay(overloaded=self._busy))
                 continue
             if self.fanout is not None and not await self.fanout.admit(self, session):
                 # The hub may already route a stream here: drain (no new streams, the hub
@@ -147,6 +160,7 @@ class AgentDialer:
 
     async def _connect(self, context: ssl.SSLContext) -> TunnelSession | None:
         loop = asyncio.get_running_loop()
+        self._busy = False
         # Through a proxy: a socket already tunnelled to the hub; TLS runs inside it.
         sock: socket.socket | None = None
         if self.proxy is not None:
@@ -165,21 +179,26 @@ class AgentDialer:
             return TunnelSession(config=self.config, on_open=self.on_open, name="hub")
 
         try:
-            if sock is not None:
-                transport, session = await loop.create_connection(
-                    make_session, sock=sock, ssl=context, server_hostname=self.server_hostname,
-                    ssl_handshake_timeout=self.handshake_timeout)
-            else:
-                transport, session = await loop.create_connection(
-                    make_session, self.hub_host, self.hub_port, ssl=context,
-                    server_hostname=self.server_hostname,
-                    ssl_handshake_timeout=self.handshake_timeout)
+            async with asyncio.timeout(CONNECT_TIMEOUT + self.handshake_timeout):
+                if sock is not None:
+                    transport, session = await loop.create_connection(
+                        make_session, sock=sock, ssl=context,
+                        server_hostname=self.server_hostname,
+                        ssl_handshake_timeout=self.handshake_timeout)
+                else:
+                    transport, session = await loop.create_connection(
+                        make_session, self.hub_host, self.hub_port, ssl=context,
+                        server_hostname=self.server_hostname,
+                        ssl_handshake_timeout=self.handshake_timeout)
         except (OSError, ssl.SSLError, TimeoutError) as exc:
+            self._busy = hub_busy(exc)
+            why = describe_hub_refusal(exc, None) if self._busy else None
             log.warning(
                 "cannot connect to the hub %s:%d: %s",
                 self.hub_host,
                 self.hub_port,
-                getattr(exc, "reason", None)
+                why
+                or getattr(exc, "reason", None)
                 or getattr(exc, "strerror", None)
                 or type(exc).__name__,
             )
@@ -222,6 +241,11 @@ class AgentDialer:
         if not refused:
             return True
         session.close("refused by the hub")
+        # The hub dropped the session before its checks (its handshake timed out, busy): back
+        # off as from a busy hub. A refusal it explains (a GOAWAY, a certificate alert) is not.
+        error = session.connection_error
+        self._busy = (session.goaway_message is None and error is not None and hub_busy(error)
+                      and describe_hub_refusal(error, None) is None)
         why = (describe_hub_refusal(session.connection_error, session.goaway_message)
                or f"the hub ended the session at once ({session.close_reason or 'closed'})")
         self.last_refusal = why
@@ -233,20 +257,49 @@ class AgentDialer:
         return False
 
     async def _watch(self, session: TunnelSession, context: ssl.SSLContext) -> str:
-        """Why this session stops being the one for new streams."""
-        while True:
-            if session.closed:
-                return "closed"
-            if self._stopping.is_set():
-                return "stopping"
-            if session.draining:
-                return "hub sent GOAWAY"
-            if self._caching_factory and self.ssl_context_factory() is not context:
-                return "certificate rotated"
-            if self.fanout is not None and self.fanout.observe(self, session):
-                return f"hub instance {session.hub_instance} is gone"
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), WATCH_INTERVAL)
+        """Why this session stops being the one for new streams. Sleeps until something that
+        could change the answer happens (see the module docstring), never on a timer."""
+        loop = asyncio.get_running_loop()
+        session.on_closed.append(self._wake)
+        session.on_peer_draining.append(self._wake)
+        rotation = _rotation_watch(loop) if self._caching_factory else None
+        if rotation is not None:
+            rotation.add(self, self.ssl_context_factory, context)
+        if self.fanout is not None:
+            self.fanout.watch(session)
+        try:
+            while True:
+                reason = self._replaced_because(session, context)
+                if reason is not None:
+                    return reason
+                self._wakeup = loop.create_future()
+                await self._wakeup
+        finally:
+            self._wakeup = None
+            _discard(session.on_closed, self._wake)
+            _discard(session.on_peer_draining, self._wake)
+            if rotation is not None:
+                rotation.discard(self, self.ssl_context_factory)
+            if self.fanout is not None:
+                self.fanout.unwatch(session)
+
+    def _replaced_because(self, session: TunnelSession, context: ssl.SSLContext) -> str | None:
+        if session.closed:
+            return "closed"
+        if self._stopping.is_set():
+            return "stopping"
+        if session.draining:
+            return "hub sent GOAWAY"
+        if self._caching_factory and self.ssl_context_factory() is not context:
+            return "certificate rotated"
+        if self.fanout is not None and self.fanout.gone(self, session):
+            return f"hub instance {session.hub_instance} is gone"
+        return None
+
+    def _wake(self, *_: object) -> None:
+        """Something changed: :meth:`_watch` looks at the session again."""
+        if self._wakeup is not None and not self._wakeup.done():
+            self._wakeup.set_result(None)
 
     def _retire(self, session: TunnelSession) -> None:
         if session.closed:
@@ -268,6 +321,7 @@ class AgentDialer:
     async def drain(self, deadline: float) -> None:
         """Stop reconnecting; DRAIN every session and wait up to ``deadline`` for its streams."""
         self._stopping.set()
+        self._wake()
         sessions = [s for s in (self.session, self._rotated, *self.retiring)
                     if s is not None and not s.closed]
         await asyncio.gather(*(s.drain(deadline) for s in sessions), return_exceptions=True)
@@ -285,7 +339,9 @@ class HubFanout:
         self.dialers: list[AgentDialer] = []
         self.instances = 1  # as the hub last announced
         self._served: dict[int, AgentDialer] = {}
-        self._listed_at: dict[int, float] = {}  # instance -> last time another session listed it
+        # Instance -> since when no other session lists it (held instances only).
+        self._unlisted_since: dict[int, float] = {}
+        self._gone_check: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._changed = asyncio.Event()
         self._stopping = False
@@ -318,7 +374,6 @@ class HubFanout:
         if holder is not None and holder is not dialer:
             return False
         self._served[instance] = dialer
-        self._listed_at[instance] = time.monotonic()
         self.instances = self._count(session)
         self._grow()
         return True
@@ -347,26 +402,56 @@ class HubFanout:
         """A dial reached an instance already held: how long to wait before the next one."""
         return self._redial.missed(self.search())
 
-    def observe(self, dialer: AgentDialer, session: TunnelSession) -> bool:
-        """Called while ``dialer`` holds ``session``: follow the announced set (more dialers
-        when it grew) and say whether the session's instance is gone (True: drop it)."""
+    def watch(self, session: TunnelSession) -> None:
+        """A dialer holds ``session`` now: follow what its SETTINGS announce."""
+        session.on_settings.append(self._peers_changed)
+        self._peers_changed()
+
+    def unwatch(self, session: TunnelSession) -> None:
+        _discard(session.on_settings, self._peers_changed)
+
+    def gone(self, dialer: AgentDialer, session: TunnelSession) -> bool:
+        """Has no other session listed ``session``'s instance for ``GONE_AFTER``? (Its process
+        left the hub while its connection lingers: drop it.)"""
+        since = self._unlisted_since.get(session.hub_instance)
+        return since is not None and time.monotonic() - since > GONE_AFTER
+
+    def _peers_changed(self, *_: object) -> None:
+        """A session announced instances, or one ended: follow the set (more dialers when it
+        grew), note which held instances the others stopped listing, and wake the dialers
+        whose instance has gone unlisted for ``GONE_AFTER``."""
         count = self._count()
         if count != self.instances:
             self.instances = count
             self._grow()
-        instance = session.hub_instance
-        others = [d.session for d in self.dialers if d is not dialer and d.session is not None
-                  and d.session.hub_peers and not d.session.draining]
         now = time.monotonic()
-        if instance == 0 or not others or any(instance in s.hub_peers for s in others):
-            self._listed_at[instance] = now
-            return False
-        return now - self._listed_at.setdefault(instance, now) > GONE_AFTER
+        holders = [d for d in self.dialers if d.session is not None]
+        unlisted: dict[int, float] = {}
+        for dialer in holders:
+            session = dialer.session
+            assert session is not None
+            instance = session.hub_instance
+            others = [d.session for d in holders if d is not dialer and d.session is not None
+                      and d.session.hub_peers and not d.session.draining]
+            if instance and others and not any(instance in s.hub_peers for s in others):
+                unlisted[instance] = self._unlisted_since.get(instance, now)
+        self._unlisted_since = unlisted
+        if self._gone_check is not None:
+            self._gone_check.cancel()
+            self._gone_check = None
+        if unlisted:
+            due = min(unlisted.values()) + GONE_AFTER
+            if due < now:
+                for dialer in holders:
+                    dialer._wake()
+            else:  # (a moment past the threshold, so that the check sees it passed)
+                self._gone_check = asyncio.get_running_loop().call_later(
+                    due - now + 0.05, self._peers_changed)
 
     def release(self, dialer: AgentDialer, session: TunnelSession) -> None:
         if self._served.get(session.hub_instance) is dialer:
             del self._served[session.hub_instance]
-            self._listed_at.pop(session.hub_instance, None)
+        self._peers_changed()
 
     def surplus(self, dialer: AgentDialer) -> bool:
         """Should ``dialer`` (which holds no session now) stop because the hub has fewer
@@ -409,4 +494,65 @@ class HubFanout:
 
     async def drain(self, deadline: float) -> None:
         self._stopping = True
+        if self._gone_check is not None:
+            self._gone_check.cancel()
         await asyncio.gather(*(d.drain(deadline) for d in self.dialers), return_exceptions=True)
+
+
+class _RotationWatch:
+    """The caching context factories of one loop's dialers, each asked once per
+    ``ROTATION_CHECK_INTERVAL``: a dialer whose factory now hands out another context than its
+    session's is woken (its session is then replaced). One timer per loop, not per dialer."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        # factory -> {dialer: the context its session was made with}
+        self.watched: dict[ContextFactory, dict[AgentDialer, ssl.SSLContext]] = {}
+        self._timer: asyncio.TimerHandle | None = None
+
+    def add(self, dialer: AgentDialer, factory: ContextFactory, context: ssl.SSLContext) -> None:
+        self.watched.setdefault(factory, {})[dialer] = context
+        if self._timer is None:
+            self._timer = self.loop.call_later(ROTATION_CHECK_INTERVAL, self._check)
+
+    def discard(self, dialer: AgentDialer, factory: ContextFactory) -> None:
+        dialers = self.watched.get(factory)
+        if dialers is not None:
+            dialers.pop(dialer, None)
+            if not dialers:
+                del self.watched[factory]
+        if not self.watched and self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _check(self) -> None:
+        self._timer = None
+        for factory, dialers in list(self.watched.items()):
+            try:
+                current = factory()
+            except Exception:  # a broken factory keeps its sessions (they still work)
+                log.exception("checking the agent certificate for a new one failed")
+                continue
+            for dialer, context in list(dialers.items()):
+                if current is not context:
+                    dialer._wake()
+        if self.watched:
+            self._timer = self.loop.call_later(ROTATION_CHECK_INTERVAL, self._check)
+
+
+_rotation_watches: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _RotationWatch] = (
+    weakref.WeakKeyDictionary())
+
+
+def _rotation_watch(loop: asyncio.AbstractEventLoop) -> _RotationWatch:
+    watch = _rotation_watches.get(loop)
+    if watch is None:
+        watch = _rotation_watches[loop] = _RotationWatch(loop)
+    return watch
+
+
+def _discard(callbacks: list[Callable[[TunnelSession], None]],
+             callback: Callable[..., None]) -> None:
+    """Remove ``callback`` from a session's callback list if it is there."""
+    with contextlib.suppress(ValueError):
+        callbacks.remove(callback)

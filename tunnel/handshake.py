@@ -23,6 +23,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+# How long an agent gives the hub's TLS handshake (its dial); the hub's listener refuses a
+# connection that has waited most of it in the listen queue (tunnel.listener.STALE_AFTER).
+AGENT_HANDSHAKE_TIMEOUT = 10.0
+
 # Reasons (the ``reason`` label of hubproxy_tunnel_handshake_failures_total). Certificate
 # problems are logged at WARNING; the rest (port scanners, load balancer TCP checks, plain-text
 # clients, slow peers) only count, and are logged at DEBUG.
@@ -94,6 +98,10 @@ def wrong_name(detail: str) -> HandshakeFailure:
     return HandshakeFailure(WRONG_NAME, f"the agent certificate names no valid cluster: {detail}")
 
 
+# The plaintext alert a busy hub answers a ClientHello with (tunnel.admission.BUSY_ALERT).
+BUSY_ALERT_REASON = "TLSV1_ALERT_USER_CANCELLED"
+
+
 # What the agent reads in the hub's TLS alert (OpenSSL reason names of received alerts).
 _ALERTS: dict[str, str] = {
     "SSLV3_ALERT_CERTIFICATE_EXPIRED": "our certificate has expired (or is not valid yet)",
@@ -106,7 +114,23 @@ _ALERTS: dict[str, str] = {
                                            "authentication)",
     "TLSV13_ALERT_CERTIFICATE_REQUIRED": "the hub wants a client certificate and we sent none",
     "TLSV1_ALERT_DECRYPT_ERROR": "the hub could not verify our certificate's signature",
+    BUSY_ALERT_REASON: "the hub is busy (too many agents connecting at once)",
 }
+
+
+def hub_busy(error: BaseException) -> bool:
+    """Did a dial fail because the hub is busy (so the agent must back off, not redial at
+    once)? The hub's busy alert, a dial that timed out, or a connection the hub dropped before
+    the TLS handshake completed. A refused connection (nothing listening) and certificate
+    refusals are not: those are handled as any failed dial."""
+    if isinstance(error, ssl.SSLError):
+        reason = (getattr(error, "reason", None) or "").upper()
+        return reason == BUSY_ALERT_REASON or isinstance(
+            error, ssl.SSLEOFError | ssl.SSLZeroReturnError) or "EOF" in str(error)
+    if isinstance(error, ConnectionRefusedError):
+        return False
+    return isinstance(error, TimeoutError | ConnectionResetError | ConnectionAbortedError
+                      | BrokenPipeError)
 
 
 def describe_hub_refusal(error: BaseException | None, goaway_message: str | None) -> str | None:

@@ -31,6 +31,14 @@ go without, and it is handed to :class:`tunnel.join.JoinExchange`, which serves 
 Revocation: ``refuse(cluster, certificate)`` (the gateway's list of removed clusters) is asked
 for every new session; a reason refuses it (``revoked``), and :meth:`TunnelListener.close_where`
 ends the sessions that are open.
+
+Storms (issue 22): at most ``max_handshakes`` TLS handshakes run at once; further connections
+wait in the listen queue (``backlog``), and one that waited so long that its agent is about to
+give up, or that its agent already closed, is refused before any TLS work (the rules and why
+are in :mod:`tunnel.admission`). ``refused_early`` counts those by reason. The tunnel context
+sends no session tickets: agents never resume (a restarted hub could not read its old tickets,
+and Python's asyncio does not offer resumption), and two tickets were a quarter of the hub's
+handshake CPU.
 """
 
 from __future__ import annotations
@@ -48,9 +56,24 @@ from typing import Any, cast
 from cryptography import x509
 
 from tunnel import frames
+from tunnel.admission import (
+    BUSY_ALERT,
+    DEFAULT_BACKLOG,
+    DEFAULT_MAX_HANDSHAKES,
+    EARLY_REASONS,
+    GONE,
+    SLOT_HOLD,
+    HandshakeSlots,
+    classify_waiting,
+    parse_listen_queue,
+    parse_tcp_info,
+    somaxconn,
+    tcp_info,
+)
 from tunnel.connection import ALPN, SessionConfig, TunnelSession
 from tunnel.errors import GoAwayCode
 from tunnel.handshake import (
+    AGENT_HANDSHAKE_TIMEOUT,
     NO_CERTIFICATE,
     PROTOCOL,
     REVOKED,
@@ -62,16 +85,27 @@ from tunnel.handshake import (
 from tunnel.identity import URI_NAMING, AgentIdentityError, AgentNaming, cluster_from_certificate
 from tunnel.join import JOIN_ALPN, JoinExchange, JoinHandler
 from tunnel.registry import SessionRegistry
+from tunnel.session_state import HUB_PING_AFTER
 
 log = logging.getLogger("hubproxy.tunnel")
 
 HANDSHAKE_TIMEOUT = 10.0
+# A connection that waited this long in the listen queue is refused rather than handshaken: its
+# agent gives the whole dial AGENT_HANDSHAKE_TIMEOUT, and the handshake itself needs the rest
+# (about max_handshakes / handshake rate, under a second, plus margin). Refusing earlier sends
+# agents that would have been served into seconds of backoff: a model of 10,000 agents
+# redialling (issue 22 report) took 2-5x longer to converge with half the timeout than with
+# this, and wasted no more handshakes.
+STALE_AFTER = AGENT_HANDSHAKE_TIMEOUT - 2.5
 REFUSAL_LOG_INTERVAL = 60.0  # one WARNING per reason and peer host per interval
 ACCEPT_ERROR_PAUSE = 0.1  # after accept() fails (EMFILE...): do not spin
 
 
 class AgentSession(TunnelSession):
     """The hub's end of one agent connection."""
+
+    __slots__ = ("_join", "_join_buffer", "_listener", "certificate", "certificate_not_after",
+                 "cluster", "peer")
 
     def __init__(self, listener: TunnelListener, peer: tuple[str, int] | None = None) -> None:
         super().__init__(config=listener.config, name="agent")
@@ -148,6 +182,8 @@ class AgentSession(TunnelSession):
         if not der:  # only possible with CERT_OPTIONAL, i.e. when joining is enabled
             raise _Refused(HandshakeFailure(NO_CERTIFICATE, "the peer sent no client certificate"))
         cluster = cluster_from_certificate(der, self._listener.naming)
+        # Kept for the session's life (revocation asks about it): a fresh copy, without the
+        # ~2.4 KB of parsed extensions the name check cached on its own.
         self.certificate = x509.load_der_x509_certificate(der)
         refuse = self._listener.refuse
         why = refuse(cluster, self.certificate) if refuse is not None else None
@@ -173,7 +209,9 @@ class TunnelListener:
                  ssl_context: ssl.SSLContext | None = None,
                  handshake_timeout: float = HANDSHAKE_TIMEOUT,
                  log_interval: float = REFUSAL_LOG_INTERVAL,
-                 join: JoinHandler | None = None, refuse: RefuseHook | None = None) -> None:
+                 join: JoinHandler | None = None, refuse: RefuseHook | None = None,
+                 max_handshakes: int = DEFAULT_MAX_HANDSHAKES,
+                 stale_after: float = STALE_AFTER) -> None:
         self.registry = registry
         self.join = join
         self.refuse = refuse
@@ -186,6 +224,11 @@ class TunnelListener:
         self.sessions: set[AgentSession] = set()
         self.refused = 0
         self.handshake_failures: Counter[str] = Counter()  # by tunnel.handshake reason
+        # Refused before any TLS work (tunnel.admission), by reason; handshakes begun.
+        self.refused_early: Counter[str] = Counter(dict.fromkeys(EARLY_REASONS, 0))
+        self.handshakes_started = 0
+        self.slots = HandshakeSlots(max_handshakes)
+        self.stale_after = stale_after
         self._throttle = LogThrottle(log_interval)
         self._accepting: list[asyncio.Task[None]] = []
         self._handshakes: set[asyncio.Task[None]] = set()
@@ -202,38 +245,77 @@ class TunnelListener:
 
     async def _accept_forever(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
+        slots = self.slots
         while True:
+            # All handshakes busy: accept nothing, the rest wait in the listen queue for free.
+            await slots.wait()
             try:
                 conn, address = await loop.sock_accept(sock)
             except OSError as exc:  # out of file descriptors, aborted connection...
                 log.warning("tunnel listener: accept failed: %s", exc.strerror or exc)
                 await asyncio.sleep(ACCEPT_ERROR_PAUSE)
                 continue
+            raw = tcp_info(conn)
+            verdict = classify_waiting(parse_tcp_info(raw), self.stale_after) if raw else None
+            if verdict is not None:
+                self._refuse_early(conn, verdict)
+                continue
+            slots.take()
+            self.handshakes_started += 1
             task = loop.create_task(self._handshake(conn, _peer(address)))
             self._handshakes.add(task)
             task.add_done_callback(self._handshakes.discard)
 
+    def _refuse_early(self, conn: socket.socket, reason: str) -> None:
+        """No handshake for this one: tell a waiting agent the hub is busy, then close."""
+        self.refused_early[reason] += 1
+        if reason != GONE:
+            with contextlib.suppress(OSError):
+                conn.setblocking(False)
+                # Read the ClientHello first, so that closing sends FIN (not a reset that
+                # could discard the alert before the agent reads it).
+                with contextlib.suppress(BlockingIOError):
+                    conn.recv(65536)
+                conn.send(BUSY_ALERT)
+        conn.close()
+
     async def _handshake(self, conn: socket.socket, peer: tuple[str, int] | None) -> None:
         loop = asyncio.get_running_loop()
-        alert = _Alert()
-        _pending_alert.set(alert)  # this task's context only
-        try:  # to send the alert after the transport has closed its descriptor
-            spare: socket.socket | None = conn.dup()
-        except OSError:  # out of descriptors: refuse without telling the agent why
-            spare = None
+        # The slot goes back when the handshake ends, or after SLOT_HOLD if it has not by then
+        # (a peer that never finishes must not hold admission for everyone).
+        holding = True
+
+        def give_back() -> None:
+            nonlocal holding
+            if holding:
+                holding = False
+                self.slots.give_back()
+
+        hold = loop.call_later(SLOT_HOLD, give_back)
+        # A failed handshake's alert goes out on this socket (tunnel.listener._Alert).
+        _pending_alert.set(_Alert(conn))  # this task's context only
         try:
             await loop.connect_accepted_socket(
                 lambda: AgentSession(self, peer), conn, ssl=self.ssl_context,
                 ssl_handshake_timeout=self.handshake_timeout)
         except Exception as exc:  # every handshake failure: classify, count, maybe log
-            if alert.data and spare is not None:
-                with contextlib.suppress(OSError):
-                    spare.send(alert.data)  # a few dozen bytes: fits the socket buffer
             conn.close()
             self.failed(peer, classify_hub_failure(exc))
         finally:
-            if spare is not None:
-                spare.close()
+            hold.cancel()
+            give_back()
+
+    def admission(self) -> dict[str, int]:
+        """The listener's admission figures now (gateway metrics): handshakes in flight and
+        begun, connections waiting in the listen queues, and the early refusals by reason."""
+        waiting = 0
+        for sock in self.sockets:
+            raw = tcp_info(sock)  # (None once the socket is closed)
+            if raw is not None:
+                waiting += parse_listen_queue(raw)[0]
+        return {"handshakes_in_flight": self.slots.in_flight,
+                "handshakes_started": self.handshakes_started, "accept_queue": waiting,
+                **{f"refused_{reason}": count for reason, count in self.refused_early.items()}}
 
     def failed(self, peer: tuple[str, int] | None, failure: HandshakeFailure) -> None:
         """Count one refused connection; log certificate trouble (throttled), the rest at DEBUG."""
@@ -339,6 +421,8 @@ async def start_tunnel_listener(
     naming: AgentNaming = URI_NAMING,
     join: JoinHandler | None = None,
     refuse: RefuseHook | None = None,
+    max_handshakes: int = DEFAULT_MAX_HANDSHAKES,
+    backlog: int = DEFAULT_BACKLOG,
 ) -> TunnelListener:
     # Fail closed: without joining, the TLS layer itself requires the certificate; with it,
     # the context must at least ask for one, and AgentSession requires it on the tunnel ALPN.
@@ -350,13 +434,22 @@ async def start_tunnel_listener(
     # The listener keeps failed handshakes' alerts (see the module docstring); this context is
     # the listener's own (the gateway builds one for it).
     ssl_context.sslobject_class = _AlertKeepingSSLObject
-    listener = TunnelListener(registry, config or SessionConfig(), naming, ssl_context,
-                              handshake_timeout, join=join, refuse=refuse)
-    listener.listen(_listening_sockets(host, port, reuse_port=reuse_port))
+    ssl_context.num_tickets = 0  # no resumption (see the module docstring)
+    cap = somaxconn()
+    if cap is not None and cap < backlog:
+        log.warning("tunnel listener: a backlog of %d was asked for, but the kernel caps it at "
+                    "net.core.somaxconn = %d; raise that sysctl for the queue to hold %d",
+                    backlog, cap, backlog)
+    listener = TunnelListener(registry, config or SessionConfig(ping_after=HUB_PING_AFTER),
+                              naming, ssl_context,
+                              handshake_timeout, join=join, refuse=refuse,
+                              max_handshakes=max_handshakes)
+    listener.listen(_listening_sockets(host, port, reuse_port=reuse_port, backlog=backlog))
     return listener
 
 
-def _listening_sockets(host: str, port: int, *, reuse_port: bool) -> list[socket.socket]:
+def _listening_sockets(host: str, port: int, *, reuse_port: bool,
+                       backlog: int = DEFAULT_BACKLOG) -> list[socket.socket]:
     """What ``loop.create_server`` binds: one non-blocking socket per address of ``host``.
 
     With port 0, every address gets the port the first one was given (asyncio would give each
@@ -379,7 +472,7 @@ def _listening_sockets(host: str, port: int, *, reuse_port: bool) -> list[socket
             if socks[1:] and address[1] == 0:  # port 0: the same port on every address
                 address = (address[0], socks[0].getsockname()[1], *address[2:])
             sock.bind(address)
-            sock.listen(1024)
+            sock.listen(backlog)
             sock.setblocking(False)
     except OSError:
         for sock in socks:
@@ -389,9 +482,17 @@ def _listening_sockets(host: str, port: int, *, reuse_port: bool) -> list[socket
 
 
 class _Alert:
-    """Where a failed handshake's TLS alert is kept for the listener task that awaits it."""
+    """The connection a listener task is handshaking: a failed handshake's TLS alert is sent
+    on it at once (the event loop's SSL layer would drop it and close the descriptor)."""
 
-    data = b""
+    __slots__ = ("sock",)
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def send(self, data: bytes) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.send(data)  # a few dozen bytes: they fit the socket buffer
 
 
 _pending_alert: contextvars.ContextVar[_Alert | None] = contextvars.ContextVar(
@@ -399,11 +500,12 @@ _pending_alert: contextvars.ContextVar[_Alert | None] = contextvars.ContextVar(
 
 
 class _AlertKeepingSSLObject(ssl.SSLObject):
-    """An ``SSLObject`` that, when the server handshake fails, keeps the alert OpenSSL wrote.
+    """An ``SSLObject`` that, when the server handshake fails, sends the alert OpenSSL wrote.
 
     The SSL layer wraps the socket in the context of the listener task that awaits the
-    handshake, so ``_pending_alert`` there says where to keep it (outside a listener task it is
-    None and this behaves exactly like ``ssl.SSLObject``).
+    handshake, so ``_pending_alert`` there names the connection (outside a listener task it is
+    None and this behaves exactly like ``ssl.SSLObject``). The alert is written to the socket
+    at once, while the descriptor is still open (no spare descriptor per handshake).
     """
 
     _alert: _Alert | None = None
@@ -424,8 +526,9 @@ class _AlertKeepingSSLObject(ssl.SSLObject):
             raise
         except ssl.SSLError:
             if self._alert is not None and self._outgoing is not None:
-                self._alert.data = self._outgoing.read()
+                self._alert.send(self._outgoing.read())
             raise
+        self._alert = self._outgoing = None  # done: hold nothing for the session's life
 
 
 def _alpn(transport: asyncio.BaseTransport) -> str | None:

@@ -1,7 +1,21 @@
 # Debian bookworm base images made with mmdebstrap and imported into buildah: sourced by
 # deploy/image/build.sh (the hubproxy image) and deploy/plugin/build.sh (the plugin image), which
-# share the build root. Needs: CACHE (where the root filesystem tarballs are kept) and the array
-# `buildah` (the buildah command with its storage flags).
+# share the build root. Needs: CACHE (where the root filesystem tarballs are kept). Sets the array
+# `buildah` (the buildah command with its storage flags) and exits 3 when a tool is missing.
+
+export STORAGE_DRIVER="${STORAGE_DRIVER:-vfs}"
+
+for tool in buildah mmdebstrap; do
+  command -v "$tool" >/dev/null || {
+    echo "build.sh: $tool is missing (Debian: apt-get install -y buildah mmdebstrap)" >&2
+    exit 3
+  }
+done
+
+buildah=(buildah)
+if [ -n "${HUBPROXY_IMAGE_STORE:-}" ]; then
+  buildah+=(--root "$HUBPROXY_IMAGE_STORE/root" --runroot "$HUBPROXY_IMAGE_STORE/run")
+fi
 
 # Never read in a container: documentation, manual pages, translations.
 slim=(--dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/share/doc/*/copyright'

@@ -33,20 +33,6 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 TAG="${1:-localhost/hubproxy:dev}"
 CACHE="${HUBPROXY_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hubproxy-image}"
-export STORAGE_DRIVER="${STORAGE_DRIVER:-vfs}"
-
-for tool in buildah mmdebstrap; do
-  command -v "$tool" >/dev/null || {
-    echo "build.sh: $tool is missing (Debian: apt-get install -y buildah mmdebstrap)" >&2
-    exit 3
-  }
-done
-
-buildah=(buildah)
-if [ -n "${HUBPROXY_IMAGE_STORE:-}" ]; then
-  buildah+=(--root "$HUBPROXY_IMAGE_STORE/root" --runroot "$HUBPROXY_IMAGE_STORE/run")
-fi
-
 . "$ROOT/deploy/image/bases.sh"
 
 BUILD_BASE="$(build_base)"

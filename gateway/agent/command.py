@@ -43,6 +43,7 @@ from gateway.ops.rlimits import raise_open_file_limit
 from gateway.ops.version import pack_release, version
 from tunnel.identity import URI_NAMING, AgentIdentityError, AgentNaming
 from tunnel.proxy import ProxyError, proxy_for
+from tunnel.session_state import AGENT_PING_AFTER
 
 log = logging.getLogger("hubproxy.agent")
 
@@ -149,7 +150,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "watch or logs -f holds it while it is open, about 50 KiB each: raise "
                         "this together with the memory limit; over HTTP/2 one holds up to "
                         "--apiserver-h2-streams of them. Beyond it requests are answered 429")
-    add_tunnel_liveness_arguments(parser, "hub")
+    add_tunnel_liveness_arguments(parser, "hub", AGENT_PING_AFTER)
     parser.add_argument("--health-listen", default="0.0.0.0:8000", metavar="ADDR",
                         help="plain HTTP /healthz, /readyz and /metrics ('off' to disable)")
     parser.add_argument("--log-level", default="info",

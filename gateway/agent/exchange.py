@@ -64,6 +64,7 @@ from gateway.wire.http1 import (
 )
 from gateway.wire.identity import AUDIT_ID, REQUEST_ID_HEADER, strip_identity_headers
 from gateway.wire.status import error_response
+from gateway.wire.websocket import BEARER_PROTOCOL_PREFIX
 from tunnel.errors import OpenErrorCode, OpenRefused, ResetCode, StreamError
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,6 @@ HEAD_LIMITS = Limits(max_head_bytes=MAX_REQUEST_HEAD, max_request_line=64 * 1024
 MAX_EARLY_BYTES = 256 * 1024  # bytes buffered before the upstream is ready / before a 101
 HEAD_TIMEOUT = 30.0
 UPGRADE_LINGER = 30.0  # after the upstream of an upgrade closed, wait this long for the peer
-WS_BEARER_PREFIX = b"base64url.bearer.authorization.k8s.io."
 
 _CONNECTION_TOKENS = frozenset((b"upgrade", b"keep-alive", b"close"))
 _HOST = frozenset((b"host",))
@@ -124,7 +124,8 @@ def rewrite_request_fields(head: RequestHead, route: Route) -> Headers:
             continue
         if lowered == b"sec-websocket-protocol":
             protocols = [p.strip() for p in value.split(b",")]
-            kept_protocols = [p for p in protocols if p and not p.startswith(WS_BEARER_PREFIX)]
+            kept_protocols = [p for p in protocols
+                              if p and not p.startswith(BEARER_PROTOCOL_PREFIX)]
             if kept_protocols:
                 headers.append((name, b", ".join(kept_protocols)))
             continue

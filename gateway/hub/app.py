@@ -4,7 +4,9 @@
 registry, authentication, authorization, metrics, the audit line) and the listeners:
 
 * front door (``config.listen``): TLS >= 1.2 with a reloading certificate, one
-  :class:`gateway.hub.frontdoor.FrontDoor` per connection;
+  :class:`gateway.hub.frontdoor.FrontDoor` per connection (an ALPN-``h2`` one becomes a
+  :class:`gateway.hub.frontdoor_h2.H2FrontDoor`), each request a
+  :class:`gateway.hub.request.Request`;
 * tunnel (``config.tunnel_listen``): agents' mTLS sessions (``tunnel.listener``), registered
   in the :class:`tunnel.registry.SessionRegistry` under the cluster named by their certificate;
 * health (``config.health_listen``): ``/healthz``, ``/readyz``, ``/metrics``;
@@ -48,21 +50,22 @@ from gateway.hub.config import GatewayConfig
 from gateway.hub.exchange import AGENT_LEAVING, Exchange
 from gateway.hub.fleet import FleetView
 from gateway.hub.frontdoor import FrontDoor
-from gateway.hub.frontdoor_h2 import H2FrontDoor, H2Request
+from gateway.hub.frontdoor_h2 import H2FrontDoor
 from gateway.hub.hubcalls import CountingAuthorizer
 from gateway.hub.hubwrites import HubWriteRate, HubWrites
 from gateway.hub.proxyaccept import ProxyProtocolListener
+from gateway.hub.request import FrontDoorConnection, Request
 from gateway.hub.revalidation import StreamRevalidator, period_for
 from gateway.ops import audit, startup
 from gateway.ops.certexpiry import CertificateFiles
 from gateway.ops.health import HealthServer, Readiness, token_review_probe
 from gateway.ops.metrics import OTHER_CLUSTER, GatewayMetrics
 from gateway.wire.http1 import RequestHead
-from gateway.wire.requestclass import SHORT, STREAM, front_door_class
 from tunnel.connection import ALPN, SessionConfig
 from tunnel.join import JOIN_ALPN, JoinHandler
 from tunnel.listener import RefuseHook, start_tunnel_listener
 from tunnel.registry import SessionRegistry
+from tunnel.session_state import HUB_PING_AFTER
 
 log = logging.getLogger("hubproxy.gateway")
 
@@ -136,7 +139,7 @@ class Gateway:
                                queue_length=config.fair_queue_length,
                                max_wait=config.fair_queue_wait)
             self.metrics.fairness = self.seats.snapshot
-        self.connections: set[FrontDoor | H2FrontDoor] = set()
+        self.connections: set[FrontDoorConnection] = set()
         self.inflight = 0
         self.draining = False
         self.known_clusters: set[str] = set(registry.clusters())
@@ -164,15 +167,17 @@ class Gateway:
         registry.subscribe_sessions(self._session_changed)
         self.metrics.client_connections = lambda: len(self.connections)
         self.metrics.h2_client_connections = lambda: sum(
-            1 for d in self.connections if isinstance(d, H2FrontDoor))
+            1 for d in self.connections if d.protocol == "h2")
         self.metrics.h2_open_streams = lambda: sum(
-            len(d.requests) for d in self.connections if isinstance(d, H2FrontDoor))
+            d.open_requests for d in self.connections if d.protocol == "h2")
         self.metrics.tunnel_refused = lambda: self._tunnel.refused if self._tunnel else 0
         self.metrics.auth_reviews = lambda: (
             authenticator.reviews if isinstance(authenticator, TokenAuthenticator) else 0)
         self.metrics.hub_outage_answers = lambda: outage_answers(authenticator, authorizer)
         self.metrics.handshake_failures = lambda: (
             self._tunnel.handshake_failures if self._tunnel is not None else {})
+        self.metrics.tunnel_admission = lambda: (
+            self._tunnel.admission() if self._tunnel is not None else {})
         self.audit_trail = audit_trail or AuditTrail(
             lines=audit.logger.isEnabledFor(logging.INFO))
         self.metrics.audit_events = self.audit_trail.events
@@ -217,21 +222,18 @@ class Gateway:
                 exchange.end_follow(AGENT_LEAVING)
 
     def request_done(self, *, request_id: str, head: RequestHead | None, status: int,
-                     bytes_in: int, bytes_out: int, duration: float,
+                     bytes_in: int, bytes_out: int, duration: float, kind: str,
                      admitted: Admitted | None = None, stream: bool = False,
                      protocol: str = "h1", source_ips: tuple[str, ...] = (),
                      message: str | None = None, started: float = 0.0,
                      user_info: UserInfo | None = None) -> None:
-        """A request ended: metrics and its audit trail. ``admitted`` None: refused before
-        admission; ``message``: the Status the gateway answered with, if it did; ``started``:
-        when its head arrived (monotonic); ``user_info``: the hub user of a request refused
-        after authentication."""
+        """A request ended: metrics and its audit trail. ``kind``: short, watch or stream
+        (``gateway.wire.requestclass``); ``admitted`` None: refused before admission;
+        ``message``: the Status the gateway answered with, if it did; ``started``: when its
+        head arrived (monotonic); ``user_info``: the hub user of a request refused after
+        authentication."""
         cluster = admitted.cluster if admitted is not None else None
         label = cluster if cluster in self.known_clusters else OTHER_CLUSTER
-        target = head.target if head is not None else None
-        kind = front_door_class(target) if target is not None else SHORT
-        if stream and kind == SHORT:
-            kind = STREAM  # an upgrade: its target does not say so
         metrics = self.metrics
         metrics.request(label, status, bytes_in, bytes_out, duration, kind)
         if protocol == "h2":
@@ -244,12 +246,13 @@ class Gateway:
             protocol=protocol, source_ips=source_ips, message=message, started=started,
             user_info=user_info)
 
-    def audit_stream_start(self, door: FrontDoor | H2Request, exchange: Exchange) -> None:
-        if door.head is not None:
+    def audit_stream_start(self, request: Request) -> None:
+        exchange, head = request.exchange, request.head
+        if head is not None and exchange is not None:
             self.audit_trail.stream_start(
-                request_id=exchange.request_id, head=door.head, admitted=exchange.admitted,
-                status=exchange.status, protocol=door.protocol, source_ips=door.source_ips,
-                started=door.started)
+                request_id=request.request_id, head=head, admitted=exchange.admitted,
+                status=exchange.status, protocol=request.door.protocol,
+                source_ips=request.source_ips, started=request.started)
 
     def clusters_document(self, query: str = "") -> Iterator[bytes]:
         """``GET /clusters?query``: this gateway's fleet, all workers' sessions merged, a page
@@ -271,12 +274,7 @@ class Gateway:
         """The request in progress on each client connection, and on each stream of an
         HTTP/2 connection (for the revalidator)."""
         for door in self.connections:
-            if isinstance(door, H2FrontDoor):
-                for request in list(door.requests.values()):
-                    if request.exchange is not None:
-                        yield request.exchange
-            elif door.exchange is not None:
-                yield door.exchange
+            yield from door.exchanges()
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -288,7 +286,8 @@ class Gateway:
         try:
             if config.proxy_protocol_from:
                 listener = ProxyProtocolListener(
-                    lambda client: FrontDoor(self, client), trusted=config.proxy_protocol_from,
+                    lambda client: FrontDoor(self, client, h2=H2FrontDoor),
+                    trusted=config.proxy_protocol_from,
                     ssl_context=self.front_ssl, header_timeout=config.limits.header_timeout,
                     max_pending=config.limits.max_connections,
                     refused=self.metrics.proxy_refused)
@@ -296,7 +295,8 @@ class Gateway:
                 self._front = listener
             else:
                 self._front = await loop.create_server(
-                    lambda: FrontDoor(self), host, port, ssl=self.front_ssl, backlog=1024,
+                    lambda: FrontDoor(self, h2=H2FrontDoor), host, port, ssl=self.front_ssl,
+                    backlog=1024,
                     ssl_handshake_timeout=(config.limits.header_timeout if self.front_ssl
                                            else None),
                     reuse_port=shared or None,
@@ -311,6 +311,7 @@ class Gateway:
                     thost, tport, self.tunnel_ssl, self.registry, self.session_config,
                     reuse_port=shared, naming=config.agent_naming,
                     join=self.tunnel_join, refuse=self.tunnel_refuse,
+                    max_handshakes=config.tunnel_max_handshakes, backlog=config.tunnel_backlog,
                 )
             except OSError as exc:
                 raise startup.bind_error(exc, thost, tport, "--tunnel-listen") from None
@@ -346,10 +347,9 @@ class Gateway:
         if self._front is not None:
             self._front.close()
         for door in list(self.connections):
-            if door.idle:
-                door.close()
-            elif isinstance(door, H2FrontDoor):
-                door.start_drain()  # GOAWAY: no new streams; those in flight finish
+            # Idle connections close now; busy HTTP/1.1 ones after their response, HTTP/2 ones
+            # send GOAWAY (no new streams; those in flight finish).
+            door.start_drain()
         # Watches and follows never finish on their own: end them cleanly now (HTTP/1.1 and
         # HTTP/2 alike) so clients re-watch elsewhere while short requests finish here.
         for exchange in list(self.open_streams()):
@@ -454,7 +454,7 @@ def _tunnel_alpn() -> list[str]:
 def session_settings(config: GatewayConfig) -> SessionConfig:
     """Tunnel settings of the hub side: the tunnel's defaults, this process's instance, and
     the liveness flags."""
-    liveness: dict[str, float] = {}
+    liveness: dict[str, float] = {"ping_after": HUB_PING_AFTER}
     if config.tunnel_keepalive is not None:
         liveness["ping_after"] = config.tunnel_keepalive
     if config.tunnel_timeout is not None:

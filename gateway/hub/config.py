@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from gateway.ops.k8saudit.backends import WebhookSettings
 from gateway.wire.http1 import Limits
+from tunnel.admission import DEFAULT_BACKLOG, DEFAULT_MAX_HANDSHAKES
 from tunnel.identity import URI_NAMING, AgentNaming
 
 DEFAULT_MAX_REQUEST_BODY = 3 * 1024 * 1024  # kube-apiserver's MaxRequestBodyBytes
@@ -109,6 +110,9 @@ class GatewayConfig:
     # Tunnel liveness (--tunnel-keepalive / --tunnel-timeout); None: the tunnel's defaults.
     tunnel_keepalive: float | None = None
     tunnel_timeout: float | None = None
+    # Agent admission (--tunnel-max-handshakes / --tunnel-backlog, tunnel.admission).
+    tunnel_max_handshakes: int = DEFAULT_MAX_HANDSHAKES
+    tunnel_backlog: int = DEFAULT_BACKLOG
     readiness_interval: float = 10.0  # hub auth probe period for /readyz
     # Joining (gateway.hub.join): on when a CA Secret is named. The tunnel port then also
     # serves the join ALPN (CSR + token, or renewal with the current certificate).

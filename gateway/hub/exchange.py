@@ -9,7 +9,8 @@ the client connection closed. Back-pressure runs both ways without buffering: th
 transport pausing pauses the stream, the stream's send window pausing pauses the client.
 
 What the request may be, and where it goes, was decided before (``gateway.hub.admission``); the
-client side is the :class:`ClientConnection` (``gateway.hub.frontdoor.FrontDoor``).
+client side is the :class:`ClientConnection` (``gateway.hub.request.Request``, which hands
+what is protocol-specific to its front door).
 """
 
 from __future__ import annotations
@@ -248,6 +249,10 @@ class Exchange:
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
+        # The session has let go of the stream, and so must we: the stream refers to us, and
+        # that cycle would keep this exchange, its request and the request's head alive until
+        # the cyclic collector ran (a dozen objects per request for it to find).
+        self.stream = None
         if self._state == _DONE:
             return
         if exc is None:

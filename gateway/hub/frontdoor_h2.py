@@ -3,15 +3,14 @@
 :class:`gateway.hub.frontdoor.FrontDoor` hands a connection over here when TLS negotiated
 ALPN ``h2``. Framing, HPACK and flow-control bookkeeping are
 :class:`gateway.wire.h2server.ServerConnection`'s (sans-IO; why not the ``h2`` library: see
-there); this module wires it to admission and the tunnel:
+there); this module wires it to the requests' lifecycle:
 
-* Each HTTP/2 stream is one request (:class:`H2Request`) with exactly the admission of an
-  HTTP/1.1 request: its HEADERS become a :class:`gateway.wire.http1.RequestHead`
-  (:func:`gateway.wire.http2.request_head_from_h2`) and go through
-  :func:`gateway.hub.admission.chain.prepare` / ``admit_cached`` / ``admit``. Admitted, it opens
-  one tunnel stream carrying HTTP/1.1 bytes (the agent is unchanged), relayed by the same
-  :class:`gateway.hub.exchange.Exchange` as HTTP/1.1; the request is the Exchange's client
-  connection and its transport, and turns the HTTP/1.1 response back into HEADERS and DATA
+* Each HTTP/2 stream (:class:`H2Stream`) is one :class:`gateway.hub.request.Request`, the same
+  lifecycle as an HTTP/1.1 request: its HEADERS become a :class:`gateway.wire.http1.RequestHead`
+  (:func:`gateway.wire.http2.request_head_from_h2`), admitted, it opens one tunnel stream
+  carrying HTTP/1.1 bytes (the agent is unchanged), relayed by the same
+  :class:`gateway.hub.exchange.Exchange`. The stream is the Exchange's transport and turns the
+  HTTP/1.1 response back into HEADERS and DATA
   (:class:`gateway.wire.http2.ResponseTranslator`). Refusals are ``Status`` responses on the
   stream; the connection and its other streams carry on.
 * Flow control follows the tunnel: request DATA is acknowledged (WINDOW_UPDATE for the stream)
@@ -44,20 +43,12 @@ import asyncio
 import collections
 import contextlib
 import logging
-import time
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Iterator
+from typing import Any
 
-from gateway.hub.admission.auth import UserInfo
-from gateway.hub.admission.chain import (
-    AdmissionContext,
-    Admitted,
-    Refusal,
-    new_request_id,
-    start_admission,
-)
-from gateway.hub.admission.forwarded import client_address, source_ips
-from gateway.hub.exchange import SHUTTING_DOWN, Exchange
-from gateway.ops.metrics import GatewayMetrics
+from gateway.hub.admission.chain import Admitted
+from gateway.hub.exchange import Exchange
+from gateway.hub.request import ADMITTING, BODY, DONE, FrontDoorHost, Phase, Request
 from gateway.wire import h2server
 from gateway.wire.h2server import (
     CANCEL,
@@ -69,7 +60,7 @@ from gateway.wire.h2server import (
     StreamClosedError,
 )
 from gateway.wire.hpackfields import FieldEncoder
-from gateway.wire.http1 import HTTPError
+from gateway.wire.http1 import HTTPError, RequestHead
 from gateway.wire.http2 import (
     LAST_CHUNK,
     H2RequestError,
@@ -78,43 +69,13 @@ from gateway.wire.http2 import (
     chunk,
     request_head_from_h2,
 )
-from gateway.wire.identity import AUDIT_ID
-from gateway.wire.requestclass import SHORT, front_door_class
 from gateway.wire.status import error_response
-from tunnel.connection import TunnelSession
-
-if TYPE_CHECKING:
-    from gateway.wire.http1 import RequestHead
 
 log = logging.getLogger("hubproxy.gateway")
 
 STREAM_WINDOW = 65535  # per-stream receive window (the HTTP/2 default)
 REQUESTS_PER_TURN = 4  # new requests a connection admits per event-loop turn (_work_backlog)
 FLUSH_AT = 64 * 1024  # DATA bytes queued that are written at once, not at the turn's end
-
-
-class FrontDoorHost(AdmissionContext, Protocol):
-    """What a client connection, HTTP/1.1 or HTTP/2, needs from the gateway process
-    (``gateway.hub.app.Gateway``). Defined here, below ``gateway.hub.frontdoor``, which hands
-    HTTP/2 connections to this module and imports it."""
-
-    connections: set[Any]
-    draining: bool
-    inflight: int
-
-    @property
-    def metrics(self) -> GatewayMetrics: ...
-
-    def audit_stream_start(self, door: Any, exchange: Exchange) -> None: ...
-
-    def request_done(self, *, request_id: str, head: RequestHead | None, status: int,
-                     bytes_in: int, bytes_out: int, duration: float,
-                     admitted: Admitted | None = None, stream: bool = False,
-                     protocol: str = "h1", source_ips: tuple[str, ...] = (),
-                     message: str | None = None, started: float = 0.0,
-                     user_info: UserInfo | None = None) -> None: ...
-
-    def request_released(self) -> None: ...
 
 
 class H2FrontDoor(asyncio.Protocol):
@@ -141,7 +102,7 @@ class H2FrontDoor(asyncio.Protocol):
                                      initial_window_size=STREAM_WINDOW,
                                      connection_window=STREAM_WINDOW * self.max_streams,
                                      encoder=FieldEncoder())
-        self.requests: dict[int, H2Request] = {}
+        self.requests: dict[int, H2Stream] = {}
         self.streams_total = 0  # streams this connection opened (metrics: streams/connection)
         self.closed = False
         self._goaway_sent = False
@@ -285,14 +246,14 @@ class H2FrontDoor(asyncio.Protocol):
         self.streams_total += 1
         self._disarm()
         ended = event.stream_ended
-        request = H2Request(self, sid)
-        self.requests[sid] = request
+        stream = H2Stream(self, sid)
+        self.requests[sid] = stream
         try:
             head = request_head_from_h2(event.headers, self.limits.head, end_stream=ended)
         except H2RequestError as exc:
-            request.refuse(exc.status, str(exc))
+            stream.request.refuse(exc.status, str(exc))
             return
-        request.start(head, ended)
+        stream.start(head, ended)
 
     # --- output ------------------------------------------------------------------------------
 
@@ -324,7 +285,7 @@ class H2FrontDoor(asyncio.Protocol):
                 self.closed = True
                 self.transport.abort()
 
-    def finished(self, request: H2Request) -> None:
+    def finished(self, request: H2Stream) -> None:
         if self.requests.get(request.stream_id) is request:
             del self.requests[request.stream_id]
         self._maybe_idle()
@@ -383,21 +344,29 @@ class H2FrontDoor(asyncio.Protocol):
         return not self.requests
 
     @property
+    def open_requests(self) -> int:
+        return len(self.requests)
+
+    def exchanges(self) -> Iterator[Exchange]:
+        for stream in list(self.requests.values()):
+            exchange = stream.request.exchange
+            if exchange is not None:
+                yield exchange
+
+    @property
     def write_paused(self) -> bool:
         return self._write_paused
 
 
-# Request phases
-_ADMITTING, _OPEN, _ANSWERED = range(3)
-# Why a request's tunnel stream is not read (bits): the client connection's write buffer is
+# Why a stream's tunnel stream is not read (bits): the client connection's write buffer is
 # full, or the client's flow-control windows are.
 _PAUSE_BITS = {"client": 1, "window": 2}
-_NO_EARLY: list[bytes] = []  # shared, never appended to: a request's early body list is made
+_NO_EARLY: list[bytes] = []  # shared, never appended to: a stream's early body list is made
 # when its first body bytes arrive during admission
 
 
-class H2Request:
-    """One HTTP/2 stream: admission, then the client side of an :class:`Exchange`.
+class H2Stream:
+    """One HTTP/2 stream: the :class:`gateway.hub.request.Door` of its request.
 
     It is also the Exchange's transport: ``write`` receives the HTTP/1.1 response bytes and
     sends them as HEADERS and DATA.
@@ -409,43 +378,28 @@ class H2Request:
     protocol = "h2"
 
     __slots__ = (
-        "_counted",
         "_data_ended",
         "_finished",
-        "_long_running",
-        "_started",
         "_stream_write_paused",
-        "_task",
         "_timer",
         "_tunnel_paused",
         "body_bytes",
-        "client",
         "client_ended",
         "door",
         "early",
-        "exchange",
-        "gw",
-        "head",
         "pending",
-        "phase",
-        "request_id",
+        "request",
         "response_ended",
         "stream_id",
-        "streaming",
         "translator",
         "unacked",
     )
 
     def __init__(self, door: H2FrontDoor, stream_id: int) -> None:
         self.door = door
-        self.gw = door.gw
         self.stream_id = stream_id
-        self.request_id = new_request_id()
-        self.client = door.client_ip  # this request's client (see start)
-        self.head: RequestHead | None = None
-        self.exchange: Exchange | None = None
+        self.request = Request(door.gw, self)
         self.translator: ResponseTranslator | None = None
-        self.phase = _ADMITTING
         self.early = _NO_EARLY  # body bytes that arrived during admission (unacked)
         self.unacked = 0  # flow-controlled bytes received and not yet acknowledged
         self.body_bytes = 0
@@ -456,104 +410,102 @@ class H2Request:
         self._data_ended = False  # the last DATA frame carried END_STREAM
         self._tunnel_paused = 0  # _PAUSE_BITS: why the tunnel stream is not read
         self._stream_write_paused = False  # the tunnel's send window is full
-        self._task: asyncio.Future[Admitted] | None = None
         self._timer: asyncio.TimerHandle | None = None
-        self._counted = False
-        self._started = time.monotonic()
-        self._long_running = False
-        self.streaming = False
-
-    # --- admission ---------------------------------------------------------------------------
 
     def start(self, head: RequestHead, ended: bool) -> None:
-        self.head = head
         self.client_ended = ended
-        self.client = client_address(self.door.client_ip, head,
-                                     self.gw.config.forwarded_for_from)
-        try:
-            started = start_admission(self.gw, head, self.client, self.request_id)
-        except Refusal as exc:
-            self.refuse(exc.status, exc.message, retry_after=exc.retry_after,
-                        extra_headers=exc.extra_headers, user_info=exc.user_info)
-            return
-        self._counted = True
-        if isinstance(started, Admitted):
-            self._open(started)
-            return
-        self._task = started
-        started.add_done_callback(self._admitted)
+        self.request.start(head)
 
-    def _admitted(self, task: asyncio.Future[Admitted]) -> None:
-        self._task = None
-        if task.cancelled():
-            return
-        exc = task.exception()
-        if self.phase != _ADMITTING or self.door.closed:
-            if exc is None:
-                task.result().release()  # admitted, but the client left
-            return
-        if isinstance(exc, Refusal):
-            self.refuse(exc.status, exc.message, retry_after=exc.retry_after,
-                        extra_headers=exc.extra_headers, user_info=exc.user_info)
-        elif exc is not None:
-            log.error("request %s: admission failed: %s", self.request_id, type(exc).__name__,
-                      exc_info=exc)
-            self.refuse(500, "internal error in the gateway")
-        else:
-            self._open(task.result())
-        self.door.flush_soon()
+    @property
+    def closed(self) -> bool:
+        return self.door.closed
 
-    def _open(self, admitted: Admitted) -> None:
-        head = self.head
-        assert head is not None
-        exchange = Exchange(self, head.method, admitted, self.request_id)  # type: ignore[arg-type]
-        self.exchange = exchange
-        self.translator = ResponseTranslator(head.method)
+    @property
+    def client_ip(self) -> str:
+        return self.door.client_ip
+
+    @property
+    def peer_ip(self) -> str:
+        return self.door.peer_ip
+
+    # --- the request's door (gateway.hub.request.Door) ---------------------------------------
+
+    def body_so_far(self, admitted: Admitted) -> tuple[bytes, bytes | None]:
         early = b"".join(self.early)
         self.early = _NO_EARLY
-        if head.chunked:
+        head = self.request.head
+        chunked = head is not None and head.chunked
+        if chunked:
             early = chunk(early)
-        exchange.bytes_in = len(early)
-        if self.client_ended:  # all of the request rides in the OPEN (and its last chunk)
-            exchange.replay = admitted.head + early + (LAST_CHUNK if head.chunked else b"")
-        self.phase = _OPEN
-        self.gw.metrics.stream_opened()
-        try:
-            admitted.session.open_stream(admitted.target, admitted.metadata, exchange,
-                                         initial_data=admitted.head + early)
-        except Exception as exc:  # session closing or at its stream limit
-            log.info("request %s: cannot open a stream to %s: %s", self.request_id,
-                     admitted.cluster, type(exc).__name__)
-            self.gw.metrics.stream_closed()
-            self.exchange = None
-            exchange.client_gone()
-            self.phase = _ADMITTING
-            self.refuse(503, f'cluster "{admitted.cluster}" cannot take requests now, retry',
-                        retry_after=1, admitted=admitted)
-            return
+        if not self.client_ended:
+            return early, None
+        return early, LAST_CHUNK if chunked else b""  # the last chunk leaves in body_ended
+
+    def opened(self, request: Request) -> None:
+        self.translator = ResponseTranslator(request.head.method if request.head else b"GET")
         # The fields now live in the OPEN's bytes (admitted.head); from here only the method,
         # target and framing flags are read. An idle watch need not keep the rest (nor the
         # bearer token) for its lifetime.
-        head.headers, head.names = [], []
-        if exchange.done:
-            return
-        self._long_running = front_door_class(head.target, admitted.upgrade) != SHORT
+        if request.head is not None:
+            request.head.headers, request.head.names = [], []
         if self.door.write_paused:
             self.pause_tunnel("client")
         self._acknowledge()
         if self.client_ended:
             self.body_ended()
         else:
-            self._arm(self.door.limits.idle_timeout, self._body_timeout)
+            self.arm(self.door.limits.idle_timeout, self._body_timeout)
+        self.door.flush_soon()  # the early body's WINDOW_UPDATE (admitted in a later turn)
+
+    def response_started(self, request: Request, exchange: Exchange) -> bool:
+        self._disarm()
+        if exchange.response is not None and self.translator is not None:
+            self.translator.expect(exchange.response)  # parsed once, not again
+        return False
+
+    def upgraded(self, request: Request) -> None:  # pragma: no cover - never over h2
+        raise AssertionError("no upgrades over HTTP/2")
+
+    def finished(self, request: Request, phase: Phase, keep_alive: bool) -> None:
+        self._disarm()
+        translator = self.translator
+        if translator is not None:
+            with contextlib.suppress(HTTPError):
+                translator.feed_eof()
+        if translator is None or not translator.complete:
+            self._reset(INTERNAL_ERROR)  # truncated: never end it cleanly
+            return
+        self._finished = True
+        self.send_pending()
+        self.door.flush_soon()
+
+    def answer(self, request: Request, phase: Phase, status: int, message: str, *,
+               retry_after: int | None, extra_headers: tuple[tuple[bytes, bytes], ...],
+               close: bool) -> int:
+        """A ``Status`` on this stream; the connection and its other streams carry on."""
+        self._disarm()
+        method = request.head.method if request.head is not None else b"GET"
+        response = error_response(status, message, retry_after=retry_after,
+                                  extra_headers=extra_headers, head_only=method == b"HEAD")
+        self.translator = ResponseTranslator(method)
+        self.write(response)
+        self._finished = True
+        self._acknowledge_all()
+        self.send_pending()
+        self.door.flush_soon()
+        return len(response)
 
     # --- client -> tunnel --------------------------------------------------------------------
 
     def body(self, data: bytes, flow_length: int) -> None:
         self.unacked += flow_length
-        if self.phase == _ANSWERED or (self.phase == _OPEN and self.exchange is None):
+        request = self.request
+        phase = request.phase
+        exchange = request.exchange
+        if phase is DONE or (exchange is None and phase is not ADMITTING):
             self._acknowledge_all()  # answered already: nobody wants the rest
             return
-        head = self.head
+        head = request.head
         assert head is not None
         self.body_bytes += len(data)  # never past a Content-Length: the connection resets first
         if head.chunked and self.body_bytes > self.door.limits.max_request_body:
@@ -561,64 +513,49 @@ class H2Request:
             self._fail_body(413, f"the request body is larger than the gateway's limit of "
                                  f"{limit} bytes")
             return
-        if self.phase == _ADMITTING:
+        if exchange is None:  # admitting
             if self.early is _NO_EARLY:
                 self.early = []
             self.early.append(data)  # bounded by the stream window: not acknowledged yet
             return
-        exchange = self.exchange
-        assert exchange is not None
         if data:
             exchange.send(chunk(data) if head.chunked else data)
         self._acknowledge()
 
     def _acknowledge(self) -> None:
         """Give the client its stream window back for what the tunnel has taken."""
-        if self.unacked and not self._stream_write_paused and self.phase != _ADMITTING:
+        if self.unacked and not self._stream_write_paused \
+                and self.request.phase is not ADMITTING:
             n, self.unacked = self.unacked, 0
             self.door.conn.acknowledge_received_data(n, self.stream_id)
 
     def body_ended(self) -> None:
         self.client_ended = True  # with the whole Content-Length, if any (the connection checks)
-        exchange = self.exchange
-        if self.phase != _OPEN or exchange is None or exchange.done:
+        request = self.request
+        head = request.head
+        exchange = request.exchange
+        if request.phase is not BODY or exchange is None or exchange.done:
             return
-        assert self.head is not None
-        if self.head.chunked:
+        if head is not None and head.chunked:
             exchange.send(LAST_CHUNK)
-        exchange.send_eof()
-        if exchange.done:
-            return
-        self._disarm()
-        if not exchange.head_sent and not self._long_running:
-            self._arm(self.door.limits.response_header_timeout, exchange.timed_out)
+        request.body_sent()
 
     def _body_timeout(self) -> None:
-        if self.phase == _OPEN and not self.client_ended:
-            if self.exchange is not None and self.exchange.head_sent:
+        request = self.request
+        if request.phase is BODY and not self.client_ended:
+            if request.exchange is not None and request.exchange.head_sent:
                 return  # answered while the body still flows: the client's to finish
             self._fail_body(408, "timed out reading the request body")
             self.door.flush_soon()
 
     def _fail_body(self, status: int, message: str) -> None:
-        exchange = self.exchange
-        if exchange is not None:
-            if exchange.head_sent:
-                self._reset(CANCEL)
-                return
-            self.exchange = None
-            exchange.client_gone()
-            self.gw.metrics.stream_closed()
-            self.refuse(status, message, admitted=exchange.admitted)
-        else:
-            if self._task is not None:
-                self._task.cancel()
-            self.refuse(status, message)
+        if not self.request.fail_body(status, message):
+            self._reset(CANCEL)
 
-    # --- the Exchange's client connection and transport ----------------------------------------
+    # --- the Exchange's transport ------------------------------------------------------------
 
     @property
-    def transport(self) -> H2Request:
+    def transport(self) -> H2Stream:
         return self
 
     def get_extra_info(self, name: str, default: object = None) -> object:
@@ -631,23 +568,6 @@ class H2Request:
         self._stream_write_paused = False
         self._acknowledge()
         self.door.flush_soon()
-
-    def response_started(self, exchange: Exchange) -> None:
-        self._disarm()
-        if exchange.response is not None and self.translator is not None:
-            self.translator.expect(exchange.response)  # parsed once, not again
-        target = self.head.target if self.head is not None else b""
-        if b"watch=" in target or b"follow=" in target:
-            exchange.streaming = self.streaming = True
-            self.gw.audit_stream_start(self, exchange)  # type: ignore[arg-type]
-            # As the HTTP/1.1 door's _slim: a watch may stay open for hours; the forwarded
-            # head and the identity metadata were only for the OPEN (answered: no replay).
-            exchange.admitted.head = exchange.admitted.metadata = b""
-            if self.gw.draining:  # started while the gateway shuts down: end it at once
-                exchange.end_once_started(SHUTTING_DOWN)
-
-    def upgraded(self, exchange: Exchange) -> None:  # pragma: no cover - never over h2
-        raise AssertionError("no upgrades over HTTP/2")
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         """HTTP/1.1 response bytes from the Exchange -> HEADERS and DATA."""
@@ -710,79 +630,21 @@ class H2Request:
             self._end_stream()
 
     def pause_tunnel(self, reason: str) -> None:
-        if not self._tunnel_paused and self.exchange is not None \
-                and self.exchange.stream is not None:
-            self.exchange.stream.pause_reading()
+        exchange = self.request.exchange
+        if not self._tunnel_paused and exchange is not None and exchange.stream is not None:
+            exchange.stream.pause_reading()
         self._tunnel_paused |= _PAUSE_BITS[reason]
 
     def resume_tunnel(self, reason: str) -> None:
         bit = _PAUSE_BITS[reason]
         if self._tunnel_paused & bit:
             self._tunnel_paused &= ~bit
-            if not self._tunnel_paused and self.exchange is not None \
-                    and self.exchange.stream is not None:
-                self.exchange.stream.resume_reading()
+            exchange = self.request.exchange
+            if not self._tunnel_paused and exchange is not None \
+                    and exchange.stream is not None:
+                exchange.stream.resume_reading()
 
-    def exchange_finished(self, exchange: Exchange, *, keep_alive: bool) -> None:
-        if self.exchange is not exchange:
-            return
-        self.exchange = None
-        self.gw.metrics.stream_closed()
-        self._disarm()
-        translator = self.translator
-        if translator is not None:
-            with contextlib.suppress(HTTPError):
-                translator.feed_eof()
-        self._record(exchange.status, exchange.bytes_in, exchange.bytes_out,
-                     admitted=exchange.admitted,
-                     stream=exchange.streaming)
-        self._release()
-        if translator is None or not translator.complete:
-            self._reset(INTERNAL_ERROR)  # truncated: never end it cleanly
-            return
-        self._finished = True
-        self.send_pending()
-        self.door.flush_soon()
-
-    def another_session(self, cluster: str) -> TunnelSession | None:
-        return self.gw.registry.pick(cluster)
-
-    def exchange_failed(self, exchange: Exchange, status: int, message: str,
-                        retry_after: int | None) -> None:
-        if self.exchange is not exchange:
-            return
-        self.exchange = None
-        self.gw.metrics.stream_closed()
-        self.refuse(status, message, retry_after=retry_after, admitted=exchange.admitted)
-        self.door.flush_soon()
-
-    # --- answering and ending ------------------------------------------------------------------
-
-    def refuse(self, status: int, message: str, *, retry_after: int | None = None,
-               extra_headers: Any = (), admitted: Admitted | None = None,
-               user_info: UserInfo | None = None) -> None:
-        """Answer this stream with a ``Status``; the connection carries on."""
-        if self.phase == _ANSWERED or self.door.closed:
-            self._release()
-            return
-        self.phase = _ANSWERED
-        self._disarm()
-        log.debug("request %s answered by the gateway: %d %s", self.request_id, status, message)
-        extra_headers = (*extra_headers, (AUDIT_ID, self.request_id.encode("ascii")))
-        if status == 401:
-            extra_headers = (*extra_headers, (b"WWW-Authenticate", b'Bearer realm="hubproxy"'))
-        head = self.head
-        method = head.method if head is not None else b"GET"
-        response = error_response(status, message, retry_after=retry_after,
-                                  extra_headers=extra_headers, head_only=method == b"HEAD")
-        self.translator = ResponseTranslator(method)
-        self.write(response)
-        self._record(status, 0, len(response), admitted=admitted, message=message,
-                     user_info=user_info)
-        self._release()
-        self._finished = True
-        self._acknowledge_all()
-        self.send_pending()
+    # --- ending ------------------------------------------------------------------------------
 
     def _acknowledge_all(self) -> None:
         self.early = _NO_EARLY
@@ -817,26 +679,12 @@ class H2Request:
         self.door.flush_soon()
 
     def abandon(self) -> None:
-        """The client reset the stream or the connection went: cancel upstream, account."""
+        """The client reset the stream or the connection went: the request is abandoned."""
         self.response_ended = True
-        self.phase = _ANSWERED
         self._disarm()
-        if self._task is not None:
-            self._task.cancel()
-            self._task = None
-        exchange = self.exchange
-        if exchange is not None:
-            self.exchange = None
-            exchange.client_gone()
-            self.gw.metrics.stream_closed()
-            self._record(exchange.status or 499, exchange.bytes_in, exchange.bytes_out,
-                         admitted=exchange.admitted,
-                         stream=exchange.streaming)
-        self._release()
+        self.request.abandon()
 
-    # --- bookkeeping -------------------------------------------------------------------------
-
-    def _arm(self, delay: float, callback: Any) -> None:
+    def arm(self, delay: float, callback: Callable[[], None]) -> None:
         self._disarm()
         if delay > 0:
             self._timer = asyncio.get_running_loop().call_later(delay, callback)
@@ -845,30 +693,3 @@ class H2Request:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-
-    def _release(self) -> None:
-        if self._counted:
-            self._counted = False
-            self.gw.inflight -= 1
-            self.gw.request_released()
-
-    def _record(self, status: int, bytes_in: int, bytes_out: int, *,
-                admitted: Admitted | None = None, stream: bool = False,
-                message: str | None = None, user_info: UserInfo | None = None) -> None:
-        self.gw.request_done(
-            request_id=self.request_id, head=self.head, status=status, bytes_in=bytes_in,
-            bytes_out=bytes_out, duration=time.monotonic() - self._started, admitted=admitted,
-            stream=stream, protocol="h2", source_ips=self.source_ips, message=message,
-            started=self._started, user_info=user_info,
-        )
-
-    @property
-    def source_ips(self) -> tuple[str, ...]:
-        """The request's client, then the proxies it came through."""
-        door = self.door
-        return source_ips(self.client, door.client_ip, door.peer_ip)
-
-    @property
-    def started(self) -> float:
-        """When the request's HEADERS arrived (monotonic)."""
-        return self._started

@@ -55,7 +55,9 @@ from gateway.ops.metrics import BASIC_SERIES_PER_CLUSTER, REQUEST_BUCKETS
 from gateway.ops.metricslink import MetricsLink, PeerSnapshots, SnapshotSender
 from gateway.ops.rlimits import raise_open_file_limit
 from gateway.wire.http1 import Limits
+from tunnel.admission import DEFAULT_BACKLOG, DEFAULT_MAX_HANDSHAKES
 from tunnel.identity import AgentNaming
+from tunnel.session_state import HUB_PING_AFTER
 
 log = logging.getLogger("hubproxy.gateway")
 
@@ -105,6 +107,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="front door for users, HTTPS (default: 0.0.0.0:9092)")
     net.add_argument("--tunnel-listen", type=_address, default=("0.0.0.0", 8091),
                      metavar="HOST:PORT", help="agent tunnel, mTLS 1.3 (default: 0.0.0.0:8091)")
+    net.add_argument("--tunnel-max-handshakes", type=positive_int,
+                     default=DEFAULT_MAX_HANDSHAKES, metavar="N",
+                     help="agent TLS handshakes in flight at most; further agents wait in the "
+                     "listen queue, and one that waited nearly an agent's handshake timeout "
+                     "is told the hub is busy before any TLS work (default: "
+                     f"{DEFAULT_MAX_HANDSHAKES})")
+    net.add_argument("--tunnel-backlog", type=positive_int, default=DEFAULT_BACKLOG,
+                     metavar="N",
+                     help="listen queue of the tunnel port: agents waiting for a handshake "
+                     "(the kernel caps it at net.core.somaxconn; default: "
+                     f"{DEFAULT_BACKLOG})")
     net.add_argument("--health-listen", default="0.0.0.0:8000", metavar="HOST:PORT",
                      help="plain HTTP /healthz /readyz /metrics /clusters, "
                      "unauthenticated: keep it on a private address; 'off' to disable "
@@ -343,7 +356,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        "days. detailed: also latency histograms per cluster "
                        f"({len(REQUEST_BUCKETS) + 3} series per cluster and request class) and "
                        "each cluster's agent certificate expiry (default: %(default)s)")
-    add_tunnel_liveness_arguments(parser, "agent")
+    add_tunnel_liveness_arguments(parser, "agent", HUB_PING_AFTER)
     add_audit_arguments(parser)
     parser.add_argument("--log-level", default="info",
                         choices=("debug", "info", "warning", "error"),
@@ -529,6 +542,8 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         shutdown_delay=args.shutdown_delay,
         tunnel_keepalive=keepalive,
         tunnel_timeout=tunnel_timeout,
+        tunnel_max_handshakes=args.tunnel_max_handshakes,
+        tunnel_backlog=args.tunnel_backlog,
         workers=args.workers,
         replicas=args.replicas or 1,
         hub_instance=workers_instance_id(),

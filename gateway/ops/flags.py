@@ -70,25 +70,28 @@ def duration(value: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def add_tunnel_liveness_arguments(parser: argparse.ArgumentParser, peer: str) -> None:
+def add_tunnel_liveness_arguments(parser: argparse.ArgumentParser, peer: str,
+                                  keepalive: float) -> None:
     """``--tunnel-keepalive`` and ``--tunnel-timeout``, the same on gateway and agent.
 
-    Defaults are the tunnel's (``tunnel.session_state.SessionConfig``): PING after 3 s of
-    silence, dead after 8 s, so a frozen ``peer`` is found within about 9 s.
+    ``keepalive`` is this side's default (``tunnel.session_state``: the agent pings an idle
+    session, the hub's is longer and it mostly answers); the timeout's is the tunnel's, so a
+    frozen ``peer`` is found within about 8 s on either side.
     """
+    from tunnel.liveness import MAX_TICK
     from tunnel.session_state import SessionConfig
 
     defaults = SessionConfig()
     group = parser.add_argument_group("tunnel liveness")
-    group.add_argument("--tunnel-keepalive", type=duration, default=defaults.ping_after,
+    group.add_argument("--tunnel-keepalive", type=duration, default=keepalive,
                        metavar="DURATION",
                        help=f"send a PING after this long without a frame from the {peer} "
-                       f"(default: {defaults.ping_after:g}s; busy sessions never ping)")
+                       f"(default: {keepalive:g}s; busy sessions never ping)")
     group.add_argument("--tunnel-timeout", type=duration, default=defaults.dead_after,
                        metavar="DURATION",
                        help=f"declare the session dead (its requests end, 503) after this long "
                        f"without a frame from the {peer} (default: {defaults.dead_after:g}s; "
-                       "a frozen peer is found within it plus a quarter of the keepalive)")
+                       f"a frozen peer is found within it plus {MAX_TICK:g}s)")
 
 
 def tunnel_liveness(args: argparse.Namespace) -> tuple[float, float]:

@@ -195,6 +195,9 @@ class GatewayMetrics:
     # Agent connections that completed TLS but were refused (not TLS 1.3, wrong ALPN, no
     # cluster in the certificate); handshake_failures counts every refusal by reason.
     tunnel_refused: Callable[[], int] = lambda: 0
+    # The tunnel listener's admission (tunnel.listener.TunnelListener.admission): handshakes in
+    # flight and begun, agents waiting in the listen queue, refusals before any TLS work.
+    tunnel_admission: Callable[[], Mapping[str, int]] = lambda: {}
     # With --workers: the latest parts of the other workers (worker 0 serves /metrics).
     peers: Callable[[], Iterable[dict[str, Any]]] = lambda: ()
     # Request durations by class (short/watch/stream), and by cluster too when detailed.
@@ -306,6 +309,7 @@ class GatewayMetrics:
             "codes": {str(code): count for code, count in self.codes.items()},
             "latency": {kind: h.to_json() for kind, h in self.latency.items()},
             "hub_latency": {call: h.to_json() for call, h in self.hub_latency.items()},
+            "tunnel_admission": dict(self.tunnel_admission()),
             "hub_calls": [[call, outcome, count]
                           for (call, outcome), count in self.hub_calls.items()],
             "fairness": self.fairness(),
@@ -360,6 +364,7 @@ def merge_scalars(snapshots: Iterable[dict[str, Any]]) -> dict[str, Any]:
     total: dict[str, Any] = dict.fromkeys(SUMMED, 0)
     codes: Counter[int] = Counter()
     failures: Counter[str] = Counter()
+    admission: Counter[str] = Counter()
     latency: dict[str, Histogram] = {}
     hub_latency: dict[str, Histogram] = {}
     hub_calls: Counter[tuple[str, str]] = Counter()
@@ -374,6 +379,8 @@ def merge_scalars(snapshots: Iterable[dict[str, Any]]) -> dict[str, Any]:
             codes[int(code)] += int(count)
         for reason, count in (snap.get("handshake_failures") or {}).items():
             failures[str(reason)] += int(count)
+        for key, count in (snap.get("tunnel_admission") or {}).items():
+            admission[str(key)] += int(count)
         for kind, values in (snap.get("latency") or {}).items():
             latency.setdefault(str(kind), Histogram(REQUEST_BUCKETS)).add_json(values)
         for call, values in (snap.get("hub_latency") or {}).items():
@@ -386,6 +393,7 @@ def merge_scalars(snapshots: Iterable[dict[str, Any]]) -> dict[str, Any]:
     total.update(counted)
     total["codes"] = codes
     total["handshake_failures"] = failures
+    total["tunnel_admission"] = admission
     total["latency"] = latency
     total["hub_latency"] = hub_latency
     total["hub_calls"] = hub_calls
@@ -520,6 +528,34 @@ def _hub_write_lines(m: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _admission_lines(admission: Mapping[str, int]) -> list[str]:
+    """The tunnel listener's admission (tunnel.admission): storms of agents made visible."""
+    if not admission:
+        return []
+    lines = [
+        "# HELP hubproxy_tunnel_handshakes_in_flight Agent TLS handshakes running now "
+        "(at most --tunnel-max-handshakes).",
+        "# TYPE hubproxy_tunnel_handshakes_in_flight gauge",
+        f"hubproxy_tunnel_handshakes_in_flight {admission.get('handshakes_in_flight', 0)}",
+        "# HELP hubproxy_tunnel_handshakes_total Agent TLS handshakes begun.",
+        "# TYPE hubproxy_tunnel_handshakes_total counter",
+        f"hubproxy_tunnel_handshakes_total {admission.get('handshakes_started', 0)}",
+        "# HELP hubproxy_tunnel_accept_queue Agent connections waiting in the tunnel port's "
+        "listen queue (--tunnel-backlog).",
+        "# TYPE hubproxy_tunnel_accept_queue gauge",
+        f"hubproxy_tunnel_accept_queue {admission.get('accept_queue', 0)}",
+        "# HELP hubproxy_tunnel_refused_early_total Agent connections refused before any TLS "
+        "work, by reason (stale: waited so long in the listen queue that the agent would give "
+        "up, told the hub is busy; gone: the agent had already closed it).",
+        "# TYPE hubproxy_tunnel_refused_early_total counter",
+    ]
+    for key, count in sorted(admission.items()):
+        if key.startswith("refused_"):
+            reason = _escape(key[len("refused_"):])
+            lines.append(f'hubproxy_tunnel_refused_early_total{{reason="{reason}"}} {count}')
+    return lines
+
+
 def _scalar_lines(m: dict[str, Any]) -> list[str]:
     reviews = m["auth_reviews"]
     lines = [
@@ -599,6 +635,7 @@ def _scalar_lines(m: dict[str, Any]) -> list[str]:
         "hubproxy_tunnel_handshake_failures_total.",
         "# TYPE hubproxy_tunnel_refused_total counter",
         f"hubproxy_tunnel_refused_total {m['tunnel_refused']}",
+        *_admission_lines(m.get("tunnel_admission") or {}),
         "# HELP hubproxy_request_duration_seconds Requests by class: short (its whole "
         "exchange), watch and stream (how long they stayed open); per cluster with "
         "--cluster-metrics detailed (hubproxy_cluster_request_duration_seconds).",

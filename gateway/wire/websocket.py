@@ -25,6 +25,11 @@ MAX_CLOSE_REASON = 123  # a control frame's payload is at most 125 bytes, 2 are 
 ERROR_CHANNEL = 3
 # Subprotocols whose error channel carries a JSON Status (client-go's errorDecoderV4).
 STATUS_CHANNEL_PROTOCOLS = frozenset({b"v4.channel.k8s.io", b"v5.channel.k8s.io"})
+# A bearer token as a WebSocket subprotocol, ``<prefix><base64url(token)>``: browsers cannot
+# set Authorization on a WebSocket, so Kubernetes accepts this too
+# (k8s.io/apiserver/pkg/authentication/request/websocket). The hub reads it and strips it
+# (gateway.hub.admission.bearer); the agent strips it again before the apiserver.
+BEARER_PROTOCOL_PREFIX = b"base64url.bearer.authorization.k8s.io."
 
 
 class FrameBoundary:

@@ -122,7 +122,7 @@ async def test_frozen_peer_declared_dead_within_interval(tls_contexts):
     await asyncio.sleep(0.3)
     assert not hub.closed  # idle but alive: pings answered
     # Freeze the agent: it neither reads its socket nor sends anything (as if SIGSTOPped).
-    agent._timer.cancel()
+    agent._keepalive.remove(agent)  # (its keepalive: one wheel per event loop since issue 22)
     agent._transport.pause_reading()
     t0 = asyncio.get_running_loop().time()
     exc = await asyncio.wait_for(client.lost, 3)

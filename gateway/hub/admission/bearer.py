@@ -28,9 +28,10 @@ import base64
 import binascii
 from dataclasses import dataclass
 
+from gateway.wire.websocket import BEARER_PROTOCOL_PREFIX
+
 Headers = list[tuple[bytes, bytes]]
 
-TOKEN_PROTOCOL_PREFIX = b"base64url.bearer.authorization.k8s.io."
 _B64URL = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
 _TOKEN_CHARS = bytes(range(0x21, 0x7F))  # visible ASCII
 
@@ -99,8 +100,8 @@ def strip_token_subprotocols(headers: Headers) -> tuple[Headers, list[bytes], li
         kept: list[bytes] = []
         for proto in value.split(b","):
             proto = proto.strip(b" \t")
-            if proto.startswith(TOKEN_PROTOCOL_PREFIX):
-                tokens.append(proto[len(TOKEN_PROTOCOL_PREFIX) :])
+            if proto.startswith(BEARER_PROTOCOL_PREFIX):
+                tokens.append(proto[len(BEARER_PROTOCOL_PREFIX) :])
             elif proto:
                 kept.append(proto)
         others.extend(kept)

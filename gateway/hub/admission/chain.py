@@ -15,11 +15,12 @@ Kubernetes ``Status``. Messages never contain tokens or internal addresses.
 8. identity mapping (:class:`gateway.hub.admission.identity.IdentityCache`, 403);
 9. the cluster's session (404 unknown, 503 not connected);
 10. the identity's cap on long-running requests on that cluster
-    (:class:`gateway.hub.admission.streams.StreamQuota`, 429): the slot travels in
-    :class:`Admitted` and the exchange releases it when it ends. With ``revalidate_streams``
-    a long-running request also carries what it was admitted on
-    (:class:`gateway.hub.admission.recheck.Recheck`), for ``gateway.hub.revalidation`` to ask
-    the hub again while it stays open;
+    (:class:`gateway.hub.admission.streams.StreamQuota`, 429; which requests are long-running:
+    :func:`gateway.wire.requestclass.request_class`, asked once and kept in
+    :attr:`Admitted.kind`): the slot travels in :class:`Admitted` and the exchange releases
+    it when it ends. With ``revalidate_streams`` a long-running request also carries what it
+    was admitted on (:class:`gateway.hub.admission.recheck.Recheck`), for
+    ``gateway.hub.revalidation`` to ask the hub again while it stays open;
 11. a short request's seat (:class:`gateway.hub.admission.seats.Seats`: fair queuing between
     identities, in the spirit of kube-apiserver's API Priority and Fairness; 429 with
     ``Retry-After`` when its queue is full or it waited too long). The seat travels in
@@ -72,11 +73,12 @@ from gateway.hub.admission.identity import IdentityCache
 from gateway.hub.admission.recheck import Recheck
 from gateway.hub.admission.routing import ClusterRoute, RouteError, route
 from gateway.hub.admission.seats import Seat, SeatRefused, Seats
-from gateway.hub.admission.streams import StreamQuota, StreamSlot, TooManyStreams, is_long_running
+from gateway.hub.admission.streams import StreamQuota, StreamSlot, TooManyStreams
 from gateway.hub.admission.upgrade import UpgradeRefused, check_upgrade
 from gateway.hub.config import GatewayConfig
 from gateway.wire.http1 import Headers, RequestHead, serialize_request_head
 from gateway.wire.identity import Identity, IdentityError
+from gateway.wire.requestclass import SHORT, front_door_class
 from tunnel.connection import TunnelSession
 from tunnel.targets import KubeAPITarget, ServiceTarget, Target
 
@@ -149,6 +151,9 @@ class Admitted:
     head: bytes  # rewritten request head for the agent (initial_data of the OPEN)
     user: str  # hub user name for the audit line ("" with passthrough)
     upgrade: bool
+    # gateway.wire.requestclass: short, watch or stream; asked once, here, for everything
+    # that treats long-running requests differently.
+    kind: str = SHORT
     # A long-running request's place under its identity's cap; released when the exchange ends.
     stream_slot: StreamSlot | None = None
     # A long-running request with a hub identity, when --revalidate-streams: what to ask the
@@ -335,7 +340,8 @@ def _admitted(gw: AdmissionContext, head: RequestHead, prepared: Prepared,
     slot = None
     recheck = None
     flow = ""
-    if not is_long_running(cluster_route.upstream_target, prepared.upgrade):
+    kind = front_door_class(head.target, prepared.upgrade, head.method)
+    if kind == SHORT:
         if gw.seats is not None:
             flow = gw.stream_quota.identity(user.username if user else None, prepared.token)
     else:
@@ -350,8 +356,8 @@ def _admitted(gw: AdmissionContext, head: RequestHead, prepared: Prepared,
             recheck = Recheck(prepared.token, user, cluster,
                               exec_like=path.endswith((b"/exec", b"/attach")))
     return Admitted(cluster, session, target, metadata, head_bytes,
-                    "" if user is None else user.username, prepared.upgrade, slot, recheck, flow,
-                    user_info=user, user_agent=head.get(b"user-agent") or b"")
+                    "" if user is None else user.username, prepared.upgrade, kind, slot, recheck,
+                    flow, user_info=user, user_agent=head.get(b"user-agent") or b"")
 
 
 def start_admission(gw: AdmissionContext, head: RequestHead, client_ip: str, request_id: str

@@ -6,12 +6,9 @@ identity could open hundreds and crowd out everyone else. :class:`StreamQuota` c
 (identity, cluster) and refuses the one past ``max_per_identity`` with 429 (``Retry-After``).
 Short requests are not counted.
 
-What is long-running (:func:`is_long_running`), as kube-apiserver sees it:
-
-* any upgrade (exec, attach, port-forward; a Service's WebSocket in the service form);
-* ``watch`` or ``follow`` query parameters that are true (Go's ``strconv.ParseBool``: ``1``,
-  ``t``, ``T``, ``true``, ``TRUE``, ``True``), and the legacy ``/api/v1/watch/...`` and
-  ``/apis/<group>/<version>/watch/...`` paths.
+Which requests are long-running is :func:`gateway.wire.requestclass.request_class`'s to say
+(admission asks it once per request): watches, ``logs -f`` and upgrades, read as kube-apiserver
+reads them.
 
 The identity is the hub user name; a ``--token-passthrough`` request has no hub user, so it
 counts under a keyed hash of its token (never the token itself). A slot is taken when admission
@@ -26,23 +23,6 @@ import hmac
 import secrets
 
 DEFAULT_MAX_STREAMS_PER_IDENTITY = 500
-_TRUE = frozenset({b"1", b"t", b"T", b"true", b"TRUE", b"True"})
-_LONG_RUNNING_PARAMS = frozenset({b"watch", b"follow"})
-
-
-def is_long_running(upstream_target: bytes, upgrade: bool) -> bool:
-    """Does this request hold its stream open (see the module docstring)?"""
-    if upgrade:
-        return True
-    path, _, query = upstream_target.partition(b"?")
-    for pair in query.split(b"&"):
-        name, _, value = pair.partition(b"=")
-        if name in _LONG_RUNNING_PARAMS and value in _TRUE:
-            return True
-    parts = path.split(b"/")
-    # /api/v1/watch/... or /apis/<group>/<version>/watch/...
-    return (len(parts) > 3 and parts[1] == b"api" and parts[3] == b"watch") or (
-        len(parts) > 4 and parts[1] == b"apis" and parts[4] == b"watch")
 
 
 class TooManyStreams(Exception):

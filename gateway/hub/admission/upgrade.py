@@ -28,9 +28,9 @@ Refused too (400), because the request is ambiguous or is not a Kubernetes strea
 
 from __future__ import annotations
 
-from gateway.hub.admission.bearer import TOKEN_PROTOCOL_PREFIX
 from gateway.hub.admission.routing import ClusterRoute
 from gateway.wire.http1 import RequestHead
+from gateway.wire.websocket import BEARER_PROTOCOL_PREFIX
 
 # Upgrades only for Kubernetes streaming endpoints and the protocols kubectl speaks.
 ALLOWED_UPGRADES = frozenset({b"websocket", b"spdy/3.1"})
@@ -76,7 +76,7 @@ def offers_stream_protocol(head: RequestHead, upgrade: bytes) -> bool:
     subprotocol? See the module docstring for the names."""
     if upgrade == b"websocket":
         offered = [p for p in _listed(head.get_all(b"sec-websocket-protocol"))
-                   if not p.startswith(TOKEN_PROTOCOL_PREFIX)]
+                   if not p.startswith(BEARER_PROTOCOL_PREFIX)]
         return any(_is_channel(p) or p == WEBSOCKET_PORTFORWARD_PROTOCOL for p in offered)
     offered = _listed(head.get_all(b"x-stream-protocol-version"))
     return any(_is_channel(p) or p == PORTFORWARD_PROTOCOL for p in offered)

@@ -354,7 +354,7 @@ async def test_a_server_that_picks_http1_gets_http1_from_then_on(
     try:
         agent = await make_agent(server, ca_file, tmp_path, protocol="auto")
         # The first request probes (its dial offers h2), and the server picks http/1.1.
-        for path in ("/small?watch=1", "/small", "/small?watch=1"):
+        for path in ("/api/v1/pods?watch=1", "/small", "/api/v1/pods?watch=1"):
             stream = request(agent, path)
             await stream.wait_done()
             assert stream.response()[2] == b"h1"

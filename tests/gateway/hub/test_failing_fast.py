@@ -52,16 +52,21 @@ def _clusters(fleet: Fleet) -> dict:
 
 def test_defaults_meet_the_operators_figures() -> None:
     """Short requests 60 s (kube-apiserver's own request timeout); a silent tunnel peer is
-    pinged after 3 s and dead after 8 s: found within 8 + 3/4 s."""
+    dead after 8 s: found within 8 + 0.25 s (one keepalive tick). The agent pings after 3 s of
+    silence, the gateway after 5 s, so a live agent's PINGs keep the gateway from pinging
+    (issue 22: one exchange per idle session, not two)."""
+    from tunnel.liveness import MAX_TICK
+
     pki = "/nonexistent"
     args = build_parser().parse_args(["gateway", "--tls-dir", pki, "--tunnel-tls-dir", pki,
                                       "--agent-ca", pki])
     assert args.response_header_timeout == 60
-    assert (args.tunnel_keepalive, args.tunnel_timeout) == (3, 8)
-    assert args.tunnel_timeout + args.tunnel_keepalive / 4 < 10
+    assert (args.tunnel_keepalive, args.tunnel_timeout) == (5, 8)
+    assert args.tunnel_timeout + MAX_TICK < 10
     agent = build_parser().parse_args(["agent", "--hub", "h:1", "--cluster", "c1",
                                        "--tls-dir", pki])
     assert (agent.tunnel_keepalive, agent.tunnel_timeout) == (3, 8)
+    assert agent.tunnel_keepalive < args.tunnel_keepalive
 
 
 def test_a_timeout_not_longer_than_the_keepalive_is_refused(tmp_path: Path) -> None:

@@ -280,6 +280,25 @@ async def test_request_body_is_acknowledged_only_as_the_tunnel_takes_it(
     client.flush()
 
 
+async def test_a_body_that_fills_its_window_during_admission_gets_it_back(
+        gw: Harness, client: H2Client) -> None:
+    """The first request of a token is admitted in a later loop turn (a hub review); the body
+    that arrived meanwhile fills the stream window, and the WINDOW_UPDATE for it must leave
+    when the tunnel stream opens, not wait for some other write."""
+    size = 100_000
+    sid = client.start("/c1/api/v1/namespaces/default/configmaps", method="POST",
+                       token=HUB_TOKEN, extra=[("content-length", str(size))], end_stream=False)
+    sent = 0
+    while sent < size:
+        await eventually(lambda: client.conn.local_flow_control_window(sid) > 0, timeout=3)
+        n = min(client.conn.local_flow_control_window(sid), 16384, size - sent)
+        client.conn.send_data(sid, b"a" * n, end_stream=sent + n == size)
+        client.flush()
+        sent += n
+    r = await client.wait(sid)
+    assert r.status == 200 and len(json.loads(r.body)["body"]) == size
+
+
 async def eventually(predicate: Any, timeout: float = 5.0) -> None:
     async with asyncio.timeout(timeout):
         while not predicate():

@@ -294,6 +294,50 @@ def test_http2_flags(pki: Path) -> None:
     assert front_alpn(config) == ["http/1.1"]
 
 
+def test_tunnel_admission_flags_reach_the_listener(pki: Path) -> None:
+    """--tunnel-max-handshakes and --tunnel-backlog (issue 22): defaults for a 10,000-agent hub,
+    read from the environment like every flag, explained in --help."""
+    from tunnel.admission import DEFAULT_BACKLOG, DEFAULT_MAX_HANDSHAKES
+
+    parser = build_parser()
+    default = config_from_args(parser.parse_args(["gateway", *base_flags(pki)]))
+    assert (default.tunnel_max_handshakes, default.tunnel_backlog) == (
+        DEFAULT_MAX_HANDSHAKES, DEFAULT_BACKLOG)
+    apply_environment(parser, {"HUBPROXY_TUNNEL_MAX_HANDSHAKES": "8",
+                               "HUBPROXY_TUNNEL_BACKLOG": "128"})
+    config = config_from_args(parser.parse_args(["gateway", *base_flags(pki)]))
+    assert (config.tunnel_max_handshakes, config.tunnel_backlog) == (8, 128)
+    out = subprocess.run([*CMD, "--help"], capture_output=True, text=True, timeout=30).stdout
+    assert "--tunnel-max-handshakes" in out and "--tunnel-backlog" in out
+    assert "somaxconn" in out
+
+
+async def test_the_gateway_listener_runs_with_the_admission_flags(pki: Path) -> None:
+    from gateway.hub.app import Gateway, front_tls, session_settings, tunnel_tls
+    from tunnel.admission import parse_listen_queue, tcp_info
+    from tunnel.registry import SessionRegistry
+
+    parser = build_parser()
+    config = config_from_args(parser.parse_args([
+        "gateway", *base_flags(pki), "--listen", "127.0.0.1:0", "--tunnel-listen", "127.0.0.1:0",
+        "--health-listen", "off", "--authorize", "none", "--tunnel-max-handshakes", "3",
+        "--tunnel-backlog", "77"]))
+    gateway = Gateway(config, authenticator=None, authorizer=None,  # type: ignore[arg-type]
+                      registry=SessionRegistry(), front_ssl=front_tls(config),
+                      tunnel_ssl=tunnel_tls(config), session_config=session_settings(config))
+    await gateway.start()
+    try:
+        listener = gateway.tunnel_listener
+        assert listener.slots.limit == 3
+        [sock] = listener.sockets
+        raw = tcp_info(sock)
+        assert raw is not None and parse_listen_queue(raw)[1] == 77
+        admission = gateway.metrics.snapshot()["scalars"]["tunnel_admission"]
+        assert admission["handshakes_in_flight"] == 0 and admission["refused_stale"] == 0
+    finally:
+        await gateway.close()
+
+
 def test_real_client_and_kubernetes_audit_flags(pki: Path, tmp_path: Path) -> None:
     import ipaddress
 

@@ -190,3 +190,21 @@ def test_fair_queuing_figures_of_workers_add_up_and_are_absent_when_off() -> Non
         assert isinstance(seat, Seat)
         seat.release()
     assert "hubproxy_fair" not in GatewayMetrics().render().decode()  # off: no family at all
+
+
+def test_the_tunnel_listeners_admission_adds_up_over_workers() -> None:
+    first, second = GatewayMetrics(), GatewayMetrics()
+    first.tunnel_admission = lambda: {"handshakes_in_flight": 3, "handshakes_started": 40,
+                                      "accept_queue": 10, "refused_stale": 5, "refused_gone": 1}
+    second.tunnel_admission = lambda: {"handshakes_in_flight": 1, "handshakes_started": 2,
+                                       "accept_queue": 0, "refused_stale": 2, "refused_gone": 0}
+    first.peers = lambda: [second.snapshot()]
+    text = first.render().decode()
+    assert "hubproxy_tunnel_handshakes_in_flight 4" in text
+    assert "hubproxy_tunnel_handshakes_total 42" in text
+    assert "hubproxy_tunnel_accept_queue 10" in text
+    assert 'hubproxy_tunnel_refused_early_total{reason="stale"} 7' in text
+    assert 'hubproxy_tunnel_refused_early_total{reason="gone"} 1' in text
+    # A gateway without a tunnel listener shows none of these.
+    alone = GatewayMetrics().render().decode()
+    assert "hubproxy_tunnel_accept_queue" not in alone

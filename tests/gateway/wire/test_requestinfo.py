@@ -66,6 +66,9 @@ from gateway.wire.requestinfo import RequestInfo, request_info
     ("OPTIONS", "/api/v1/pods", RequestInfo("", True, "", "v1", "", "pods")),
     ("GET", "/apis/example.com/v1alpha1/widgets/w%20x",
      RequestInfo("get", True, "example.com", "v1alpha1", "", "widgets", "w x")),
+    # the whole path is decoded before it is split (Go's URL.Path): %2F is a separator
+    ("GET", "/api/v1/namespaces%2Fd%2Fpods?watch=1",
+     RequestInfo("watch", True, "", "v1", "d", "pods")),
     # the Service form the gateway forwards to allow-listed Services
     ("GET", "/api/v1/namespaces/default/services/https:web:8443/proxy-service/x/y",
      RequestInfo("get", True, "", "v1", "default", "services", "https:web:8443",

@@ -6,14 +6,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.hub.admission.bearer import TOKEN_PROTOCOL_PREFIX, BearerError, extract_token
+from gateway.hub.admission.bearer import BearerError, extract_token
+from gateway.wire.websocket import BEARER_PROTOCOL_PREFIX
 
 TOKEN = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJ4In0.c2ln"
 WS = [(b"Upgrade", b"websocket"), (b"Connection", b"Upgrade")]
 
 
 def proto(token: str) -> bytes:
-    return TOKEN_PROTOCOL_PREFIX + base64.urlsafe_b64encode(token.encode()).rstrip(b"=")
+    return BEARER_PROTOCOL_PREFIX + base64.urlsafe_b64encode(token.encode()).rstrip(b"=")
 
 
 @pytest.mark.parametrize(
@@ -76,7 +77,7 @@ def test_websocket_token_subprotocol_accepted_and_removed() -> None:
     assert result.token == TOKEN
     assert result.source == "websocket-protocol"
     assert (b"Sec-WebSocket-Protocol", b"v5.channel.k8s.io") in result.headers
-    assert not any(TOKEN_PROTOCOL_PREFIX in v for _, v in result.headers)
+    assert not any(BEARER_PROTOCOL_PREFIX in v for _, v in result.headers)
 
 
 def test_websocket_token_across_repeated_protocol_headers() -> None:
@@ -109,12 +110,12 @@ def test_same_token_in_authorization_and_subprotocol_and_subprotocol_removed(ws_
     ]
     result = extract_token(headers)
     assert result.token == "header-token"
-    assert not any(TOKEN_PROTOCOL_PREFIX in v for _, v in result.headers)
+    assert not any(BEARER_PROTOCOL_PREFIX in v for _, v in result.headers)
 
 
 @pytest.mark.parametrize(
     "protocols",
-    [proto("other"), TOKEN_PROTOCOL_PREFIX + b"not*base64",
+    [proto("other"), BEARER_PROTOCOL_PREFIX + b"not*base64",
      proto("header-token") + b"," + proto("x")],
 )
 def test_different_token_in_authorization_and_subprotocol_is_400(protocols: bytes) -> None:
@@ -137,10 +138,10 @@ def test_two_authorization_headers_are_400() -> None:
     [
         proto(TOKEN),  # no other subprotocol to echo back
         b"v5.channel.k8s.io, " + proto(TOKEN) + b", " + proto(TOKEN),
-        b"v5.channel.k8s.io, " + TOKEN_PROTOCOL_PREFIX + b"not*base64",
-        b"v5.channel.k8s.io, " + TOKEN_PROTOCOL_PREFIX + b"YWJj=",  # padding: RawURLEncoding
-        b"v5.channel.k8s.io, " + TOKEN_PROTOCOL_PREFIX + b"A",
-        b"v5.channel.k8s.io, " + TOKEN_PROTOCOL_PREFIX + base64.urlsafe_b64encode(b"\xff\xfe"),
+        b"v5.channel.k8s.io, " + BEARER_PROTOCOL_PREFIX + b"not*base64",
+        b"v5.channel.k8s.io, " + BEARER_PROTOCOL_PREFIX + b"YWJj=",  # padding: RawURLEncoding
+        b"v5.channel.k8s.io, " + BEARER_PROTOCOL_PREFIX + b"A",
+        b"v5.channel.k8s.io, " + BEARER_PROTOCOL_PREFIX + base64.urlsafe_b64encode(b"\xff\xfe"),
     ],
 )
 def test_bad_websocket_token_401(protocols: bytes) -> None:

@@ -4,7 +4,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.hub.admission.bearer import TOKEN_PROTOCOL_PREFIX
 from gateway.hub.admission.headers import (
     HOP_BY_HOP,
     HeaderRefused,
@@ -13,6 +12,7 @@ from gateway.hub.admission.headers import (
     rewrite_request_headers,
 )
 from gateway.wire.identity import strip_identity_headers
+from gateway.wire.websocket import BEARER_PROTOCOL_PREFIX
 
 BASE = [(b"Host", b"gw.example:9092"), (b"Accept", b"application/json")]
 
@@ -195,12 +195,12 @@ def test_websocket_upgrade_kept() -> None:
         (b"Upgrade", b"websocket"),
         (b"Sec-WebSocket-Key", b"dGhlIHNhbXBsZSBub25jZQ=="),
         (b"Sec-WebSocket-Version", b"13"),
-        (b"Sec-WebSocket-Protocol", b"v5.channel.k8s.io, " + TOKEN_PROTOCOL_PREFIX + b"YWJj"),
+        (b"Sec-WebSocket-Protocol", b"v5.channel.k8s.io, " + BEARER_PROTOCOL_PREFIX + b"YWJj"),
     )
     assert (b"Upgrade", b"websocket") in out
     assert [v for n, v in out if n.lower() == b"connection"] == [b"Upgrade"]
     assert (b"Sec-WebSocket-Protocol", b"v5.channel.k8s.io") in out
-    assert not any(TOKEN_PROTOCOL_PREFIX in v for _, v in out)
+    assert not any(BEARER_PROTOCOL_PREFIX in v for _, v in out)
     assert is_upgrade(out) == b"websocket"
 
 
@@ -267,7 +267,8 @@ def test_rule2_pure_pipeline_parse_extract_rewrite_serialize() -> None:
         b"Upgrade: websocket\r\n"
         b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
         b"Sec-WebSocket-Version: 13\r\n"
-        b"Sec-WebSocket-Protocol: v5.channel.k8s.io, " + TOKEN_PROTOCOL_PREFIX + b"aHViLXRva2Vu\r\n"
+        b"Sec-WebSocket-Protocol: v5.channel.k8s.io, " + BEARER_PROTOCOL_PREFIX
+        + b"aHViLXRva2Vu\r\n"
         b"X-Forwarded-For: 6.6.6.6\r\n"
         b"\r\n"
     )

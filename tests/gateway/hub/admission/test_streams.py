@@ -1,33 +1,11 @@
-"""Which requests are long-running, and the per-identity cap on them."""
+"""The per-identity cap on long-running requests (which requests are long-running:
+tests/gateway/wire/test_requestclass.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from gateway.hub.admission.streams import StreamQuota, TooManyStreams, is_long_running
-
-
-@pytest.mark.parametrize(
-    ("target", "upgrade", "expected"),
-    [
-        (b"/api/v1/pods?watch=true", False, True),
-        (b"/api/v1/pods?labelSelector=a&watch=1&resourceVersion=5", False, True),
-        (b"/api/v1/namespaces/d/pods/p/log?follow=true&container=c", False, True),
-        (b"/apis/apps/v1/deployments?watch=True", False, True),
-        (b"/api/v1/watch/namespaces/d/pods", False, True),
-        (b"/apis/apps/v1/watch/deployments", False, True),
-        (b"/api/v1/namespaces/d/pods/p/exec?command=sh", True, True),
-        (b"/api/v1/pods?watch=false", False, False),
-        (b"/api/v1/pods?watch=0", False, False),
-        (b"/api/v1/pods?allowWatchBookmarks=true", False, False),
-        (b"/api/v1/namespaces/d/pods/p/log", False, False),
-        (b"/api/v1/namespaces/watch/pods", False, False),
-        (b"/apis/watch/v1/things", False, False),
-        (b"/api/v1/pods", False, False),
-    ],
-)
-def test_long_running_requests(target: bytes, upgrade: bool, expected: bool) -> None:
-    assert is_long_running(target, upgrade) is expected
+from gateway.hub.admission.streams import StreamQuota, TooManyStreams
 
 
 def test_rule7_cap_per_identity_and_cluster_released_once() -> None:

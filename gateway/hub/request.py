@@ -1,0 +1,529 @@
+"""One request's way through the gateway, whatever protocol its client speaks (DESIGN §2).
+
+Each front door reads requests its own way -- :mod:`gateway.hub.frontdoor` one after another
+from an HTTP/1.1 connection, :mod:`gateway.hub.frontdoor_h2` one per HTTP/2 stream -- and hands
+each head to a :class:`Request`, which takes it the rest of the way:
+
+1. **admission** (:func:`gateway.hub.admission.chain.start_admission`): at once when the hub's
+   answers are cached and a seat is free, else when its future completes (cancelled if the
+   client leaves first; what it was granted is then given back). A refusal is answered with a
+   ``Status``;
+2. **the tunnel stream**: the rewritten head and whatever body the door already holds ride in
+   the OPEN (0-RTT); a session that cannot take it is a ``503``. A request that arrived whole is
+   kept for one replay on another session (:attr:`gateway.hub.exchange.Exchange.replay`);
+3. **the response**, relayed by :class:`gateway.hub.exchange.Exchange`, whose client this is. A
+   short request's head is awaited for at most ``response_header_timeout`` (504 after); a watch,
+   ``logs -f`` or upgrade (``Admitted.kind``, :mod:`gateway.wire.requestclass`) is not, is
+   audited as a stream from its head on, drops what only admission needed (it may stay open for
+   hours) and, when the gateway is draining, ends at its first chunk boundary;
+4. **the end**, however it comes -- the response finished, the gateway answered, the client
+   left (:meth:`Request.abandon`): the in-flight slot, stream slot or seat is released exactly
+   once, the tunnel stream closed in the metrics once, one audit line written.
+
+What is the door's own stays with the door (:class:`Door`): reading the head and the
+body, writing a response in its protocol, flow control, its timers, and whether its connection
+lives on after a request. The request's client is the connection's (its peer, or what a
+trusted balancer's PROXY header said), or behind a trusted TLS-terminating proxy its
+``X-Forwarded-For`` (:mod:`gateway.hub.admission.forwarded`): what admission, the
+failed-authentication limit and the audit trail see.
+
+The phases of a request (:class:`Phase`) and the moves between them are one table,
+:data:`TRANSITIONS`; only this module moves a request, and a move the table does not list is a
+bug (:class:`LifecycleError`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
+
+from gateway.hub.admission.auth import UserInfo
+from gateway.hub.admission.chain import (
+    AdmissionContext,
+    Admitted,
+    Refusal,
+    new_request_id,
+    start_admission,
+)
+from gateway.hub.admission.forwarded import client_address, source_ips
+from gateway.hub.exchange import SHUTTING_DOWN, Exchange
+from gateway.ops.metrics import GatewayMetrics
+from gateway.wire.http1 import HTTPError, RequestHead
+from gateway.wire.identity import AUDIT_ID
+from gateway.wire.requestclass import SHORT, front_door_class
+from tunnel.connection import TunnelSession
+
+log = logging.getLogger("hubproxy.gateway")
+
+WWW_AUTHENTICATE = (b"WWW-Authenticate", b'Bearer realm="hubproxy"')
+
+
+class Phase(enum.Enum):
+    ADMITTING = "admitting"  # head read, admission under way; body bytes wait at the door
+    BODY = "body"  # tunnel stream open; the request body is relayed as it comes
+    WAITING = "waiting"  # the whole request sent; its response pending or streaming
+    UPGRADE = "upgrade"  # an upgrade request sent; waiting for the 101
+    RAW = "raw"  # after the 101: raw bytes both ways
+    DONE = "done"  # finished, answered by the gateway, or abandoned by the client
+
+
+ADMITTING, BODY, WAITING = Phase.ADMITTING, Phase.BODY, Phase.WAITING
+UPGRADE, RAW, DONE = Phase.UPGRADE, Phase.RAW, Phase.DONE
+
+# Every move a request can make. A response may end a request in any phase (an early answer
+# while the body still flows, a refusal, a client that leaves).
+TRANSITIONS: dict[Phase, frozenset[Phase]] = {
+    ADMITTING: frozenset({BODY, UPGRADE, DONE}),
+    BODY: frozenset({WAITING, DONE}),
+    WAITING: frozenset({DONE}),
+    UPGRADE: frozenset({RAW, DONE}),
+    RAW: frozenset({DONE}),
+    DONE: frozenset(),
+}
+
+
+class LifecycleError(RuntimeError):
+    """A move :data:`TRANSITIONS` does not allow: a bug in the gateway."""
+
+
+class FrontDoorHost(AdmissionContext, Protocol):
+    """What a request and its front door need from the gateway process
+    (``gateway.hub.app.Gateway``)."""
+
+    connections: set[Any]  # the open FrontDoorConnection objects
+    draining: bool
+    inflight: int
+
+    @property
+    def leaving(self) -> bool:
+        """Shutdown has begun, though requests may still be served for a while."""
+
+    @property
+    def metrics(self) -> GatewayMetrics: ...
+
+    def audit_stream_start(self, request: Request) -> None: ...
+
+    def request_done(self, *, request_id: str, head: RequestHead | None, status: int,
+                     bytes_in: int, bytes_out: int, duration: float, kind: str,
+                     admitted: Admitted | None = None, stream: bool = False,
+                     protocol: str = "h1", source_ips: tuple[str, ...] = (),
+                     message: str | None = None, started: float = 0.0,
+                     user_info: UserInfo | None = None) -> None: ...
+
+    def request_released(self) -> None: ...
+
+
+class Door(Protocol):
+    """What a :class:`Request` needs from the front door it came through: an HTTP/1.1
+    connection, or one stream of an HTTP/2 connection."""
+
+    protocol: str  # "h1" or "h2", for the audit line and the metrics
+
+    @property
+    def client_ip(self) -> str:
+        """The connection's client: its peer, or what a trusted balancer's PROXY header said."""
+
+    @property
+    def peer_ip(self) -> str:
+        """The connection's own peer."""
+
+    @property
+    def closed(self) -> bool:
+        """The client connection is gone: nothing can be written any more."""
+
+    @property
+    def transport(self) -> Any:
+        """Where the Exchange writes the response (HTTP/1.1 bytes, as the agent relays them)."""
+
+    def pause_reading(self, reason: str) -> None: ...
+
+    def resume_reading(self, reason: str) -> None: ...
+
+    def arm(self, delay: float, callback: Callable[[], None]) -> None:
+        """Replace the request's timer with ``callback`` after ``delay`` (none if <= 0)."""
+
+    def body_so_far(self, admitted: Admitted) -> tuple[bytes, bytes | None]:
+        """The body bytes that arrived during admission, framed as the tunnel stream carries
+        them (they ride in the OPEN), and, when the whole request has arrived, the rest of it
+        for a replay (b"" if nothing; None while more may come). Raises HTTPError for a body
+        that breaks its framing."""
+
+    def opened(self, request: Request) -> None:
+        """The tunnel stream is open (phase BODY or UPGRADE): relay the body, or wait."""
+
+    def response_started(self, request: Request, exchange: Exchange) -> bool:
+        """The response head arrived; True: the connection closes after this response."""
+
+    def upgraded(self, request: Request) -> None:
+        """A 101 arrived: client bytes may flow to the exchange."""
+
+    def finished(self, request: Request, phase: Phase, keep_alive: bool) -> None:
+        """The exchange ended in ``phase`` (already recorded and released)."""
+
+    def answer(self, request: Request, phase: Phase, status: int, message: str, *,
+               retry_after: int | None, extra_headers: tuple[tuple[bytes, bytes], ...],
+               close: bool) -> int:
+        """Write a ``Status`` response for the request, which was in ``phase``; carry on (or
+        close the connection, always if ``close``); the bytes written."""
+
+
+class _Gone:
+    """The door of a request that is over (see :meth:`Request._let_go`): closed, and a late
+    pause or resume from the tunnel (a window that opens after the response ended) does
+    nothing. Nothing else may be asked of it: that would be a bug."""
+
+    protocol = client_ip = peer_ip = ""
+    closed = True
+    transport = None
+
+    def pause_reading(self, reason: str) -> None:
+        pass
+
+    def resume_reading(self, reason: str) -> None:
+        pass
+
+    def arm(self, delay: float, callback: Callable[[], None]) -> None:
+        pass
+
+    def body_so_far(self, admitted: Admitted) -> tuple[bytes, bytes | None]:
+        raise LifecycleError("a request that is over has no body to send")
+
+    def opened(self, request: Request) -> None:
+        raise LifecycleError("a request that is over opened a stream")
+
+    def response_started(self, request: Request, exchange: Exchange) -> bool:
+        raise LifecycleError("a request that is over got a response")
+
+    def upgraded(self, request: Request) -> None:
+        raise LifecycleError("a request that is over was upgraded")
+
+    def finished(self, request: Request, phase: Phase, keep_alive: bool) -> None:
+        raise LifecycleError("a request that is over finished again")
+
+    def answer(self, request: Request, phase: Phase, status: int, message: str, *,
+               retry_after: int | None, extra_headers: tuple[tuple[bytes, bytes], ...],
+               close: bool) -> int:
+        raise LifecycleError("a request that is over was answered again")
+
+
+GONE: Door = _Gone()
+
+
+class FrontDoorConnection(Protocol):
+    """A client connection of either front door, as the gateway process sees it."""
+
+    protocol: str
+    transport: Any
+
+    @property
+    def idle(self) -> bool: ...
+
+    @property
+    def open_requests(self) -> int: ...
+
+    def exchanges(self) -> Iterator[Exchange]:
+        """The exchange of each request in progress on this connection."""
+
+    def start_drain(self) -> None:
+        """The gateway is shutting down: take no new request; close once idle."""
+
+    def close(self) -> None: ...
+
+
+class Request:
+    """One request from its head to its end; see the module docstring. It is the
+    :class:`gateway.hub.exchange.ClientConnection` of its exchange.
+
+    Slotted and lean: an idle watch keeps one of these for hours."""
+
+    __slots__ = (
+        "_counted",
+        "_task",
+        "admitted",
+        "client",
+        "door",
+        "exchange",
+        "gw",
+        "head",
+        "phase",
+        "request_id",
+        "started",
+    )
+
+    def __init__(self, gw: FrontDoorHost, door: Door) -> None:
+        self.gw = gw
+        self.door = door
+        # The request's client: the connection's, or the X-Forwarded-For of a trusted proxy
+        # (gateway.hub.admission.forwarded), known once the head is.
+        self.client = door.client_ip
+        self.request_id = new_request_id()
+        self.started = time.monotonic()
+        self.phase = ADMITTING
+        self.head: RequestHead | None = None
+        self.admitted: Admitted | None = None
+        self.exchange: Exchange | None = None
+        self._task: asyncio.Future[Admitted] | None = None
+        self._counted = False  # holds one of the gateway's in-flight slots
+
+    def _to(self, phase: Phase) -> None:
+        if phase not in TRANSITIONS[self.phase]:
+            raise LifecycleError(f"request {self.request_id}: {self.phase.value} -> "
+                                 f"{phase.value}")
+        self.phase = phase
+
+    @property
+    def long_running(self) -> bool:
+        admitted = self.admitted
+        return admitted is not None and admitted.kind != SHORT
+
+    # --- admission -----------------------------------------------------------------------------
+
+    def start(self, head: RequestHead) -> None:
+        """Admit the request whose head the door has read."""
+        self.head = head
+        self.client = client_address(self.door.client_ip, head, self.gw.config.forwarded_for_from)
+        try:
+            started = start_admission(self.gw, head, self.client, self.request_id)
+        except Refusal as exc:
+            self.refuse(exc.status, exc.message, retry_after=exc.retry_after,
+                        extra_headers=exc.extra_headers, user_info=exc.user_info)
+            return
+        self._counted = True
+        if isinstance(started, Admitted):
+            self._open(started)
+            return
+        self._task = started
+        started.add_done_callback(self._admitted)
+
+    def _admitted(self, task: asyncio.Future[Admitted]) -> None:
+        self._task = None
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if self.phase is not ADMITTING or self.door.closed:
+            if exc is None:
+                task.result().release()  # admitted, but the client left
+            return
+        if isinstance(exc, Refusal):
+            self.refuse(exc.status, exc.message, retry_after=exc.retry_after,
+                        extra_headers=exc.extra_headers, user_info=exc.user_info)
+        elif exc is not None:
+            log.error("request %s: admission failed: %s", self.request_id, type(exc).__name__,
+                      exc_info=exc)
+            self.refuse(500, "internal error in the gateway")
+        else:
+            self._open(task.result())
+
+    def _open(self, admitted: Admitted) -> None:
+        """Open the tunnel stream; its OPEN carries the head and the body so far."""
+        head = self.head
+        assert head is not None
+        self.admitted = admitted
+        try:
+            early, rest = self.door.body_so_far(admitted)
+        except HTTPError as exc:
+            admitted.release()
+            self.refuse(exc.status, str(exc), close=True)
+            return
+        exchange = Exchange(self, head.method, admitted, self.request_id)
+        self.exchange = exchange
+        initial = admitted.head + early if early else admitted.head
+        exchange.bytes_in = len(early)
+        if rest is not None and not admitted.upgrade:
+            exchange.replay = initial + rest  # all of the request rides in the OPEN
+        metrics = self.gw.metrics
+        metrics.stream_opened()
+        try:
+            admitted.session.open_stream(admitted.target, admitted.metadata, exchange,
+                                         initial_data=initial)
+        except Exception as exc:  # session closing or at its stream limit
+            log.info("request %s: cannot open a stream to %s: %s", self.request_id,
+                     admitted.cluster, type(exc).__name__)
+            metrics.stream_closed()
+            self.exchange = None
+            exchange.client_gone()  # never opened; gives back its stream slot or seat
+            self.refuse(503, f'cluster "{admitted.cluster}" cannot take requests now, retry',
+                        retry_after=1)
+            return
+        if exchange.done or self.phase is DONE:  # refused synchronously
+            return
+        self._to(UPGRADE if admitted.upgrade else BODY)
+        self.door.opened(self)
+
+    # --- the request body (called by the door) -------------------------------------------------
+
+    def body_sent(self) -> None:
+        """The door has sent all of the request body: wait for the response, a short request
+        for at most ``response_header_timeout``."""
+        exchange = self.exchange
+        assert exchange is not None
+        exchange.send_eof()
+        if exchange.done:
+            return
+        self._to(WAITING)
+        short = not exchange.head_sent and not self.long_running
+        self.door.arm(self.gw.config.limits.response_header_timeout if short else 0,
+                      exchange.timed_out)
+
+    def fail_body(self, status: int, message: str) -> bool:
+        """The request body broke (bad framing, too large, stalled): cancel the upstream
+        request and answer ``status``. False when a response has started already: then only
+        the door can end it (close the connection, reset the stream)."""
+        exchange = self.exchange
+        if exchange is not None:
+            if exchange.head_sent:
+                return False
+            self.exchange = None
+            exchange.client_gone()
+            self.gw.metrics.stream_closed()
+        elif self._task is not None:
+            self._task.cancel()
+            self._task = None
+        self.refuse(status, message, close=True)
+        return True
+
+    # --- the Exchange's client connection -----------------------------------------------------
+
+    @property
+    def transport(self) -> Any:
+        return self.door.transport
+
+    def pause_reading(self, reason: str) -> None:
+        self.door.pause_reading(reason)
+
+    def resume_reading(self, reason: str) -> None:
+        self.door.resume_reading(reason)
+
+    def response_started(self, exchange: Exchange) -> bool:
+        closing = self.door.response_started(self, exchange)
+        if self.long_running and not exchange.admitted.upgrade:  # a watch or logs -f
+            self._stream_started(exchange)
+            if self.gw.draining:  # started while the gateway shuts down: end it at once
+                exchange.end_once_started(SHUTTING_DOWN)
+        return closing
+
+    def upgraded(self, exchange: Exchange) -> None:
+        """A real 101: from here raw bytes both ways."""
+        self._to(RAW)
+        self._stream_started(exchange)
+        self.door.upgraded(self)
+
+    def _stream_started(self, exchange: Exchange) -> None:
+        """A watch, ``logs -f`` or upgrade may stay open for hours: audit its start, and drop
+        what only admission and the response head needed (header lists, the forwarded head,
+        the identity metadata). Method, target and the parsed flags stay for the audit line
+        at its end."""
+        exchange.streaming = True
+        self.gw.audit_stream_start(self)
+        if self.head is not None:
+            self.head.headers, self.head.names = [], []
+        exchange.admitted.head = exchange.admitted.metadata = b""
+
+    def exchange_finished(self, exchange: Exchange, *, keep_alive: bool) -> None:
+        """The response ended (or broke after its head was sent)."""
+        if self.exchange is not exchange:
+            return
+        self.exchange = None
+        self.gw.metrics.stream_closed()
+        phase = self.phase
+        self._to(DONE)
+        self._record(exchange.status, exchange.bytes_in, exchange.bytes_out,
+                     stream=exchange.streaming)
+        self._release()
+        self.door.finished(self, phase, keep_alive)
+        self._let_go()
+
+    def exchange_failed(self, exchange: Exchange, status: int, message: str,
+                        retry_after: int | None) -> None:
+        """No response byte was sent: answer with a Status instead."""
+        if self.exchange is not exchange:
+            return
+        self.exchange = None
+        self.gw.metrics.stream_closed()
+        self.refuse(status, message, retry_after=retry_after)
+
+    def another_session(self, cluster: str) -> TunnelSession | None:
+        return self.gw.registry.pick(cluster)
+
+    # --- the end --------------------------------------------------------------------------------
+
+    def refuse(self, status: int, message: str, *, retry_after: int | None = None,
+               extra_headers: tuple[tuple[bytes, bytes], ...] = (), close: bool = False,
+               user_info: UserInfo | None = None) -> None:
+        """Answer the request with a ``Status`` (``close``: and close the connection);
+        ``user_info``: the hub user, when admission refused it after authentication."""
+        if self.phase is DONE or self.door.closed:
+            self._release()
+            self._let_go()
+            return
+        phase = self.phase
+        self._to(DONE)
+        # Status messages are fixed wording (never a token): safe to say why at debug.
+        log.debug("request %s answered by the gateway: %d %s", self.request_id, status, message)
+        # Its id, which the agent sends the managed apiserver as Audit-ID for the requests it
+        # forwards: the client can name any request of its, answered there or here.
+        extra_headers = (*extra_headers, (AUDIT_ID, self.request_id.encode("ascii")))
+        if status == 401:
+            extra_headers = (*extra_headers, WWW_AUTHENTICATE)
+        sent = self.door.answer(self, phase, status, message, retry_after=retry_after,
+                                extra_headers=extra_headers, close=close)
+        self._record(status, 0, sent, message=message, user_info=user_info)
+        self._release()
+        self._let_go()
+
+    def abandon(self) -> None:
+        """The client left or broke the request: stop admission, cancel the upstream request,
+        account for what was relayed. Idempotent."""
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+        exchange = self.exchange
+        if exchange is not None:
+            self.exchange = None
+            exchange.client_gone()
+            self.gw.metrics.stream_closed()
+            self._record(exchange.status or 499, exchange.bytes_in, exchange.bytes_out,
+                         stream=exchange.streaming)
+        if self.phase is not DONE:
+            self._to(DONE)
+        self._release()
+        self._let_go()
+
+    def _let_go(self) -> None:
+        """The request is over and its door is done with it: drop the reference to its door.
+        An HTTP/2 stream and its request refer to each other, and that cycle would leave
+        both (and what they hold) to the cyclic collector instead of freeing them at once."""
+        self.door = GONE
+
+    def _release(self) -> None:
+        if self._counted:
+            self._counted = False
+            self.gw.inflight -= 1
+            self.gw.request_released()
+
+    def _record(self, status: int, bytes_in: int, bytes_out: int, *, stream: bool = False,
+                message: str | None = None, user_info: UserInfo | None = None) -> None:
+        head, admitted = self.head, self.admitted
+        if admitted is not None:
+            kind = admitted.kind
+        elif head is not None:  # refused before admission said: for the latency histograms
+            kind = front_door_class(head.target, method=head.method)
+        else:
+            kind = SHORT
+        self.gw.request_done(
+            request_id=self.request_id, head=head, status=status, bytes_in=bytes_in,
+            bytes_out=bytes_out, duration=time.monotonic() - self.started, kind=kind,
+            admitted=admitted, stream=stream, protocol=self.door.protocol,
+            source_ips=self.source_ips, message=message, started=self.started,
+            user_info=user_info,
+        )
+
+    @property
+    def source_ips(self) -> tuple[str, ...]:
+        """The request's client, then the proxies it came through."""
+        door = self.door
+        return source_ips(self.client, door.client_ip, door.peer_ip)
