@@ -12,6 +12,8 @@ BENCHMARKS = {
     "ha": "bench.ha",  # issue 13: rollouts, scaling, crashes and a hub outage behind HAProxy
     "hpackdecode": "bench.hpackdecode",  # HPACK decoding, ours against hpack's
     "h2core": "bench.h2core",  # the front door's HTTP/2 connection, ours against h2
+    "h2client": "bench.h2client",  # the agent's HTTP/2 connection, ours against h2
+    "agentproto": "bench.agentproto",  # the agent's CPU with h1 and h2 to its apiserver
     "fleet": "bench.fleet",  # issue 22: N clusters' agents on one gateway, a reconnect storm
     "kubeaudit": "bench.kubeaudit",  # issue 24: what Kubernetes-format audit costs per request
 }

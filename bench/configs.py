@@ -249,9 +249,11 @@ def start_hub_stub(lab: Lab, users: list[tuple[str, str, str, str]] | None = Non
 
 def start_hubproxy(lab: Lab, log_level: str = "info", upstream_connections: int = 2048,
                    workers: int = 1, name: str = "hubproxy",
-                   gateway_args: Sequence[str] = ()) -> Config:
+                   gateway_args: Sequence[str] = (),
+                   agent_args: Sequence[str] = ()) -> Config:
     """``hubproxy gateway`` + ``hubproxy agent`` (cluster bench), exactly as deployed
-    (``gateway_args``: more flags for the gateway)."""
+    (``gateway_args``, ``agent_args``: more flags for the gateway, the agent; e.g.
+    ``--apiserver-protocol h2``)."""
     hub = start_hub_stub(lab)
     front, tunnel = free_port(), free_port()
     suffix = "" if name == "hubproxy" else f"-{name}"
@@ -270,7 +272,8 @@ def start_hubproxy(lab: Lab, log_level: str = "info", upstream_connections: int 
         "agent", "--hub", f"{LOOPBACK}:{tunnel}", "--cluster", CLUSTER,
         "--tls-dir", str(lab.pki / "agents" / CLUSTER),
         "--kubeconfig", str(lab.upstream_kubeconfig()), "--health-listen", "off",
-        "--max-upstream-connections", str(upstream_connections), "--log-level", log_level))
+        "--max-upstream-connections", str(upstream_connections), "--log-level", log_level,
+        *agent_args))
     cfg = Config(name, Target(f"https://{LOOPBACK}:{front}/{CLUSTER}",
                               str(lab.pki / "gateway" / "ca.crt"), lab.bench_token),
                  "client -> gateway (TLS, bearer, TokenReview cached, --authorize none) -> "

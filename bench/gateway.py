@@ -322,29 +322,53 @@ def soak(cfg: Config, seconds: float, work: Path) -> dict[str, Any]:
     }
 
 
+PROFILE_WATCH_EVENTS = 20_000  # events per watch in the profile's watch workload
+
+
 def run_profile(cfg: Config, plan: Plan, outdir: Path, work: Path) -> dict[str, Any]:
+    """py-spy on the gateway and the agent during each workload in turn (small GETs at c=16
+    over HTTP/1.1, the same as 16 streams of one HTTP/2 connection, watches of 20,000 small
+    events one after the other, large bodies), with each process's CPU µs per request, per
+    watch event or per MB (see :func:`bench.profiling.record`)."""
     pids = {role: pids[0] for role, pids in cfg.roles.items()}
     out: dict[str, Any] = {"dir": str(outdir)}
-    log(f"profile: small GETs c=16 for {plan.profile_seconds:g}s (py-spy on gateway, agent)")
-    out["small_get"] = profiling.record(
-        pids, plan.profile_seconds, outdir, "small-get",
-        lambda: wrk(cfg.target, POD_PATH, connections=16, threads=2,
-                    seconds=plan.profile_seconds, workdir=work)["rps"])
-    if H2LOAD is not None:  # the same GETs as 16 streams of one HTTP/2 connection
-        log(f"profile: small GETs over HTTP/2 (h2load 1x16) for {plan.profile_seconds:g}s")
-        out["small_get_h2"] = profiling.record(
-            pids, plan.profile_seconds, outdir, "small-get-h2",
-            lambda: h2load(cfg.target, POD_PATH, clients=1, streams=16,
-                           seconds=plan.profile_seconds)["rps"])
-    log(f"profile: large bodies for {plan.profile_seconds:g}s")
+    seconds = plan.profile_seconds
 
-    def bodies() -> float:
-        end, total = time.monotonic() + plan.profile_seconds, 0
+    def small_gets() -> dict[str, Any]:
+        run = wrk(cfg.target, POD_PATH, connections=16, threads=2, seconds=seconds,
+                  workdir=work)
+        return {"ops": run["requests"], "unit": "request", "rps": run["rps"]}
+
+    log(f"profile: small GETs c=16 for {seconds:g}s (py-spy on gateway, agent)")
+    out["small_get"] = profiling.record(pids, seconds, outdir, "small-get", small_gets)
+    if H2LOAD is not None:  # the same GETs as 16 streams of one HTTP/2 connection
+        def small_gets_h2() -> dict[str, Any]:
+            run = h2load(cfg.target, POD_PATH, clients=1, streams=16, seconds=seconds)
+            return {"ops": run["requests"], "unit": "request", "rps": run["rps"]}
+
+        log(f"profile: small GETs over HTTP/2 (h2load 1x16) for {seconds:g}s")
+        out["small_get_h2"] = profiling.record(pids, seconds, outdir, "small-get-h2",
+                                               small_gets_h2)
+
+    def watches() -> dict[str, Any]:
+        end, events, streaming = time.monotonic() + seconds, 0, 0.0
+        while time.monotonic() < end:
+            run = curl(cfg.target, WATCH_PATH.format(n=PROFILE_WATCH_EVENTS), timeout=120)
+            events += PROFILE_WATCH_EVENTS
+            streaming += max(run["total"] - run["ttfb"], 1e-6)
+        return {"ops": events, "unit": "watch event", "events_per_s": events / streaming}
+
+    log(f"profile: watches of {PROFILE_WATCH_EVENTS} events for {seconds:g}s")
+    out["watch"] = profiling.record(pids, seconds, outdir, "watch", watches)
+    log(f"profile: large bodies for {seconds:g}s")
+
+    def bodies() -> dict[str, Any]:
+        end, total = time.monotonic() + seconds, 0
         while time.monotonic() < end:
             total += curl(cfg.target, LOG_PATH.format(n=plan.body_bytes), timeout=120)["size"]
-        return total
+        return {"ops": total / 1e6, "unit": "MB", "bytes": total}
 
-    out["large_body"] = profiling.record(pids, plan.profile_seconds, outdir, "large-body", bodies)
+    out["large_body"] = profiling.record(pids, seconds, outdir, "large-body", bodies)
     return out
 
 

@@ -331,14 +331,18 @@ def table(result: dict[str, Any]) -> str:
     if prof:
         lines.append("")
         lines.append(f"profiles in {prof['dir']}:")
-        for label in ("small_get", "large_body"):
+        for label in ("small_get", "small_get_h2", "watch", "large_body"):
             p = prof.get(label) or {}
             if "skipped" in p:
                 lines.append(f"  {label}: {p['skipped']}")
                 continue
+            work = p.get("workload") if isinstance(p.get("workload"), dict) else {}
+            unit = work.get("unit", "op")
             for role, top in (p.get("top") or {}).items():
+                per_op = (p.get("us_per_op") or {}).get(role)
+                cost = f", {per_op} CPU us per {unit}" if per_op is not None else ""
                 hot = "; ".join(f"{f} {pct}%" for f, pct in top["self_pct"][:6])
-                lines.append(f"  {label} {role} ({top['samples']} samples) self: {hot}")
+                lines.append(f"  {label} {role} ({top['samples']} samples{cost}) self: {hot}")
     m = result.get("machine", {})
     if m:
         lines.append("")

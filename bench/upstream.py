@@ -5,8 +5,9 @@
 uvloop + a raw ``asyncio.Protocol`` with pre-built responses; ``--workers`` processes share the
 port with ``SO_REUSEPORT``. It prints ``upstream ready on PORT`` once every worker listens.
 ALPN offers ``h2`` and ``http/1.1`` as kube-apiserver does (``--alpn`` narrows it). Over HTTP/1.1:
-keep-alive, pipelining-safe; over HTTP/2 (the ``h2`` library, sans-IO, frames written once per
-read): every request is a stream, responses sent as the client's windows allow. Request bodies
+keep-alive, pipelining-safe; over HTTP/2 (the front door's sans-IO server core,
+``gateway.wire.h2server``, frames written once per read): every request is a stream, responses
+sent as the client's windows allow. Request bodies
 are not expected and ignored, identity and impersonation headers are ignored. The answers:
 
 - ``GET /api/v1/namespaces/default/pods/bench`` -- a ~1 KiB Pod as JSON (Content-Length);
@@ -42,11 +43,16 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
-import h2.config
-import h2.connection
-import h2.events
-import h2.exceptions
-import h2.settings
+from gateway.wire.h2server import (
+    ConnectionTerminated,
+    DataReceived,
+    FrameBudget,
+    H2ConnectionError,
+    RequestReceived,
+    ServerConnection,
+    StreamReset,
+    WindowUpdated,
+)
 
 MiB = 1024 * 1024
 LOG_CHUNK = MiB
@@ -252,23 +258,20 @@ class H2Stream:
 
 
 class H2Upstream:
-    """One HTTP/2 client connection (the ``h2`` state machine); writes once per read."""
+    """One HTTP/2 client connection: the front door's sans-IO server core
+    (:class:`gateway.wire.h2server.ServerConnection`, a few µs per request, as a Go server
+    would be; the ``h2`` library cost this stand-in more CPU per request than the proxies it
+    measures), writes once per read."""
 
     def __init__(self, transport: asyncio.Transport) -> None:
         self.transport = transport
-        config = h2.config.H2Configuration(client_side=False, header_encoding=None,
-                                           validate_inbound_headers=False,
-                                           normalize_inbound_headers=False,
-                                           validate_outbound_headers=False,
-                                           normalize_outbound_headers=False)
-        self.conn = conn = h2.connection.H2Connection(config=config)
-        conn.local_settings = h2.settings.Settings(client=False, initial_values={
-            h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: H2_MAX_STREAMS,
-            h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: H2_WINDOW,
-            h2.settings.SettingCodes.ENABLE_PUSH: 0,
-        })
-        conn.initiate_connection()
-        conn.increment_flow_control_window(H2_WINDOW)
+        unlimited = 1e12  # a stand-in for the apiserver: no flood budgets
+        self.conn = conn = ServerConnection(
+            max_concurrent_streams=H2_MAX_STREAMS, max_header_list_size=MiB,
+            initial_window_size=H2_WINDOW, connection_window=H2_WINDOW,
+            resets=FrameBudget(unlimited, unlimited), answered=FrameBudget(unlimited, unlimited),
+            cheap=FrameBudget(unlimited, unlimited))
+        conn.initiate()
         self.streams: dict[int, H2Stream] = {}  # streams with a body still to send
         self.paused = False
         transport.write(conn.data_to_send())
@@ -277,28 +280,28 @@ class H2Upstream:
         conn = self.conn
         try:
             events = conn.receive_data(data)
-        except h2.exceptions.ProtocolError:
+        except H2ConnectionError:
             self.transport.write(conn.data_to_send())
             self.transport.close()
             return
         for event in events:
-            if isinstance(event, h2.events.RequestReceived):
+            if isinstance(event, RequestReceived):
                 self.request(event)
-            elif isinstance(event, h2.events.WindowUpdated):
+            elif isinstance(event, WindowUpdated):
                 self.pump()
-            elif isinstance(event, h2.events.DataReceived):
+            elif isinstance(event, DataReceived):
                 conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
-            elif isinstance(event, h2.events.StreamReset):
+            elif isinstance(event, StreamReset):
                 if self.streams.pop(event.stream_id, None) is not None:
                     STATS["h2_streams_open"] -= 1
-            elif isinstance(event, h2.events.ConnectionTerminated):
+            elif isinstance(event, ConnectionTerminated):
                 self.transport.close()
                 return
         out = conn.data_to_send()
         if out:
             self.transport.write(out)
 
-    def request(self, event: h2.events.RequestReceived) -> None:
+    def request(self, event: RequestReceived) -> None:
         conn = self.conn
         sid = event.stream_id
         target = next((v for k, v in event.headers if k == b":path"), b"")

@@ -14,10 +14,9 @@ framed it, then EOF. The exchange:
 3. takes a keep-alive connection from the pool (dial failures become typed refusals:
    UNREACHABLE, TIMEOUT, OVERLOAD), accepts the stream, and relays the request body up to the
    end its framing declares (bytes past it are a protocol violation: reset, connection dropped).
-   For a route that allows HTTP/2 (the apiserver) and a request that is not an upgrade (with
-   ``--apiserver-protocol auto``: a watch or ``logs -f``), the "connection" is a stream of a
-   shared HTTP/2 connection (``gateway.agent.h2pool``), which translates both ways, so
-   everything below holds for both protocols;
+   For a route that allows HTTP/2 (the apiserver) and a request that is not an upgrade, the
+   "connection" is a stream of a shared HTTP/2 connection (``gateway.agent.h2pool``), which
+   translates both ways, so everything below holds for both protocols;
 4. relays the response byte for byte; at its end writes EOF on the stream and returns the
    connection to the pool only if request and response were both complete and keep-alive.
    A ``101`` turns both directions into raw bytes (never pooled) with half-close carried.
@@ -64,7 +63,6 @@ from gateway.wire.http1 import (
     serialize_request_head,
 )
 from gateway.wire.identity import AUDIT_ID, REQUEST_ID_HEADER, strip_identity_headers
-from gateway.wire.requestclass import SHORT, request_class
 from gateway.wire.status import error_response
 from gateway.wire.websocket import BEARER_PROTOCOL_PREFIX
 from tunnel.errors import OpenErrorCode, OpenRefused, ResetCode, StreamError
@@ -80,7 +78,7 @@ MAX_EARLY_BYTES = 256 * 1024  # bytes buffered before the upstream is ready / be
 HEAD_TIMEOUT = 30.0
 UPGRADE_LINGER = 30.0  # after the upstream of an upgrade closed, wait this long for the peer
 
-_CONNECTION_TOKENS = {b"upgrade", b"keep-alive", b"close"}
+_CONNECTION_TOKENS = frozenset((b"upgrade", b"keep-alive", b"close"))
 _HOST = frozenset((b"host",))
 _HOST_AND_AUDIT_ID = frozenset((b"host", AUDIT_ID.lower()))
 
@@ -106,8 +104,8 @@ class Route:
     h2_ssl_context: Callable[[], ssl.SSLContext] | None = None
 
 
-def rewrite_request_head(head: RequestHead, route: Route) -> bytes:
-    """The head sent upstream (see module docstring, step 2)."""
+def rewrite_request_fields(head: RequestHead, route: Route) -> Headers:
+    """The header fields sent upstream (see module docstring, step 2)."""
     audit_id = route.audit_id
     replaced = _HOST_AND_AUDIT_ID if audit_id else _HOST
     headers: Headers = [(b"Host", route.authority)]
@@ -145,7 +143,20 @@ def rewrite_request_head(head: RequestHead, route: Route) -> bytes:
             headers += identity
             if audit_id:
                 headers.append((REQUEST_ID_HEADER, audit_id))
-    return serialize_request_head(head.method, head.target, headers, head.version)
+    return headers
+
+
+def rewrite_request(head: RequestHead, route: Route) -> tuple[RequestHead, bytes]:
+    """The request sent upstream: its head (the fields of :func:`rewrite_request_fields`, the
+    framing of ``head``) and that head's HTTP/1.1 bytes, whose serialisation checks every byte
+    for either protocol. An HTTP/2 stream takes the head as it is (no second parse)."""
+    fields = rewrite_request_fields(head, route)
+    head_bytes = serialize_request_head(head.method, head.target, fields, head.version)
+    rewritten = RequestHead(head.method, head.target, head.version, fields,
+                            [name.lower() for name, _ in fields], head.content_length,
+                            head.chunked, head.keep_alive, head.expect_continue,
+                            head.connection & _CONNECTION_TOKENS, head.upgrade)
+    return rewritten, head_bytes
 
 
 RouteFactory = Callable[[], Awaitable[Route]]
@@ -320,7 +331,7 @@ class HttpExchange:
         if route is None or self.request is None or self._closed or self.state != self.SETUP:
             return
         try:
-            head_bytes = rewrite_request_head(self.request, route)
+            rewritten, head_bytes = rewrite_request(self.request, route)
         except Exception:
             return  # the setup task meets the same problem and refuses the stream, typed
         conn = self.pool.acquire_idle(route.key, self, self._protocol(route))
@@ -330,7 +341,7 @@ class HttpExchange:
         self.conn = conn
         self._conn_reused = conn.requests > 0
         self.stream.accept()
-        self._start_request(head_bytes)
+        self._start_request(head_bytes, rewritten)
 
     def _buffer_early(self, data: bytes) -> None:
         self._early.append(data)
@@ -349,7 +360,7 @@ class HttpExchange:
                     await self._head_ready
             self._head_ready = None
             assert self.request is not None
-            head_bytes = rewrite_request_head(self.request, self.route)
+            rewritten, head_bytes = rewrite_request(self.request, self.route)
             conn = await self._acquire(self.route)
         except OpenRefused as exc:
             self._refuse(exc.code, exc.message)
@@ -380,18 +391,14 @@ class HttpExchange:
         self.conn = conn
         self._conn_reused = conn.requests > 0
         self.stream.accept()
-        self._start_request(head_bytes)
+        self._start_request(head_bytes, rewritten)
 
     def _protocol(self, route: Route) -> str:
-        """HTTP/1.1 for upgrades (WebSocket, SPDY) and routes without HTTP/2; with ``auto``,
-        HTTP/2 for the long-running requests only (watches, ``logs -f``): they are what one
-        connection each makes expensive, while a short request on a pooled keep-alive
-        HTTP/1.1 connection costs about half the CPU an HTTP/2 stream does here (0.9 against
-        1.8 s per 10k small GETs at c=16; the ``h2`` library's framing is most of the rest)."""
+        """HTTP/1.1 for upgrades (WebSocket, SPDY) and routes without HTTP/2; else the route's
+        (``auto``: every request over HTTP/2 when the server offers it, as client-go does; a
+        short request on a stream costs the agent no more CPU than on a pooled HTTP/1.1
+        connection since it has its own HTTP/2 core, ``bench agentproto``)."""
         if route.h2_ssl_context is None or self.request is None or self.request.upgrade:
-            return "h1"
-        if route.protocol == "auto" and request_class(self.request.target,
-                                                          method=self.request.method) == SHORT:
             return "h1"
         return route.protocol
 
@@ -409,7 +416,10 @@ class HttpExchange:
             self.stream.refuse(code, message)
         self.state = self.DONE
 
-    def _start_request(self, head_bytes: bytes, *, retry: bool = False) -> None:
+    def _start_request(self, head_bytes: bytes, rewritten: RequestHead | None = None, *,
+                       retry: bool = False) -> None:
+        """Send the head (``rewritten``: the same head, parsed, for an HTTP/2 stream), then the
+        body bytes held so far."""
         assert self.conn is not None and self.request is not None
         self.state = self.OPEN
         if retry:
@@ -418,7 +428,7 @@ class HttpExchange:
         self._req_done = self._req_tracker.complete
         if self._req_done and not self.request.upgrade:
             self._request_bytes = head_bytes  # body-less: can be retried on a fresh connection
-        self.conn.write(head_bytes)
+        self.conn.send_head(head_bytes, rewritten)
         early, self._early, self._early_size = self._early, [], 0
         for chunk in early:
             if self.state != self.OPEN:
@@ -485,14 +495,7 @@ class HttpExchange:
                 continue
             break
         buffered, self._resp_buf = bytes(self._resp_buf), bytearray()
-        self.response = response
-        self.response_at = time.monotonic()
-        self.status = response.status
-        # A watch or logs -f may stay open for hours: keep only the parsed flags of both heads.
-        # The request bytes were kept for one retry, which is only possible before this point.
-        self._request_bytes = None
-        self.request.headers, self.request.names = [], []
-        response.headers, response.names = [], []
+        self._took_response(response)
         if response.is_switching:
             if not self.request.upgrade:
                 self._upstream_failed("101 to a request that did not ask to upgrade")
@@ -510,6 +513,36 @@ class HttpExchange:
         if len(buffered) > end:
             self._response_body(memoryview(buffered)[end:])
         elif self._resp_tracker.complete:
+            self._response_complete()
+
+    def _took_response(self, response: ResponseHead) -> None:
+        assert self.request is not None
+        self.response = response
+        self.response_at = time.monotonic()
+        self.status = response.status
+        # A watch or logs -f may stay open for hours: keep only the parsed flags of both heads.
+        # The request bytes were kept for one retry, which is only possible before this point.
+        self._request_bytes = None
+        self.request.headers, self.request.names = [], []
+        response.headers, response.names = [], []
+
+    # An HTTP/2 stream (gateway.agent.h2pool) checks the response head and frames it and the
+    # body as HTTP/1.1 itself, and knows where the body ends (END_STREAM, or its length): what
+    # it hands over goes to the tunnel stream as it is, nothing parsed again.
+    def upstream_head(self, head_bytes: bytes, response: ResponseHead) -> None:
+        """The final response head of an HTTP/2 stream, as HTTP/1.1 bytes and parsed."""
+        if self.state == self.OPEN and self.response is None:
+            self._took_response(response)
+            self._to_stream(head_bytes)
+
+    def upstream_body(self, data: bytes | memoryview) -> None:
+        """Response body bytes of an HTTP/2 stream, framed for the tunnel stream."""
+        if self.state == self.OPEN and self.response is not None:
+            self._to_stream(data)
+
+    def upstream_end(self) -> None:
+        """The HTTP/2 stream's response is complete."""
+        if self.state == self.OPEN and self.response is not None:
             self._response_complete()
 
     def _response_body(self, data: bytes | memoryview) -> None:

@@ -3,14 +3,17 @@
 A tunnel stream carries one HTTP/1.1 exchange; when the apiserver negotiated ``h2`` the
 exchange rides as one stream of an :class:`H2Upstream` instead of holding a TLS connection of
 its own (a watch then costs a few hundred bytes of state here, not a connection). The pool
-(``gateway.agent.pool``) picks the connection; this module is the asyncio adapter around the
-``h2`` state machine and the pure translations of ``gateway.wire.h2upstream``.
+(``gateway.agent.pool``) picks the connection; this module is the asyncio adapter around our
+sans-IO client core (:class:`gateway.wire.h2client.ClientConnection`) and the pure translations
+of ``gateway.wire.h2upstream``.
 
 :class:`H2Stream` looks to :class:`gateway.agent.exchange.HttpExchange` like an
 ``UpstreamConnection``: the exchange writes the rewritten HTTP/1.1 head and then the body bytes
 as framed by the client; the stream sends HEADERS and DATA. The response comes back to the
 exchange as HTTP/1.1 bytes (a synthesised head, the body chunked when it has no length), so the
-exchange's checks and its relay to the tunnel are the same for both protocols.
+exchange's checks and its relay to the tunnel are the same for both protocols. The DATA of one
+stream that one read brought (a hundred watch events, say) is one delivery: one chunk, one
+write to the tunnel stream.
 
 Contracts:
 
@@ -19,19 +22,24 @@ Contracts:
   once the server's SETTINGS arrived.
 * Flow control is per exchange: DATA is acknowledged (WINDOW_UPDATE) only while the exchange's
   tunnel stream takes bytes; while it is paused (a slow reader at the hub) the stream's window
-  closes and the server stops sending on that stream only. The connection window is large, so
-  a paused stream never holds up the others. Request bodies are sent as the server's windows
-  allow; until then the tunnel stream is paused.
+  closes and the server stops sending on that stream only: it holds its window, no more. A
+  stream's window is 64 KiB, grown (up to ``MAX_STREAM_WINDOW``, within ``WINDOW_BUDGET`` for
+  the whole agent) only while the stream's reader keeps up with a transfer the window limits,
+  shrunk back when it is taken slowly again. The connection window is large, so a paused
+  stream never holds up the others. Request bodies are sent as the server's windows allow;
+  until then the tunnel stream is paused.
 * ``close()`` of a stream that has not ended sends RST_STREAM (CANCEL): the client went away,
   and the apiserver ends the watch or ``logs -f``.
 * GOAWAY: no new streams on that connection; streams the server says it never processed
   (above ``last_stream_id``, or reset with REFUSED_STREAM) fail at once with
   :class:`StreamRefused` (the exchange sends a body-less request again on another connection,
   else answers 503 with Retry-After); the others finish, then the connection is closed.
-* PINGs from the server are answered by ``h2``; a protocol error closes the connection and
-  fails every stream on it. A malformed response HEADERS block (``response_head``'s checks;
-  ``h2``'s own are off) fails its stream only, with a 502.
-* What ``h2`` queues is written once per event-loop turn (every ``MAX_BATCHED_HEADS`` new
+* PINGs from the server are answered by the core; a connection error (the server broke a rule
+  of RFC 9113, see ``gateway.wire.h2client``) closes the connection after its GOAWAY and fails
+  every stream on it. A malformed response (a HEADERS block ``relayed_response`` refuses, or a
+  stream rule the core enforces, e.g. DATA past the content-length) fails its stream only,
+  with a 502 if nothing of the response was relayed yet.
+* What the core queues is written once per event-loop turn (every ``MAX_BATCHED_HEADS`` new
   streams in a burst), not per frame; request fields are HPACK-encoded by
   :class:`gateway.wire.hpackfields.FieldEncoder` (no dynamic table; credentials and
   ``impersonate-*`` never indexed).
@@ -40,23 +48,30 @@ Contracts:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
-import h2.config
-import h2.connection
-import h2.errors
-import h2.events
-import h2.exceptions
-import h2.settings
-
-from gateway.wire.h2upstream import RequestBody, request_fields, response_head
-from gateway.wire.hpackfields import FieldEncoder
-from gateway.wire.http1 import HTTPError, Limits, parse_request_head
-from gateway.wire.http2 import LAST_CHUNK, chunk
+from gateway.wire.h2client import (
+    ClientConnection,
+    ConnectionTerminated,
+    DataReceived,
+    Event,
+    NoNewStreams,
+    ResponseReceived,
+    ServerProtocolError,
+    SettingsChanged,
+    StreamClosedError,
+    StreamReset,
+    TrailersReceived,
+    WindowBudget,
+    WindowUpdated,
+)
+from gateway.wire.h2server import CANCEL, NO_ERROR, REFUSED_STREAM
+from gateway.wire.h2upstream import RequestBody, relayed_response, request_fields
+from gateway.wire.http1 import HTTPError, Limits, RequestHead, ResponseHead, parse_request_head
+from gateway.wire.http2 import LAST_CHUNK
 
 log = logging.getLogger(__name__)
 
@@ -67,17 +82,27 @@ class StreamRefused(ConnectionResetError):
 
 
 class UpstreamUser(Protocol):
-    """The exchange a stream serves: the part of ``gateway.agent.pool.UpstreamUser`` a stream
-    calls (declared here because the pool imports this module, not the reverse)."""
+    """The exchange a stream serves: what a stream calls (declared here because the pool
+    imports this module, not the reverse). The response comes as its HTTP/1.1 head, bytes and
+    parsed (``upstream_head``), the body framed for the tunnel (``upstream_body``: one call per
+    read, whatever the number of DATA frames) and its end (``upstream_end``)."""
 
-    def upstream_data(self, data: memoryview) -> None: ...
+    def upstream_head(self, head_bytes: bytes, response: ResponseHead) -> None: ...
+    def upstream_body(self, data: bytes | memoryview) -> None: ...
+    def upstream_end(self) -> None: ...
     def upstream_lost(self, exc: Exception | None) -> None: ...
     def upstream_pause_writing(self) -> None: ...
     def upstream_resume_writing(self) -> None: ...
 
 # The connection window only has to stop one paused stream from blocking the others: every
-# stream's own window (the h2 default, 64 KiB) bounds what the server may send it unread.
+# stream's own window bounds what the server may send it unread. That window starts at the
+# default, 64 KiB (an idle or slow watch holds no more), and grows while a stream's reader
+# keeps up with a transfer the window limits (a large list or log: at 64 KiB a round trip, the
+# agent moved half the bytes per second it does over HTTP/1.1), up to what Go's HTTP/2 client
+# gives every stream, within one budget for the whole agent (gateway.wire.h2client).
 CONNECTION_WINDOW = 1 << 30
+MAX_STREAM_WINDOW = 4 << 20
+WINDOW_BUDGET = 64 << 20
 MAX_RESPONSE_HEADER_LIST = 256 * 1024  # as the HTTP/1.1 response head limit (exchange.py)
 # A burst of new streams (a client opening thousands of watches at once) is written every this
 # many HEADERS instead of as one write at the end of the loop turn: measured with 2,000 watches
@@ -85,42 +110,31 @@ MAX_RESPONSE_HEADER_LIST = 256 * 1024  # as the HTTP/1.1 response head limit (ex
 MAX_BATCHED_HEADS = 16
 HEAD_LIMITS = Limits(max_head_bytes=256 * 1024, max_request_line=64 * 1024,
                      max_field_line=64 * 1024, max_headers=512)
-
-
-class _Connection(h2.connection.H2Connection):
-    """``h2`` closes its connection state on any GOAWAY, after which a frame of a stream the
-    server promised to finish (up to ``last_stream_id``, RFC 9113 §6.8: a graceful shutdown of
-    the apiserver) would be a protocol error. After a GOAWAY with NO_ERROR the state stays
-    open for those streams; the agent opens no new ones (``H2Upstream.draining``)."""
-
-    def _receive_goaway_frame(self, frame: Any) -> Any:
-        state = self.state_machine.state
-        result = super()._receive_goaway_frame(frame)
-        if frame.error_code == h2.errors.ErrorCodes.NO_ERROR \
-                and state == h2.connection.ConnectionState.CLIENT_OPEN:
-            self.state_machine.state = state
-        return result
+_CRLF = b"\r\n"
+_LAST_CHUNK_AFTER_DATA = _CRLF + LAST_CHUNK  # ends a chunk and the body in one piece
 
 
 class H2Stream:
     """One exchange on an :class:`H2Upstream`: the exchange's view of an upstream connection."""
 
-    __slots__ = ("_body", "_chunked", "_end_pending", "_method", "_out", "_paused",
+    __slots__ = ("_body", "_chunked", "_end_pending", "_left", "_method", "_out", "_paused",
                  "_unacked", "_write_paused", "conn", "ended", "request_ended", "requests",
-                 "stream_id", "user")
+                 "response_ended", "stream_id", "user")
 
     def __init__(self, conn: H2Upstream, user: UpstreamUser, requests: int) -> None:
         self.conn = conn
         self.user: UpstreamUser | None = user
         self.requests = requests  # streams the connection carried before: >0 may be stale
-        self.stream_id = 0  # assigned when HEADERS go out (h2 ids must be used in order)
+        self.stream_id = 0  # assigned when HEADERS go out (ids must be used in order)
         self.ended = False  # finished, reset or failed: no more events to the user
         self.request_ended = False
+        self.response_ended = False  # the server's END_STREAM arrived
         self._method = b"GET"
         self._body: RequestBody | None = None
         self._out = bytearray()  # payload waiting for the server's flow-control window
         self._end_pending = False
         self._chunked = False
+        self._left = -1  # body bytes the response's content-length still expects (-1: none)
         self._paused = False
         self._unacked = 0
         self._write_paused = False
@@ -130,11 +144,17 @@ class H2Stream:
     def usable(self) -> bool:
         return not self.ended and self.conn.usable
 
+    def send_head(self, head_bytes: bytes, head: RequestHead | None) -> None:
+        """The request head, as HTTP/1.1 bytes and, when the exchange has it, parsed (else the
+        bytes are parsed here: a retry)."""
+        if not self.ended and self._body is None:
+            self._send_head(head_bytes, head)
+
     def write(self, data: bytes | bytearray | memoryview) -> None:
         if self.ended:
             return
         if self._body is None:
-            self._send_head(bytes(data))  # the exchange writes the whole head first, alone
+            self._send_head(bytes(data), None)  # a whole head, alone
             return
         if self.request_ended or self._end_pending:
             return  # the exchange refuses bytes past the body; nothing more goes up
@@ -179,16 +199,13 @@ class H2Stream:
             return
         self.ended = True
         self.user = None
-        self.conn.stream_closed(self, reset=not (self.request_ended and self._response_ended))
+        self.conn.stream_closed(self, reset=not (self.request_ended and self.response_ended))
 
     # --- from the connection -----------------------------------------------------------------
-    @property
-    def _response_ended(self) -> bool:
-        return self.stream_id in self.conn.remote_ended
-
-    def _send_head(self, head_bytes: bytes) -> None:
+    def _send_head(self, head_bytes: bytes, head: RequestHead | None) -> None:
         try:
-            head = parse_request_head(head_bytes, HEAD_LIMITS)
+            if head is None:
+                head = parse_request_head(head_bytes, HEAD_LIMITS)
             fields = request_fields(head)
             self._body = RequestBody(head)
         except (HTTPError, ValueError) as exc:
@@ -197,31 +214,31 @@ class H2Stream:
         self._method = head.method
         end = self._body.complete
         try:
-            self.stream_id = self.conn.send_headers(self, fields, end)
-        except h2.exceptions.H2Error as exc:
-            self.fail(exc)
+            self.stream_id = self.conn.send_headers(self, fields, end, head.method == b"HEAD")
+        except NoNewStreams as exc:  # a GOAWAY came since the pool handed this stream out
+            self.fail(StreamRefused(f"the connection takes no new stream ({exc})"))
             return
         self.request_ended = end
 
     def _flush_out(self) -> None:
         if self.ended or not self.stream_id:
             return
-        h2c = self.conn.h2
+        core = self.conn.h2
+        sid = self.stream_id
         try:
             while self._out:
-                window = min(h2c.local_flow_control_window(self.stream_id),
-                             h2c.max_outbound_frame_size)
+                window = min(core.local_flow_control_window(sid), core.max_outbound_frame_size)
                 if window <= 0:
                     break
                 piece = bytes(self._out[:window])
                 del self._out[:window]
-                h2c.send_data(self.stream_id, piece)
+                core.send_data(sid, piece)
             if not self._out and self._end_pending:
                 self._end_pending = False
-                h2c.end_stream(self.stream_id)
+                core.end_stream(sid)
                 self.request_ended = True
-        except h2.exceptions.H2Error as exc:
-            self.fail(exc)
+        except StreamClosedError as exc:  # the server reset it meanwhile
+            self.fail(ConnectionResetError(f"stream {exc} closed"))
             return
         user = self.user
         if user is None:
@@ -237,27 +254,75 @@ class H2Stream:
         if self._out or self._end_pending:
             self._flush_out()
 
-    def response(self, fields: list[tuple[bytes, bytes]]) -> None:
+    def response(self, event: ResponseReceived) -> None:
         try:
-            head, self._chunked = response_head(fields, self._method)
+            head_bytes, head = relayed_response(event.headers, self._method)
         except HTTPError as exc:
             self.fail(exc)
             return
-        self._deliver(head)
+        user = self.user
+        if user is None:
+            return
+        self._chunked = head.chunked
+        user.upstream_head(head_bytes, head)
+        if head.chunked:
+            if event.stream_ended:
+                self._end(LAST_CHUNK)
+            return
+        # A body of known length (none at all without content) ends with its last byte: the
+        # server's END_STREAM may come in a frame of its own later (Go's does that).
+        if head.status < 200 or head.status in (204, 304) or self._method == b"HEAD":
+            self._left = 0
+        elif head.content_length is not None:
+            self._left = head.content_length
+        if event.stream_ended or self._left == 0:
+            self._end(b"")
 
-    def data(self, payload: bytes, flow_controlled: int) -> None:
-        if payload:
-            self._deliver(chunk(payload) if self._chunked else payload)
-        if self.ended:
-            self.conn.acknowledge(self.stream_id, flow_controlled)
-        elif self._paused:
-            self._unacked += flow_controlled  # acknowledged when the tunnel takes bytes again
-        else:
-            self.conn.acknowledge(self.stream_id, flow_controlled)
-
-    def remote_ended(self) -> None:
+    def data(self, event: DataReceived) -> None:
+        """The payload of the DATA frames of one read: one delivery (one chunk)."""
+        pieces = event.pieces
+        ended = event.stream_ended
         if self._chunked:
-            self._deliver(LAST_CHUNK)
+            if pieces:
+                n = sum(map(len, pieces)) if len(pieces) > 1 else len(pieces[0])
+                framed = b"".join((b"%x\r\n" % n, *pieces,
+                                   _LAST_CHUNK_AFTER_DATA if ended else _CRLF))
+                self._relay(framed, ended)
+            elif ended:
+                self._end(LAST_CHUNK)
+        elif pieces:
+            body = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+            if self._left > 0:  # the core refuses DATA past the content-length
+                self._left -= len(body)
+            self._relay(body, ended or self._left == 0)
+        elif ended:
+            self._end(b"")
+        flow = event.flow_controlled_length
+        if not flow:
+            return
+        if self._paused and not self.ended:
+            self._unacked += flow  # acknowledged when the tunnel takes bytes again
+        else:
+            self.conn.acknowledge(self.stream_id, flow)
+
+    def trailers(self) -> None:
+        self._end(LAST_CHUNK if self._chunked else b"")
+
+    def _relay(self, data: bytes | memoryview, end: bool) -> None:
+        user = self.user
+        if user is not None:
+            user.upstream_body(data)
+            if end:
+                self._end(b"")
+
+    def _end(self, last: bytes) -> None:
+        """The response is complete (``last``: its final bytes, the last chunk)."""
+        self.response_ended = True
+        user = self.user
+        if user is not None:
+            if last:
+                user.upstream_body(last)
+            user.upstream_end()
 
     def fail(self, exc: Exception | None) -> None:
         """The stream cannot go on (reset by the server, connection lost, a protocol error)."""
@@ -269,33 +334,18 @@ class H2Stream:
         if user is not None:
             self.conn.loop.call_soon(user.upstream_lost, exc)
 
-    def _deliver(self, data: bytes) -> None:
-        if self.user is not None:
-            with memoryview(data) as view:
-                self.user.upstream_data(view)
-
 
 class H2Upstream(asyncio.Protocol):
     """One HTTP/2 connection to the apiserver and the exchanges it carries."""
 
-    def __init__(self, max_streams: int, on_change: Callable[[H2Upstream], None]) -> None:
+    def __init__(self, max_streams: int, on_change: Callable[[H2Upstream], None],
+                 window_budget: WindowBudget | None = None) -> None:
         self.max_streams = max_streams
         self.on_change = on_change  # the pool: the connection became idle or was lost
-        # h2's header pipelines (generator chains over every field, both ways) are off: the
-        # request fields come from our own parser and request_fields (lower-case tokens, no
-        # control characters, no connection-specific fields), and response_head checks the
-        # response's fields itself. FieldEncoder replaces hpack's encoder (see there).
-        config = h2.config.H2Configuration(
-            client_side=True, header_encoding=None,
-            validate_outbound_headers=False, normalize_outbound_headers=False,
-            validate_inbound_headers=False, normalize_inbound_headers=False)
-        self.h2 = _Connection(config=config)
-        # h2 only calls encode(headers) on it: ours writes the fields h2's would, faster.
-        self.h2.encoder = FieldEncoder()  # type: ignore[assignment]
-        self.h2.local_settings = h2.settings.Settings(client=True, initial_values={
-            h2.settings.SettingCodes.ENABLE_PUSH: 0,
-            h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: MAX_RESPONSE_HEADER_LIST,
-        })
+        self.h2 = ClientConnection(max_header_list_size=MAX_RESPONSE_HEADER_LIST,
+                                   connection_window=CONNECTION_WINDOW,
+                                   max_stream_window=MAX_STREAM_WINDOW,
+                                   window_budget=window_budget)
         self.transport: asyncio.Transport | None = None
         self.alpn: str | None = None
         # Kept: asyncio.get_running_loop() costs a getpid() system call each time.
@@ -303,7 +353,6 @@ class H2Upstream(asyncio.Protocol):
         self.ready: asyncio.Future[None] = self.loop.create_future()
         self.handles: set[H2Stream] = set()  # streams handed out, sent or not yet
         self.by_id: dict[int, H2Stream] = {}
-        self.remote_ended: set[int] = set()
         self.draining = False  # GOAWAY received (or sent): no new streams
         self.lost = False
         self.opened = 0  # streams ever opened (observability; staleness of a stream)
@@ -318,22 +367,20 @@ class H2Upstream(asyncio.Protocol):
 
     @property
     def stream_limit(self) -> int:
-        return min(self.max_streams, self.h2.remote_settings.max_concurrent_streams)
+        return min(self.max_streams, self.h2.peer_max_concurrent_streams)
 
     @property
     def has_room(self) -> bool:
         if not self.ready.done() or self.draining or not self.usable:
             return False
-        limit = self.stream_limit
-        if len(self.handles) >= limit:
+        if len(self.handles) >= self.stream_limit:
             return False
-        # h2 also counts streams we are done with whose END_STREAM has not arrived yet. Its
-        # count walks every stream; its dict (open streams and closed ones not yet pruned)
-        # bounds it from above and answers the common case.
+        # The server also counts streams we are done with whose END_STREAM has not arrived
+        # yet (the core keeps them), and ids run out after 2^30 streams.
         unsent = len(self.handles) - len(self.by_id)
-        if len(self.h2.streams) + unsent < limit:
-            return True
-        return self.h2.open_outbound_streams + unsent < limit
+        core = self.h2
+        return (len(core.streams) + unsent < core.peer_max_concurrent_streams
+                and core.next_stream_id + 2 * unsent < 2**31)
 
     def open_stream(self, user: UpstreamUser) -> H2Stream:
         stream = H2Stream(self, user, self.opened)
@@ -348,19 +395,32 @@ class H2Upstream(asyncio.Protocol):
         self.alpn = ssl_object.selected_alpn_protocol() if ssl_object is not None else None
         if self.alpn != "h2":
             return  # the pool closes it and speaks HTTP/1.1 instead
-        self.h2.initiate_connection()
-        self.h2.increment_flow_control_window(CONNECTION_WINDOW - 65535)
+        self.h2.initiate()
         self.flush()
 
     def data_received(self, data: bytes) -> None:
         try:
             events = self.h2.receive_data(data)
-        except h2.exceptions.ProtocolError as exc:
+        except ServerProtocolError as exc:
             log.warning("HTTP/2 protocol error from the apiserver, closing: %s", exc)
-            self.abort(exc)  # after writing the GOAWAY h2 queued
+            self.abort(exc)  # after writing the GOAWAY the core queued
             return
+        by_id = self.by_id
         for event in events:
-            self._event(event)
+            cls = type(event)
+            if cls is DataReceived:
+                assert isinstance(event, DataReceived)
+                stream = by_id.get(event.stream_id)
+                if stream is not None:
+                    stream.data(event)
+                else:  # a stream the exchange is done with: its window goes back at once
+                    self.acknowledge(event.stream_id, event.flow_controlled_length)
+            elif cls is ResponseReceived:
+                assert isinstance(event, ResponseReceived)
+                if (stream := by_id.get(event.stream_id)) is not None:
+                    stream.response(event)
+            else:
+                self._event(event)
         self.flush()
 
     def eof_received(self) -> bool | None:
@@ -369,6 +429,7 @@ class H2Upstream(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
         self.draining = True
+        self.h2.connection_lost()
         if not self.ready.done():
             self.ready.set_exception(ConnectionError("the apiserver closed the connection"))
             self.ready.exception()  # retrieved: the pool may not be waiting any more
@@ -377,56 +438,48 @@ class H2Upstream(asyncio.Protocol):
         self.on_change(self)
 
     # --- events --------------------------------------------------------------------------------
-    def _event(self, event: Any) -> None:
-        if isinstance(event, h2.events.DataReceived):
-            stream = self.by_id.get(event.stream_id)
-            if stream is not None:
-                stream.data(event.data, event.flow_controlled_length)
-            else:
-                self.acknowledge(event.stream_id, event.flow_controlled_length)
-        elif isinstance(event, h2.events.ResponseReceived):
+    def _event(self, event: Event) -> None:
+        if isinstance(event, TrailersReceived):
             if (stream := self.by_id.get(event.stream_id)) is not None:
-                stream.response(event.headers)
-        elif isinstance(event, h2.events.StreamEnded):
-            self.remote_ended.add(event.stream_id)
+                stream.trailers()
+        elif isinstance(event, StreamReset):
             if (stream := self.by_id.get(event.stream_id)) is not None:
-                stream.remote_ended()
-        elif isinstance(event, h2.events.StreamReset):
-            if (stream := self.by_id.get(event.stream_id)) is not None:
-                refused = event.error_code == h2.errors.ErrorCodes.REFUSED_STREAM
+                refused = event.remote_reset and event.error_code == REFUSED_STREAM
+                reason = "reset the stream" if event.remote_reset else "broke a stream rule"
                 stream.fail((StreamRefused if refused else ConnectionResetError)(
-                    f"the apiserver reset the stream ({event.error_code!r})"))
-        elif isinstance(event, h2.events.WindowUpdated):
-            targets = list(self.by_id.values()) if event.stream_id == 0 else \
-                [s for s in (self.by_id.get(event.stream_id),) if s is not None]
-            for stream in targets:
+                    f"the apiserver {reason} (error code {event.error_code})"))
+        elif isinstance(event, WindowUpdated):
+            if event.stream_id == 0:
+                for stream in list(self.by_id.values()):
+                    stream.window_opened()
+            elif (stream := self.by_id.get(event.stream_id)) is not None:
                 stream.window_opened()
-        elif isinstance(event, h2.events.RemoteSettingsChanged):
+        elif isinstance(event, SettingsChanged):
             if not self.ready.done():
                 self.ready.set_result(None)
-        elif isinstance(event, h2.events.ConnectionTerminated):
-            self._goaway(event.error_code, event.last_stream_id)
-        # Pings are answered by h2; 1xx heads, trailers and settings ACKs need nothing here.
+        elif isinstance(event, ConnectionTerminated):
+            self._goaway(event)
+        # PINGs are answered by the core; interim (1xx) heads, ACKs and ignored frames need
+        # nothing here.
 
-    def _goaway(self, error_code: Any, last_stream_id: int | None) -> None:
+    def _goaway(self, event: ConnectionTerminated) -> None:
         self.draining = True
-        log.info("apiserver sent GOAWAY (%r, last stream %s): new requests use another "
-                 "connection", error_code, last_stream_id)
-        last = last_stream_id if last_stream_id is not None else 0
+        log.info("apiserver sent GOAWAY (error code %d, last stream %d): new requests use "
+                 "another connection", event.error_code, event.last_stream_id)
+        last = event.last_stream_id
         for stream in list(self.handles):
             if stream.stream_id > last or not stream.stream_id:
                 stream.fail(StreamRefused("the apiserver refused the stream (GOAWAY)"))
-        if error_code != h2.errors.ErrorCodes.NO_ERROR or not self.handles:
+        if event.error_code != NO_ERROR or not self.handles:
             self.abort(None)
         self.on_change(self)
 
     # --- used by streams -----------------------------------------------------------------------
     def send_headers(self, stream: H2Stream, fields: list[tuple[bytes, bytes]],
-                     end: bool) -> int:
+                     end: bool, head_request: bool) -> int:
         if self.draining or not self.usable:
-            raise h2.exceptions.ProtocolError("the connection is closing")
-        stream_id: int = self.h2.get_next_available_stream_id()
-        self.h2.send_headers(stream_id, fields, end_stream=end)
+            raise NoNewStreams("the connection is closing")
+        stream_id = self.h2.send_headers(fields, end, head_request=head_request)
         self.by_id[stream_id] = stream
         self._unflushed_heads += 1
         if self._unflushed_heads >= MAX_BATCHED_HEADS:
@@ -437,21 +490,18 @@ class H2Upstream(asyncio.Protocol):
 
     def acknowledge(self, stream_id: int, size: int) -> None:
         if size and stream_id and not self.lost:
-            with contextlib.suppress(h2.exceptions.H2Error):
-                self.h2.acknowledge_received_data(size, stream_id)
+            self.h2.acknowledge_received_data(size, stream_id)
 
     def stream_closed(self, stream: H2Stream, *, reset: bool) -> None:
         self.handles.discard(stream)
         sid = stream.stream_id
         if sid:
             self.by_id.pop(sid, None)
-            self.remote_ended.discard(sid)
             if stream._unacked:
                 self.acknowledge(sid, stream._unacked)
                 stream._unacked = 0
             if reset and not self.lost:
-                with contextlib.suppress(h2.exceptions.H2Error):
-                    self.h2.reset_stream(sid, h2.errors.ErrorCodes.CANCEL)
+                self.h2.reset_stream(sid, CANCEL)
         self.flush()
         if not self.handles:
             self.idle_since = time.monotonic()
@@ -461,10 +511,11 @@ class H2Upstream(asyncio.Protocol):
                 self.on_change(self)
 
     def flush(self) -> None:
-        """Write what ``h2`` queued at the end of this event-loop turn: the frames of every
+        """Write what the core queued at the end of this event-loop turn: the frames of every
         stream in the turn (HEADERS, DATA, WINDOW_UPDATE, RST_STREAM of many exchanges) go out
-        as one TLS write, not one each (at most ``MAX_BATCHED_HEADS`` new streams per write)."""
-        if self._flush_handle is None and not self.lost:
+        as one TLS write, not one each (at most ``MAX_BATCHED_HEADS`` new streams per write).
+        Nothing queued (most reads of a watch: its WINDOW_UPDATEs are batched), nothing to do."""
+        if self._flush_handle is None and not self.lost and self.h2.has_data_to_send:
             self._flush_handle = self.loop.call_soon(self._write_now)
 
     def _write_now(self) -> None:
@@ -480,8 +531,7 @@ class H2Upstream(asyncio.Protocol):
     def close(self) -> None:
         """Graceful: GOAWAY, then close (streams still open fail)."""
         if self.usable and self.alpn == "h2":
-            with contextlib.suppress(h2.exceptions.H2Error):
-                self.h2.close_connection()
+            self.h2.close_connection()
         self.abort(None)
 
     def abort(self, exc: Exception | None) -> None:

@@ -35,7 +35,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from gateway.agent.config import AgentConfig
-from gateway.agent.h2pool import H2Stream, H2Upstream
+from gateway.agent.h2pool import WINDOW_BUDGET, H2Stream, H2Upstream
+from gateway.agent.h2pool import UpstreamUser as H2StreamUser
+from gateway.wire.h2client import WindowBudget
+from gateway.wire.http1 import RequestHead
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +67,9 @@ class UpstreamKey:
     tls: bool
 
 
-class UpstreamUser(Protocol):
-    """Whoever currently owns a connection (one exchange at a time).
+class UpstreamUser(H2StreamUser, Protocol):
+    """Whoever currently owns a connection (one exchange at a time), or an HTTP/2 stream (what
+    a stream calls: :class:`gateway.agent.h2pool.UpstreamUser`).
 
     ``upstream_data`` gets a view of the pool's shared read buffer: valid only during the call
     (copy what must outlive it; the tunnel stream's ``write`` copies).
@@ -73,9 +77,6 @@ class UpstreamUser(Protocol):
 
     def upstream_data(self, data: memoryview) -> None: ...
     def upstream_eof(self) -> None: ...
-    def upstream_lost(self, exc: Exception | None) -> None: ...
-    def upstream_pause_writing(self) -> None: ...
-    def upstream_resume_writing(self) -> None: ...
 
 
 READ_BUFFER_SIZE = 256 * 1024
@@ -142,6 +143,10 @@ class UpstreamConnection(asyncio.BufferedProtocol):
     def usable(self) -> bool:
         return not self.lost and self.transport is not None and not self.transport.is_closing()
 
+    def send_head(self, head_bytes: bytes, head: RequestHead | None) -> None:
+        """The request head (its bytes; ``head``, the same parsed, is for HTTP/2 streams)."""
+        self.write(head_bytes)
+
     def write(self, data: bytes | bytearray | memoryview) -> None:
         if self.usable:
             assert self.transport is not None
@@ -196,6 +201,8 @@ class UpstreamPool:
         self._h2: dict[UpstreamKey, list[H2Upstream]] = {}
         self._h2_dials: dict[UpstreamKey, asyncio.Future[None]] = {}
         self._h1_only: set[UpstreamKey] = set()  # servers that chose http/1.1
+        # What the HTTP/2 connections' grown stream windows may hold, all together.
+        self.h2_window_budget = WindowBudget(WINDOW_BUDGET)
         self.protocol_dials: Counter[str] = Counter()  # new connections by protocol
         self.max_idle_per_key = max_idle_per_key
         self.idle_timeout = idle_timeout
@@ -322,7 +329,7 @@ class UpstreamPool:
     async def _dial_h2(self, key: UpstreamKey, context: ssl.SSLContext) -> H2Upstream | None:
         """A ready HTTP/2 connection (the server's SETTINGS arrived), or None if the server
         chose another protocol in ALPN (that connection is closed)."""
-        conn = H2Upstream(self.h2_max_streams, self._h2_changed)
+        conn = H2Upstream(self.h2_max_streams, self._h2_changed, self.h2_window_budget)
         await self._connect(key, context, conn)
         if conn.alpn != "h2":
             conn.abort(None)

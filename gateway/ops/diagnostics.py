@@ -16,8 +16,8 @@ including what libraries log. Two layers, because neither alone is enough:
    fields in JSON, Python reprs, headers and query strings, and -- whole -- any message that
    carries a TokenReview/SubjectAccessReview/TokenRequest body.
 
-HPACK (HTTP/2 header compression, the ``hpack`` library under ``h2``) logs every header field it
-encodes or decodes at DEBUG, the bearer token and the agent's own credential included, some
+HPACK (HTTP/2 header compression, the ``hpack`` library, which ``h2`` uses) logs every header
+field it encodes or decodes at DEBUG, the bearer token and the agent's own credential included, some
 thirty calls per request. Pinning its loggers is not enough there: even refused, those calls
 were a quarter of the HPACK time of each HTTP/2 request, so their ``debug`` does nothing at all
 (:data:`MUTED_DEBUG_LOGGERS`).

@@ -1,10 +1,11 @@
 """The server side of one HTTP/2 connection (RFC 9113), sans-IO: bytes in, events out; calls
 in, bytes out. The front door (:mod:`gateway.hub.frontdoor_h2`) is its only user.
 
-Why not the ``h2`` library, which the agent still uses as a client (:mod:`gateway.agent.h2pool`):
-with its validation off, its logging muted and our encoder, ``h2`` still cost about 48 µs to
-receive one small request and send its response: frame objects, flag sets, two state machines
-per stream, events with a dozen attributes, all pure Python. That is half of what the gateway
+Why not the ``h2`` library (the agent's client side has its own core too,
+:mod:`gateway.wire.h2client`, which shares this module's frame constants and budgets): with its
+validation off, its logging muted and our encoder, ``h2`` still cost about 48 µs to receive
+one small request and send its response: frame objects, flag sets, two state machines per
+stream, events with a dozen attributes, all pure Python. That is half of what the gateway
 spends on a whole HTTP/1.1 request, and it is what kept 16 streams on one HTTP/2 connection
 slower than 16 HTTP/1.1 connections. A server that only answers (no push, no priorities, no
 client role) needs a small part of that machinery; this module is that part, and it costs a

@@ -4,7 +4,7 @@ The agent's side of HTTP/2 (``gateway.agent.h2pool``), the reverse of ``gateway.
 a tunnel stream carries one HTTP/1.1 exchange, already rewritten by the agent (its credential
 and the impersonation headers are in the head), and the agent sends it to a kube-apiserver that
 negotiated ``h2``. Three pure translations, no frames and no sockets (framing, HPACK and flow
-control are the ``h2`` library's):
+control are :mod:`gateway.wire.h2client`'s):
 
 * :func:`request_fields` turns the rewritten :class:`RequestHead` into an HTTP/2 header list:
   ``:method``, ``:scheme`` (https), ``:authority`` (from ``Host``), ``:path``, then the fields
@@ -16,12 +16,12 @@ control are the ``h2`` library's):
   (``Content-Length`` bytes as they are; ``chunked`` de-chunked by the one de-chunker,
   :class:`gateway.wire.http1.ChunkedBody`), and says when it has ended.
 * :func:`response_head` turns the response's HEADERS block into an HTTP/1.1 response head,
-  checking it itself (``h2``'s own inbound validation is off: it cost more than the rest of
-  the response path): the block must be well-formed HTTP/2 (RFC 9113 §8.3.2 and §8.2) and
-  every byte of it must be safe in an HTTP/1.1 head. Without a ``Content-Length`` (a watch,
-  ``logs -f``, a large list) the body is sent chunked: :func:`gateway.wire.http2.chunk` per
-  DATA frame, :data:`gateway.wire.http2.LAST_CHUNK` at the end of the stream. Responses that
-  have no body (HEAD, 1xx, 204, 304) are never chunked.
+  checking it itself (the client core checks frames and stream states, not fields): the block
+  must be well-formed HTTP/2 (RFC 9113 §8.3.2 and §8.2) and every byte of it must be safe in
+  an HTTP/1.1 head. Without a ``Content-Length`` (a watch, ``logs -f``, a large list) the body
+  is sent chunked: one chunk for the DATA of a stream that one read brought
+  (``gateway.agent.h2pool``), :data:`gateway.wire.http2.LAST_CHUNK` at the end of the stream.
+  Responses that have no body (HEAD, 1xx, 204, 304) are never chunked.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from gateway.wire.http1 import (
     HTTPError,
     NoBody,
     RequestHead,
+    ResponseHead,
     serialize_response_head,
 )
 from gateway.wire.http2 import CONNECTION_SPECIFIC, LOWER_TCHAR
@@ -108,18 +109,28 @@ class RequestBody:
 
 
 def response_head(fields: Headers, request_method: bytes) -> tuple[bytes, bool]:
-    """(HTTP/1.1 response head, whether its body must be sent chunked) for a HEADERS block.
+    """(HTTP/1.1 response head, whether its body must be sent chunked) for a HEADERS block:
+    :func:`relayed_response`'s bytes and framing."""
+    head_bytes, head = relayed_response(fields, request_method)
+    return head_bytes, head.chunked
 
-    ``fields`` as ``h2`` decodes them, unchecked (its inbound validation is off): raises
-    ``HTTPError`` (502) unless ``:status`` comes first, once, as three digits, with no other
-    pseudo-header; names are lower-case tokens (RFC 9113 §8.2.1); no connection-specific field
-    (§8.2.2); no value holds a control character (CR, LF and NUL could split the HTTP/1.1 head
-    this becomes). Surrounding whitespace in a value is left to the HTTP/1.1 parser, which
-    strips it as optional whitespace.
+
+def relayed_response(fields: Headers, request_method: bytes) -> tuple[bytes, ResponseHead]:
+    """The HTTP/1.1 response head for a HEADERS block, as bytes and parsed (what
+    ``gateway.wire.http1.parse_response_head`` would make of those bytes, its fields left
+    out: ``chunked`` when the body must be sent chunked, ``content_length`` when the block
+    declares one).
+
+    ``fields`` as the client core decodes them, unchecked: raises ``HTTPError`` (502) unless
+    ``:status`` comes first, once, as three digits, with no other pseudo-header; names are
+    lower-case tokens (RFC 9113 §8.2.1); no connection-specific field (§8.2.2); at most one
+    ``content-length``, plain digits; no value holds a control character (CR, LF and NUL could
+    split the HTTP/1.1 head this becomes). Surrounding whitespace in a value is left to the
+    HTTP/1.1 parser, which strips it as optional whitespace.
     """
     status_value: bytes | None = None
     headers: Headers = []
-    has_length = False
+    length: bytes | None = None
     for name, value in fields:
         if name[:1] == b":":
             if name != b":status" or status_value is not None or headers:
@@ -129,7 +140,9 @@ def response_head(fields: Headers, request_method: bytes) -> tuple[bytes, bool]:
         if name in CONNECTION_SPECIFIC:
             raise HTTPError("upstream sent a connection-specific field over HTTP/2", 502)
         if name == b"content-length":
-            has_length = True
+            if length is not None:
+                raise HTTPError("upstream sent more than one content-length", 502)
+            length = value
         headers.append((name, value))
     if status_value is None or len(status_value) != 3 or status_value.translate(None, _DIGITS) \
             or status_value[:1] == b"0":
@@ -137,13 +150,20 @@ def response_head(fields: Headers, request_method: bytes) -> tuple[bytes, bool]:
     names = [name for name, _ in headers]
     if not all(names) or b"".join(names).translate(None, LOWER_TCHAR):
         raise HTTPError("upstream sent a field name that is not a lower-case token", 502)
+    content_length = None
+    if length is not None:
+        digits = length.strip(b" \t")
+        if not digits or digits.translate(None, _DIGITS) or len(digits) > 18:
+            raise HTTPError("upstream sent an invalid content-length", 502)
+        content_length = int(digits)
     status = int(status_value)
     bodiless = status < 200 or status in (204, 304) or request_method == b"HEAD"
-    chunked = not bodiless and not has_length
+    chunked = not bodiless and length is None
     if chunked:
         headers.append((b"transfer-encoding", b"chunked"))
+    reason = _REASONS.get(status, b"Unknown")
     try:  # checks every value for control characters (and the names again, as tokens)
-        head = serialize_response_head(status, _REASONS.get(status, b"Unknown"), headers)
+        head_bytes = serialize_response_head(status, reason, headers)
     except ValueError:
         raise HTTPError("upstream sent a header HTTP/1.1 cannot carry", 502) from None
-    return head, chunked
+    return head_bytes, ResponseHead(b"HTTP/1.1", status, reason, [], [], content_length, chunked)

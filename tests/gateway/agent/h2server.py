@@ -12,6 +12,9 @@ it records what it received and serves a few paths:
 * ``/refuse``: RST_STREAM (REFUSED_STREAM); ``/refuse-first``: that once per connection, then
   ``again``;
 * ``/split``: 200 with a Content-Length, END_STREAM 0.1 s after the body (Go does that);
+  ``/split-late``: the same, END_STREAM after 10 s;
+* ``/events?n=N``: 200 without a length, N small events as N DATA frames in one write;
+* ``/short``: 200 with Content-Length 10, then 5 bytes and END_STREAM;
 * ``/late``: no answer on the first connection, ``late`` on the others.
 
 Everything it saw is in :class:`H2Server` (connections, heads, bodies, resets and window
@@ -124,9 +127,16 @@ class ServerConnection(asyncio.Protocol):
                 self.respond(sid, [], b"")
                 self.pending[sid] = bytearray(b"b" * size)
                 self.send_pending(sid)
-            elif path == b"/split":  # the body, then END_STREAM in a frame of its own later
+            elif path in (b"/split", b"/split-late"):  # END_STREAM in a frame of its own later
                 self.respond(sid, [(b"content-length", b"5")], b"split")
-                asyncio.get_running_loop().call_later(0.1, self.end, sid)
+                asyncio.get_running_loop().call_later(0.1 if path == b"/split" else 10,
+                                                      self.end, sid)
+            elif path.startswith(b"/events"):
+                self.respond(sid, [], b"")
+                for i in range(int(path.partition(b"n=")[2])):
+                    self.conn.send_data(sid, b'{"n":%d}\n' % i)
+            elif path == b"/short":
+                self.respond(sid, [(b"content-length", b"10")], b"short", end=True)
             elif path == b"/late":  # not answered on the first connection (see GOAWAY)
                 if self.index:
                     self.respond(sid, [(b"content-length", b"4")], b"late", end=True)

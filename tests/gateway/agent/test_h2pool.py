@@ -33,8 +33,8 @@ from tunnel.targets import KubeAPITarget
 KUBE = KubeAPITarget()
 
 
-# h2 by default: with ``auto`` only watches and ``logs -f`` would ride HTTP/2, and these tests
-# are about the HTTP/2 path of every kind of request.
+# h2 by default (required: a server without it is refused), as these tests are about the
+# HTTP/2 path; ``auto`` (every request over HTTP/2 when the server offers it) has its own.
 async def make_agent(server: h2server.H2Server, ca_file: str, tmp_path: Path, *,
                      protocol: str = "h2", max_streams: int = 100,
                      idle_timeout: float = 30.0) -> Agent:
@@ -60,6 +60,17 @@ async def server(ca: trustme.CA) -> AsyncIterator[h2server.H2Server]:
     yield srv
     assert srv.server is not None
     srv.server.close()
+
+
+def unchunked(body: bytes) -> bytes:
+    """A chunked body's payload (the chunk-size lines are hex: they may hold a "b")."""
+    out, rest = b"", body
+    while True:
+        size_line, _, rest = rest.partition(b"\r\n")
+        size = int(size_line, 16)
+        if not size:
+            return out
+        out, rest = out + rest[:size], rest[size + 2:]
 
 
 def request(agent: Agent, path: str, *extra: str, body: bytes = b"",
@@ -186,7 +197,7 @@ async def test_a_paused_tunnel_stream_holds_only_its_own_window(
     # Another stream on the same connection moves a large body meanwhile.
     fast = request(agent, f"/big?n={size}")
     await fast.wait_done(10)
-    assert fast.response()[2].count(b"b") == size
+    assert unchunked(fast.response()[2]) == b"b" * size
     assert conn.unsent(1) == held
     slow.protocol.resume_writing()  # the reader caught up: acknowledged, the rest flows
     await slow.wait(lambda: slow.eof, 10)
@@ -342,7 +353,7 @@ async def test_a_server_that_picks_http1_gets_http1_from_then_on(
     server = await h2server.start(ca.issue_cert("127.0.0.1"), alpn=alpn)
     try:
         agent = await make_agent(server, ca_file, tmp_path, protocol="auto")
-        # A watch is what auto sends over HTTP/2: it probes, and the server picks http/1.1.
+        # The first request probes (its dial offers h2), and the server picks http/1.1.
         for path in ("/api/v1/pods?watch=1", "/small", "/api/v1/pods?watch=1"):
             stream = request(agent, path)
             await stream.wait_done()
@@ -391,6 +402,21 @@ async def test_an_idle_h2_connection_is_closed_after_the_idle_timeout(
     agent.pool.close()
 
 
+async def test_auto_sends_short_requests_and_watches_over_one_h2_connection(
+        server: h2server.H2Server, ca_file: str, tmp_path: Path) -> None:
+    agent = await make_agent(server, ca_file, tmp_path, protocol="auto")
+    watch = request(agent, "/watch")
+    await watch.wait(lambda: b'{"n":0}' in watch.received)
+    for _ in range(3):
+        small = request(agent, "/small")
+        await small.wait_done()
+        assert small.response() == (200, {"content-length": "5"}, b"small")
+    assert len(server.connections) == 1 and not server.h1_requests
+    assert agent.pool.protocol_dials == {"h2": 1}
+    watch.client_reset()
+    agent.pool.close()
+
+
 def test_metrics_show_protocols_connections_and_streams() -> None:
     agent: Any = Agent(cluster="c1", policy=FakePolicy(("127.0.0.1", 1), {}), kube=None)
     agent.pool.protocol_dials.update({"h1": 2, "h2": 3})
@@ -399,3 +425,80 @@ def test_metrics_show_protocols_connections_and_streams() -> None:
     assert 'hubproxy_agent_upstream_protocol_dials_total{protocol="h1"} 2' in text
     assert "hubproxy_agent_upstream_h2_streams 0" in text
     assert 'hubproxy_agent_upstream_h2_streams_max{of="limit"} 100' in text
+
+
+async def test_the_data_frames_of_one_read_reach_the_tunnel_as_one_chunk(
+        server: h2server.H2Server, ca_file: str, tmp_path: Path) -> None:
+    # 50 watch events, 50 DATA frames written at once: one chunk, one write to the tunnel
+    # stream (they were 50 of each).
+    agent = await make_agent(server, ca_file, tmp_path)
+    stream = request(agent, "/events?n=50")
+    writes: list[bytes] = []
+    original = stream.write
+
+    def counting_write(data: bytes | bytearray | memoryview) -> None:
+        writes.append(bytes(data))
+        original(data)
+
+    stream.write = counting_write  # type: ignore[method-assign]
+    events = b"".join(b'{"n":%d}\n' % i for i in range(50))
+    await stream.wait(lambda: events in bytes(stream.received))
+    head, body = writes[0], b"".join(writes[1:])
+    assert head.startswith(b"HTTP/1.1 200 ") and head.endswith(b"\r\n\r\n")
+    assert writes[1:] == [b"%x\r\n" % len(events) + events + b"\r\n"]
+    assert body.count(b"\r\n") == 2
+    stream.client_reset()
+    agent.pool.close()
+
+
+async def test_a_body_of_known_length_completes_before_the_servers_end_stream(
+        server: h2server.H2Server, ca_file: str, tmp_path: Path) -> None:
+    agent = await make_agent(server, ca_file, tmp_path)
+    stream = request(agent, "/split-late")  # END_STREAM only 10 s after the body
+    await stream.wait_done(2)
+    assert stream.response() == (200, {"content-length": "5"}, b"split")
+    agent.pool.close()
+
+
+async def test_a_body_shorter_than_its_content_length_resets_the_tunnel_stream(
+        server: h2server.H2Server, ca_file: str, tmp_path: Path) -> None:
+    # The core's rule (RFC 9113 §8.1.1): END_STREAM short of the content-length is a stream
+    # error; the head already went to the client, so the tunnel stream is reset, not ended.
+    agent = await make_agent(server, ca_file, tmp_path)
+    stream = request(agent, "/short")
+    await stream.wait_done()
+    assert stream.reset_code is not None and not stream.eof
+    small = request(agent, "/small")  # the connection goes on
+    await small.wait_done()
+    assert small.response()[2] == b"small" and len(server.h2_connections) == 1
+    agent.pool.close()
+
+
+async def test_a_large_body_grows_its_stream_window_and_gives_the_growth_back(
+        server: h2server.H2Server, ca_file: str, tmp_path: Path) -> None:
+    # At 64 KiB a round trip the window, not the reader, limits a large list or log: the
+    # stream's window grows while the tunnel takes the bytes, and the budget is whole again
+    # once the stream ended.
+    agent = await make_agent(server, ca_file, tmp_path)
+    size = 3_000_000
+    stream = request(agent, f"/big?n={size}")
+    await stream.wait_done(20)
+    assert unchunked(stream.response()[2]) == b"b" * size
+    given = server.window_updates[(0, 1)]
+    assert given > size  # more credit than bytes taken: the window grew
+    assert agent.pool.h2_window_budget.used == 0
+    agent.pool.close()
+
+
+async def test_a_connection_lost_during_a_large_body_gives_its_growth_back(
+        server: h2server.H2Server, ca_file: str, tmp_path: Path) -> None:
+    # Grown windows are shared by the agent's connections: one lost with a transfer under way
+    # must not keep its share (a few apiserver restarts would leave no stream room to grow).
+    agent = await make_agent(server, ca_file, tmp_path)
+    budget = agent.pool.h2_window_budget
+    stream = request(agent, "/big?n=200000000")
+    await stream.wait(lambda: budget.used > 0, 20)
+    server.h2_connections[0].transport.abort()
+    await stream.wait_done(10)
+    assert not stream.eof and budget.used == 0
+    agent.pool.close()
