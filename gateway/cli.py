@@ -15,6 +15,7 @@ import importlib.util
 import os
 import sys
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from gateway.ops.settings import env_name
 from gateway.ops.version import version
@@ -58,6 +59,12 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
 
+def _converted(action: argparse.Action, raw: str) -> Any:
+    """``raw`` as the flag's ``type=`` reads it (argparse also allows a registered type's name,
+    a string, which our flags never use)."""
+    return action.type(raw) if callable(action.type) else raw
+
+
 def apply_environment(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
     """Turn ``HUBPROXY_*`` variables into defaults of the flags they name, recursively.
 
@@ -88,9 +95,9 @@ def apply_environment(parser: argparse.ArgumentParser, environ: Mapping[str, str
             action.default = not on if isinstance(action, argparse._StoreFalseAction) else on
         elif isinstance(action, argparse._AppendAction):
             items = [item.strip() for item in raw.split(",") if item.strip()]
-            action.default = [action.type(i) if action.type else i for i in items]
+            action.default = [_converted(action, i) for i in items]
         else:
-            action.default = action.type(raw) if action.type else raw
+            action.default = _converted(action, raw)
         action.required = False
 
 
