@@ -315,8 +315,11 @@ class AgentDialer:
         asyncio.get_running_loop().create_task(finish())
 
     async def _sleep(self, delay: float) -> None:
+        # asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a cancel that arrives
+        # in the turn the event is set.
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stopping.wait(), delay)
+            async with asyncio.timeout(delay):
+                await self._stopping.wait()
 
     async def drain(self, deadline: float) -> None:
         """Stop reconnecting; DRAIN every session and wait up to ``deadline`` for its streams."""

@@ -159,8 +159,12 @@ class DirtyKeys(Generic[K]):
             if key is not None:
                 return key
             self._wake.clear()
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for returns the event's result
+            # when a cancel arrives in the turn the event is set, so a cancelled writer kept
+            # running (the flaky hang of test_writer_needs_no_more_than_its_rbac).
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._until_due())
+                async with asyncio.timeout(self._until_due()):
+                    await self._wake.wait()
 
 
 class HubWrites:

@@ -133,7 +133,8 @@ class InstanceAnnouncer:
                                 self.namespace, self.name, _why(exc), len(self.peers))
             await asyncio.sleep(PUBLISH_GAP)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._until_due())
+                async with asyncio.timeout(self._until_due()):  # see DirtyKeys.next
+                    await self._wake.wait()
             self._wake.clear()
 
     def _until_due(self) -> float:

@@ -174,7 +174,8 @@ class AddOnConditionWriter:
         each is read again."""
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._check.wait(), self.resync_interval)
+                async with asyncio.timeout(self.resync_interval):  # see DirtyKeys.next
+                    await self._check.wait()
             self._check.clear()
             if self.listing is None:
                 continue

@@ -138,3 +138,21 @@ async def test_outcomes_and_reads_are_counted_by_resource() -> None:
                                   ["clusterprofiles", "ok", 1]]
     assert snapshot["reads"] == {"clusterprofiles": 1}
     assert snapshot["pending"] == {"clusterprofiles": 1}
+
+
+async def test_a_cancelled_wait_stays_cancelled_when_a_key_arrives_in_the_same_turn() -> None:
+    """A writer stopped while a key arrives ends. Python 3.11's wait_for returned the woken
+    wait's result instead, so the writer ran on (test_writer_needs_no_more_than_its_rbac hung
+    under load)."""
+    for turns in range(4):
+        dirty: DirtyKeys[str] = DirtyKeys()
+        dirty.mark_after("later", 60.0)  # next() waits with a timeout
+        waiter = asyncio.create_task(dirty.next())
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        dirty.mark("now")
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        if waiter.cancel():  # still waiting: the cancel must win
+            with pytest.raises(asyncio.CancelledError):
+                await waiter
