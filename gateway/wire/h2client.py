@@ -107,12 +107,12 @@ from gateway.wire.h2server import (
     FRAME_SIZE_ERROR,
     GOAWAY,
     HEADER_TABLE_SIZE,
-    HEADERS,
     INITIAL_WINDOW_SIZE,
     MAX_CONCURRENT_STREAMS,
     MAX_CONTINUATIONS,
     MAX_FRAME_SIZE,
     MAX_HEADER_LIST_SIZE,
+    MAX_SETTINGS_ENTRIES,
     MAX_WINDOW,
     NO_ERROR,
     PADDED,
@@ -127,13 +127,14 @@ from gateway.wire.h2server import (
     SETTINGS,
     STREAM_CLOSED,
     WINDOW_UPDATE,
+    Fields,
     FrameBudget,
     frame,
+    header_block_frames,
 )
 from gateway.wire.hpackdecode import Decoder, HeaderListTooLarge, HPACKDecodeError
 from gateway.wire.hpackfields import FieldEncoder
 
-MAX_SETTINGS_ENTRIES = 100  # per SETTINGS frame; a handful of settings are defined
 MAX_STREAM_ID = 2**31 - 1
 # Receive-window auto-tuning (see the module docstring). Half a window taken this soon after
 # the last update means the window limits the transfer (loopback or in-cluster round trips are
@@ -147,8 +148,6 @@ _SETTING = struct.Struct(">HL")
 _unpack_head = _FRAME_HEAD.unpack_from
 _pack_head = _FRAME_HEAD.pack
 _SELF_DEPENDENT = 0x100  # not a wire flag: HEADERS whose priority names its own stream
-
-Fields = list[tuple[bytes, bytes]]
 
 
 # --- events -----------------------------------------------------------------------------------
@@ -905,17 +904,8 @@ class ClientConnection:
             raise NoNewStreams("no new stream on this connection")
         stream_id = self.next_stream_id
         self.next_stream_id += 2
-        block = self.encoder.encode(fields)
-        size = self.max_outbound_frame_size
-        flags = END_STREAM if end_stream else 0
-        if len(block) <= size:
-            self._out.append(frame(HEADERS, flags | END_HEADERS, stream_id, block))
-        else:
-            pieces = [block[i:i + size] for i in range(0, len(block), size)]
-            self._out.append(frame(HEADERS, flags, stream_id, pieces[0]))
-            for piece in pieces[1:-1]:
-                self._out.append(frame(CONTINUATION, 0, stream_id, piece))
-            self._out.append(frame(CONTINUATION, END_HEADERS, stream_id, pieces[-1]))
+        self._out.extend(header_block_frames(stream_id, self.encoder.encode(fields),
+                                             self.max_outbound_frame_size, end_stream))
         self.streams[stream_id] = _Stream(self._peer_initial_window, self._initial_window,
                                           not end_stream, head_request, self._clock())
         return stream_id

@@ -111,6 +111,19 @@ def frame(ftype: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes
     return _pack_head(n >> 16, n & 0xFFFF, ftype, flags, stream_id) + payload
 
 
+def header_block_frames(stream_id: int, block: bytes, max_frame_size: int,
+                        end_stream: bool) -> list[bytes]:
+    """A header block as HEADERS, then CONTINUATION frames past ``max_frame_size`` (both
+    ends send their heads this way)."""
+    flags = END_STREAM if end_stream else 0
+    if len(block) <= max_frame_size:
+        return [frame(HEADERS, flags | END_HEADERS, stream_id, block)]
+    pieces = [block[i:i + max_frame_size] for i in range(0, len(block), max_frame_size)]
+    return ([frame(HEADERS, flags, stream_id, pieces[0])]
+            + [frame(CONTINUATION, 0, stream_id, piece) for piece in pieces[1:-1]]
+            + [frame(CONTINUATION, END_HEADERS, stream_id, pieces[-1])])
+
+
 class FrameBudget:
     """A token bucket: ``spend()`` is False once the peer went past ``burst`` + ``rate``/s."""
 
@@ -715,17 +728,8 @@ class ServerConnection:
                      end_stream: bool = False) -> None:
         """Queue a header block (split into CONTINUATION frames past the client's frame size)."""
         stream = self._sending(stream_id)
-        block = self.encoder.encode(fields)
-        size = self.max_outbound_frame_size
-        flags = END_STREAM if end_stream else 0
-        if len(block) <= size:
-            self._out.append(frame(HEADERS, flags | END_HEADERS, stream_id, block))
-        else:
-            pieces = [block[i:i + size] for i in range(0, len(block), size)]
-            self._out.append(frame(HEADERS, flags, stream_id, pieces[0]))
-            for piece in pieces[1:-1]:
-                self._out.append(frame(CONTINUATION, 0, stream_id, piece))
-            self._out.append(frame(CONTINUATION, END_HEADERS, stream_id, pieces[-1]))
+        self._out.extend(header_block_frames(stream_id, self.encoder.encode(fields),
+                                             self.max_outbound_frame_size, end_stream))
         if end_stream:
             self._sent_end(stream_id, stream)
 
