@@ -38,7 +38,7 @@ from gateway.agent.config import AgentConfig
 from gateway.agent.h2pool import WINDOW_BUDGET, H2Stream, H2Upstream
 from gateway.agent.h2pool import UpstreamUser as H2StreamUser
 from gateway.wire.h2client import WindowBudget
-from gateway.wire.http1 import RequestHead
+from gateway.wire.http1 import RequestHead, serialize_request_head
 
 log = logging.getLogger(__name__)
 
@@ -143,9 +143,10 @@ class UpstreamConnection(asyncio.BufferedProtocol):
     def usable(self) -> bool:
         return not self.lost and self.transport is not None and not self.transport.is_closing()
 
-    def send_head(self, head_bytes: bytes, head: RequestHead | None) -> None:
-        """The request head (its bytes; ``head``, the same parsed, is for HTTP/2 streams)."""
-        self.write(head_bytes)
+    def send_head(self, head: RequestHead) -> None:
+        """The request head, checked (``gateway.agent.exchange.rewrite_request``), serialised
+        here: an HTTP/2 stream sends its fields and never needs these bytes."""
+        self.write(serialize_request_head(head.method, head.target, head.headers, head.version))
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         if self.usable:
