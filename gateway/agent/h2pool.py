@@ -109,6 +109,7 @@ MAX_RESPONSE_HEADER_LIST = 256 * 1024  # as the HTTP/1.1 response head limit (ex
 # many HEADERS instead of as one write at the end of the loop turn: measured with 2,000 watches
 # opened together, one large write left the agent's RSS ~0.9 KB per watch higher for good.
 MAX_BATCHED_HEADS = 16
+READ_BUFFER_SIZE = 256 * 1024  # what one read may bring (uvloop reads TLS up to 256 KiB)
 _CRLF = b"\r\n"
 _LAST_CHUNK_AFTER_DATA = _CRLF + LAST_CHUNK  # ends a chunk and the body in one piece
 
@@ -328,12 +329,22 @@ class H2Stream:
             self.conn.loop.call_soon(user.upstream_lost, exc)
 
 
-class H2Upstream(asyncio.Protocol):
-    """One HTTP/2 connection to the apiserver and the exchanges it carries."""
+class H2Upstream(asyncio.BufferedProtocol):
+    """One HTTP/2 connection to the apiserver and the exchanges it carries.
+
+    A buffered protocol, reading into ``read_buffer()`` (the pool's one buffer, shared with its
+    HTTP/1.1 connections): TLS records are decrypted straight into it and parsed in place,
+    instead of into a new bytes object per read (up to 256 KiB of a large body, allocated and
+    freed each time) that the body relay then copies again. Sharing is safe because every
+    read is handled synchronously before the next one starts: the core keeps no view of it,
+    and the body the streams relay is copied into the tunnel stream's queue (its ``write``
+    copies a view, a chunk's framing is a join)."""
 
     def __init__(self, max_streams: int, on_change: Callable[[H2Upstream], None],
-                 window_budget: WindowBudget | None = None) -> None:
+                 window_budget: WindowBudget | None = None,
+                 read_buffer: Callable[[], memoryview] | None = None) -> None:
         self.max_streams = max_streams
+        self._read_buffer = read_buffer or _OwnBuffer()
         self.on_change = on_change  # the pool: the connection became idle or was lost
         self.h2 = ClientConnection(max_header_list_size=MAX_RESPONSE_HEADER_LIST,
                                    connection_window=CONNECTION_WINDOW,
@@ -391,7 +402,15 @@ class H2Upstream(asyncio.Protocol):
         self.h2.initiate()
         self.flush()
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._read_buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        with self._read_buffer()[:nbytes] as data:
+            self.data_received(data)
+
+    def data_received(self, data: bytes | memoryview) -> None:
+        """``data``: a view valid only during the call (see the class docstring)."""
         try:
             events = self.h2.receive_data(data)
         except ServerProtocolError as exc:
@@ -533,3 +552,18 @@ class H2Upstream(asyncio.Protocol):
         self._write_now()
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
+
+
+class _OwnBuffer:
+    """A connection's own read buffer, made at its first read (a connection without a pool's:
+    tests, benchmarks)."""
+
+    __slots__ = ("_view",)
+
+    def __init__(self) -> None:
+        self._view: memoryview | None = None
+
+    def __call__(self) -> memoryview:
+        if self._view is None:
+            self._view = memoryview(bytearray(READ_BUFFER_SIZE))
+        return self._view

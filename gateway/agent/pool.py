@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from gateway.agent.config import AgentConfig
-from gateway.agent.h2pool import WINDOW_BUDGET, H2Stream, H2Upstream
+from gateway.agent.h2pool import READ_BUFFER_SIZE, WINDOW_BUDGET, H2Stream, H2Upstream
 from gateway.agent.h2pool import UpstreamUser as H2StreamUser
 from gateway.wire.h2client import WindowBudget
 from gateway.wire.http1 import RequestHead, serialize_request_head
@@ -77,9 +77,6 @@ class UpstreamUser(H2StreamUser, Protocol):
 
     def upstream_data(self, data: memoryview) -> None: ...
     def upstream_eof(self) -> None: ...
-
-
-READ_BUFFER_SIZE = 256 * 1024
 
 
 class UpstreamConnection(asyncio.BufferedProtocol):
@@ -330,7 +327,8 @@ class UpstreamPool:
     async def _dial_h2(self, key: UpstreamKey, context: ssl.SSLContext) -> H2Upstream | None:
         """A ready HTTP/2 connection (the server's SETTINGS arrived), or None if the server
         chose another protocol in ALPN (that connection is closed)."""
-        conn = H2Upstream(self.h2_max_streams, self._h2_changed, self.h2_window_budget)
+        conn = H2Upstream(self.h2_max_streams, self._h2_changed, self.h2_window_budget,
+                          self.read_buffer)
         await self._connect(key, context, conn)
         if conn.alpn != "h2":
             conn.abort(None)

@@ -421,9 +421,13 @@ class ClientConnection:
 
     # --- input -----------------------------------------------------------------------------
 
-    def receive_data(self, data: bytes) -> list[Event]:
+    def receive_data(self, data: bytes | memoryview) -> list[Event]:
         """The events in ``data``. Raises :class:`ServerProtocolError` (GOAWAY queued) when
-        the server broke a connection rule; nothing is accepted after that."""
+        the server broke a connection rule; nothing is accepted after that.
+
+        ``data`` may be a view of a read buffer that is used again after the call: nothing of
+        it is kept (a frame cut at its end is copied), and the events hold no view of it but
+        :class:`DataReceived`'s pieces, which must be read or copied before the next read."""
         if self._broken:
             return []
         events: list[Event] = []
@@ -457,10 +461,10 @@ class ClientConnection:
             self._send_goaway(exc.code)
             raise
         if stop < len(data):
-            self._pending = data[stop:]
+            self._pending = bytes(data[stop:])
         return events
 
-    def _frames(self, data: bytes, pos: int, events: list[Event]) -> int:
+    def _frames(self, data: bytes | memoryview, pos: int, events: list[Event]) -> int:
         """The whole frames in ``data`` from ``pos`` on, into ``events``; returns where the
         first incomplete frame (or the end) is."""
         view = memoryview(data)

@@ -329,6 +329,32 @@ def test_a_response_split_at_every_byte_gives_the_same_events() -> None:
     assert body == whole_body
 
 
+def test_reads_from_one_reused_buffer_give_the_same_events() -> None:
+    # The agent reads every connection into one shared buffer (gateway.agent.h2pool): the core
+    # may keep nothing of a read, so a frame cut at its end is copied, not a view of a buffer
+    # the next read overwrites (here with garbage first, then the next read's bytes).
+    server = Server()
+    sid = server.request()
+    wire = (server.headers(sid, length(3 * 700)) + data_frame(sid, b"a" * 700)
+            + data_frame(sid, b"b" * 700) + data_frame(sid, b"c" * 700, True) + ping())
+    for cut in range(1, len(wire)):
+        server = Server()
+        assert server.request() == sid
+        buffer = bytearray(len(wire))
+        body, names = b"", []
+        for start, stop in ((0, cut), (cut, len(wire))):
+            n = stop - start
+            buffer[:] = b"\xff" * len(buffer)
+            buffer[:n] = wire[start:stop]
+            with memoryview(buffer)[:n] as view:
+                for event in server.client.receive_data(view):
+                    names.append(type(event).__name__)
+                    if isinstance(event, DataReceived):
+                        body += event.data  # read during the call, as the agent does
+        assert body == b"a" * 700 + b"b" * 700 + b"c" * 700, cut
+        assert names[0] == "ResponseReceived" and names[-1] == "PingReceived", cut
+
+
 # --- requests and responses (§8.1) ------------------------------------------------------------
 
 def test_a_request_and_its_response() -> None:
