@@ -844,6 +844,22 @@ def test_data_beyond_the_stream_window_is_a_stream_error() -> None:
     server.stream_error(data_frame(sid, b"x" * 1536), sid, FLOW_CONTROL_ERROR)
 
 
+def test_a_run_of_data_frames_stops_at_the_frame_that_breaks_a_rule() -> None:
+    # A read of many DATA frames (a watch's events) is taken in one pass; the frame that
+    # breaks the stream's window or its content-length is refused as alone, and the frames
+    # before it are handed on.
+    server = Server(connection_window=1 << 30)
+    sid = server.request()
+    server.respond(sid)
+    server.stream_error(data_frame(sid, b"x" * 16000) * 4 + data_frame(sid, b"y" * 1536), sid,
+                        FLOW_CONTROL_ERROR, before=[("DataReceived", sid, b"x" * 64000, 64000,
+                                                     False)])
+    sid = server.request()
+    server.respond(sid, length(5))
+    server.stream_error(data_frame(sid, b"ab") + data_frame(sid, b"cd") + data_frame(sid, b"ef"),
+                        sid, PROTOCOL_ERROR, before=[("DataReceived", sid, b"abcd", 4, False)])
+
+
 def test_data_beyond_the_connection_window_is_a_connection_error() -> None:
     server = Server(initial_window_size=1 << 20)  # connection window: the default 65,535
     sid = server.request()
