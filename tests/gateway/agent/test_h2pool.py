@@ -482,6 +482,20 @@ def whole_chunks(stream: FakeStream) -> bytes:
         out, rest = out + rest[:size], rest[size + 2:]
 
 
+async def test_a_credential_with_a_control_character_never_reaches_the_apiserver(
+        server: h2server.H2Server, ca_file: str, tmp_path: Path) -> None:
+    # An HTTP/2 stream sends fields, never the HTTP/1.1 bytes whose serialisation checked
+    # them: what the agent adds to a head (here its own credential, from a token file with a
+    # bell in it) is checked all the same, and the stream is refused before any HEADERS.
+    agent = await make_agent(server, ca_file, tmp_path)
+    (tmp_path / "token").write_text("agent\x07token, rotated\n")  # read at the next request
+    stream = request(agent, "/small")
+    await stream.wait_done()
+    assert stream.refused is not None and stream.refused[0] == OpenErrorCode.INTERNAL
+    assert not server.heads
+    agent.pool.close()
+
+
 async def test_a_body_of_known_length_completes_before_the_servers_end_stream(
         server: h2server.H2Server, ca_file: str, tmp_path: Path) -> None:
     agent = await make_agent(server, ca_file, tmp_path)
