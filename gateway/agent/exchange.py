@@ -62,7 +62,7 @@ from gateway.wire.http1 import (
     parse_request_head,
     parse_response_head,
 )
-from gateway.wire.identity import AUDIT_ID, REQUEST_ID_HEADER, strip_identity_headers
+from gateway.wire.identity import AUDIT_ID, REQUEST_ID_HEADER, is_identity_header
 from gateway.wire.status import error_response
 from gateway.wire.websocket import BEARER_PROTOCOL_PREFIX
 from tunnel.errors import OpenErrorCode, OpenRefused, ResetCode, StreamError
@@ -106,15 +106,15 @@ class Route:
 
 def rewrite_request_fields(head: RequestHead, route: Route) -> tuple[Headers, list[bytes]]:
     """The header fields sent upstream (see module docstring, step 2), and their lower-cased
-    names (the names of the head's own fields are lowered here anyway: not twice)."""
+    names (those of the head's own fields come from its parse, not lowered again)."""
     audit_id = route.audit_id
     replaced = _HOST_AND_AUDIT_ID if audit_id else _HOST
     headers: Headers = [(b"Host", route.authority)]
     names = [b"host"]
-    # gateway.hub.admission.headers owns the list of identity-bearing headers (incl. "_" aliases).
-    for name, value in strip_identity_headers(head.headers):
-        lowered = name.lower()
-        if lowered in replaced:
+    # gateway.wire.identity says which headers bear an identity (incl. "_" aliases); the names
+    # come lower-cased from the parse.
+    for (name, value), lowered in zip(head.headers, head.names, strict=True):
+        if lowered in replaced or is_identity_header(lowered):
             continue
         if lowered == b"connection":
             # Only the tokens HTTP/1.1 needs; a Connection header can never nominate (and so
@@ -137,7 +137,7 @@ def rewrite_request_fields(head: RequestHead, route: Route) -> tuple[Headers, li
         names.append(lowered)
     if audit_id:
         headers.append((AUDIT_ID, audit_id))
-    if route.passthrough:  # the caller's own Authorization (strip_identity_headers took it)
+    if route.passthrough:  # the caller's own Authorization (the loop dropped it)
         headers += [(n, v) for n, v in head.headers if n.lower() == b"authorization"][:1]
     else:
         credential = route.credential()
