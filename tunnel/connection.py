@@ -5,8 +5,9 @@ Thin over the sans-IO ``session_state.Session``: received bytes land in one grow
 ``StreamProtocol.data_received`` as a memoryview slice (consumers must not keep it). Output is
 coalesced: every call that produces frames schedules one flush per loop iteration, which writes
 control frames first and then up to ``flush_limit`` DATA bytes round-robin with one
-``transport.writelines``. No task per frame, and no timer per session: liveness is one timer per
-event loop for all its sessions (``tunnel.liveness``). An idle session owns no receive buffer
+``transport.writelines``, small frames joined into one TLS record (``tunnel.tlswrites``). No
+task per frame, and no timer per session: liveness is one timer per event loop for all its
+sessions (``tunnel.liveness``). An idle session owns no receive buffer
 (``tunnel.readbuf``).
 
 Stream ids: the session without ``on_open`` (the hub) opens odd ids; a session with ``on_open``
@@ -60,6 +61,7 @@ from tunnel.liveness import LoopKeepalive, loop_keepalive, tick_for
 from tunnel.readbuf import ReceiveBuffer
 from tunnel.session_state import SessionConfig
 from tunnel.targets import Target
+from tunnel.tlswrites import tls_pieces
 
 __all__ = ["OpenRequest", "SessionConfig", "StreamProtocol", "TunnelSession", "TunnelStream"]
 
@@ -597,7 +599,7 @@ class TunnelSession(asyncio.BufferedProtocol):
         chunks = self._core.data_to_send(0 if self._transport_paused else None)
         if chunks:
             self.bytes_sent += sum(map(len, chunks))
-            self._transport.writelines(chunks)
+            self._transport.writelines(tls_pieces(chunks))
 
     def _flush(self) -> None:
         self._flush_scheduled = False
