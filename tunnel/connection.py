@@ -276,9 +276,11 @@ class TunnelSession(asyncio.BufferedProtocol):
         return self._transport.get_extra_info(name, default)
 
     def open_stream(self, target: Target, metadata: bytes, protocol: StreamProtocol,
-                    initial_data: bytes = b"") -> TunnelStream:
+                    initial_data: bytes = b"", *, fin: bool = False) -> TunnelStream:
         """Open a stream (0-RTT: ``initial_data`` rides in the OPEN). ``protocol.connection_made``
-        is called before this returns; refusal arrives as ``connection_lost(OpenRefused)``."""
+        is called before this returns; refusal arrives as ``connection_lost(OpenRefused)``.
+        ``fin``: ``initial_data`` is all this side sends; the OPEN carries the FIN, so the peer
+        learns the request is complete from the same frame (a later ``write_eof`` is a no-op)."""
         core = self._core
         unusable = self.closed or self._transport is None
         if unusable or self.draining or core.goaway_received is not None:
@@ -289,7 +291,7 @@ class TunnelSession(asyncio.BufferedProtocol):
             stream._lost = True
             asyncio.get_running_loop().call_soon(protocol.connection_lost, exc)
             return stream
-        sid = core.open_stream(target, metadata, initial_data)
+        sid = core.open_stream(target, metadata, initial_data, fin)
         self.streams_opened += 1
         stream = TunnelStream(self, sid, target, metadata, protocol, True)
         self._streams[sid] = stream

@@ -95,3 +95,59 @@ async def test_many_small_responses_of_one_turn_leave_in_a_few_tls_writes():
     hub.close()
     await asyncio.wait_for(agent.wait_closed(), 5)
     listener.close()
+
+
+class LaterAnswer(Collector):
+    """Agent side: accepts at once and answers a moment later, as an upstream would."""
+
+    def connection_made(self, stream) -> None:
+        super().connection_made(stream)
+        stream.accept()
+
+    def eof_received(self) -> None:
+        super().eof_received()
+        asyncio.get_running_loop().call_later(0.02, self.answer)
+
+    def answer(self) -> None:
+        self.stream.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        self.stream.write_eof()
+
+
+async def test_a_short_request_costs_one_write_each_way():
+    """The OPEN carries the request and its FIN; the agent's OPEN_ACK waits for the answer and
+    leaves with it. Before: the hub wrote the OPEN, then the FIN; the agent the OPEN_ACK, then
+    the answer (two writes and two wake-ups of the peer each way)."""
+    ca = trustme.CA()
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("hub.test").configure_cert(server)
+    ca.configure_trust(server)
+    server.verify_mode = ssl.CERT_REQUIRED
+    server.set_alpn_protocols([ALPN])
+    server.sslobject_class = CountingHubSSLObject
+    client = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
+    ca.configure_trust(client)
+    ca.issue_cert("agent.test").configure_cert(client)
+    client.set_alpn_protocols([ALPN])
+    client.sslobject_class = CountingSSLObject
+    hub, agent, listener = await session_pair((server, client), on_open=lambda r: LaterAnswer())
+    await asyncio.sleep(0.05)  # settled: SETTINGS and the first pings are out
+    for _ in range(3):
+        CountingSSLObject.writes = CountingHubSSLObject.writes = 0
+        collector = Collector(keep=True)
+        stream = hub.open_stream(KubeAPITarget(), b"", collector,
+                                 initial_data=b"GET / HTTP/1.1\r\n\r\n", fin=True)
+        stream.write_eof()  # a no-op now: the OPEN carried the FIN
+        assert await asyncio.wait_for(collector.lost, 5) is None
+        assert bytes(collector.data).endswith(b"\r\n\r\nok")
+        assert (CountingHubSSLObject.writes, CountingSSLObject.writes) == (1, 1)
+    hub.close()
+    await asyncio.wait_for(agent.wait_closed(), 5)
+    listener.close()
+
+
+class CountingHubSSLObject(ssl.SSLObject):
+    writes = 0
+
+    def write(self, data) -> int:  # type: ignore[override]
+        CountingHubSSLObject.writes += 1
+        return super().write(data)
