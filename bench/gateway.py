@@ -91,12 +91,25 @@ def log(msg: str) -> None:
 
 # Measurements ---------------------------------------------------------------------------------
 
+def in_turn(cfgs: list[Config], rep: int) -> list[Config]:
+    """The configurations in the order of repetition ``rep``: hubproxy and hubproxy-base swap
+    places every other repetition, so neither always runs right after the other (a warm cache,
+    a neighbour's burst on a shared machine would otherwise favour one side of the A/B)."""
+    names = [c.name for c in cfgs]
+    if rep % 2 == 0 or HUB not in names or BASE not in names:
+        return cfgs
+    out = list(cfgs)
+    i, j = names.index(HUB), names.index(BASE)
+    out[i], out[j] = out[j], out[i]
+    return out
+
+
 def measure_small_gets(cfgs: list[Config], plan: Plan, work: Path,
                        results: dict[str, Any]) -> None:
     """wrk, alternating configurations; CPU of every proxy process during each run."""
     for rnd in range(plan.wrk_rounds):
         for conc in plan.concurrencies:
-            for cfg in cfgs:
+            for cfg in in_turn(cfgs, rnd):
                 if cfg.extra and conc != 16:
                     continue
                 meter = CpuMeter(cfg.roles).start()
@@ -133,7 +146,7 @@ def speaks_h2(cfg: Config) -> bool:
 def measure_bodies(cfgs: list[Config], plan: Plan, results: dict[str, Any]) -> None:
     path = LOG_PATH.format(n=plan.body_bytes)
     for rep in range(plan.body_repeats):
-        for cfg in cfgs:
+        for cfg in in_turn(cfgs, rep):
             meter = CpuMeter(cfg.roles).start()
             run = curl(cfg.target, path, timeout=300)
             run["cpu_s"] = meter.stop()
@@ -154,7 +167,7 @@ def measure_bodies(cfgs: list[Config], plan: Plan, results: dict[str, Any]) -> N
 def measure_watches(cfgs: list[Config], plan: Plan, results: dict[str, Any]) -> None:
     path = WATCH_PATH.format(n=plan.watch_events)
     for rep in range(plan.watch_repeats):
-        for cfg in cfgs:
+        for cfg in in_turn(cfgs, rep):
             if cfg.extra:
                 continue
             run = curl(cfg.target, path, timeout=300)
@@ -166,8 +179,8 @@ def measure_watches(cfgs: list[Config], plan: Plan, results: dict[str, Any]) -> 
 
 
 def measure_ttfb(cfgs: list[Config], plan: Plan, results: dict[str, Any]) -> None:
-    for _ in range(plan.ttfb_samples):
-        for cfg in cfgs:
+    for rep in range(plan.ttfb_samples):
+        for cfg in in_turn(cfgs, rep):
             if not cfg.extra:
                 results[cfg.name]["ttfb_runs"].append(curl(cfg.target, POD_PATH, timeout=30))
 
@@ -578,6 +591,9 @@ def run(args: argparse.Namespace) -> int:
 
         _pyplot()  # no matplotlib: say so now, not after a long run
     plan = SMOKE if args.smoke else QUICK if args.quick else FULL
+    if args.baseline_tree:  # an A/B: both orders of every measurement (see in_turn)
+        plan = replace(plan, wrk_rounds=max(2, plan.wrk_rounds),
+                       watch_repeats=max(2, plan.watch_repeats))
     if args.profile and args.profile_dir is None:
         args.profile_dir = tempfile.mkdtemp(prefix="bench-gateway-profiles-")
     started = time.monotonic()

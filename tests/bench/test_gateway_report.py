@@ -67,3 +67,16 @@ def test_issue_26_goals_read_the_same_ratios_with_their_own_limits():
     assert g["hotpath_watch_vs_kubectl_proxy"]["value"] == 0.85
     assert g["hotpath_watch_vs_kubectl_proxy"]["pass"] is True
     assert g["hotpath_p50_added_ms_c1"]["value"] == 0.0
+
+
+def test_the_a_b_pair_swaps_places_every_other_repetition():
+    from bench.configs import Config
+    from bench.gateway import in_turn
+    from bench.loadgen import Target
+
+    cfgs = [Config(n, Target("https://127.0.0.1:1", ""), "", {}, [])
+            for n in ("direct", HUB, "kubectl-proxy", BASE)]
+    assert [c.name for c in in_turn(cfgs, 0)] == ["direct", HUB, "kubectl-proxy", BASE]
+    assert [c.name for c in in_turn(cfgs, 1)] == ["direct", BASE, "kubectl-proxy", HUB]
+    alone = cfgs[:3]  # no baseline: one order
+    assert in_turn(alone, 1) == alone
