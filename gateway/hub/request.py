@@ -338,8 +338,11 @@ class Request:
         metrics = self.gw.metrics
         metrics.stream_opened()
         try:
+            # A request complete in the OPEN carries its FIN there: the agent learns it has the
+            # whole request from one frame, and this side makes one write, not two.
             admitted.session.open_stream(admitted.target, admitted.metadata, exchange,
-                                         initial_data=initial)
+                                         initial_data=initial,
+                                         fin=rest == b"" and not admitted.upgrade)
         except Exception as exc:  # session closing or at its stream limit
             log.info("request %s: cannot open a stream to %s: %s", self.request_id,
                      admitted.cluster, type(exc).__name__)
