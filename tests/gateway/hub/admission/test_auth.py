@@ -252,7 +252,7 @@ async def test_rule5_cache_keys_are_hmac_not_the_token(
     assert other.cache_key(GOOD) != authn.cache_key(GOOD)
     # and it depends on the audiences
     aud = TokenAuthenticator(reviewer, audiences=["a"])
-    aud._hmac_key = authn._hmac_key
+    aud._mac_key = authn._mac_key
     assert aud.cache_key(GOOD) != authn.cache_key(GOOD)
     for value in authn.cache._entries.values():
         assert GOOD not in repr(value) and BAD not in repr(value)
