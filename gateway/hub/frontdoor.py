@@ -45,7 +45,7 @@ import asyncio
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from gateway.hub.admission.chain import Admitted
+from gateway.hub.admission.chain import Admitted, HeaderVerdict
 from gateway.hub.exchange import Exchange
 from gateway.hub.request import BODY, RAW, UPGRADE, FrontDoorHost, Phase, Request
 from gateway.wire.http1 import (
@@ -91,6 +91,7 @@ class FrontDoor(asyncio.Protocol):
         self._searched = 0
         self._body_seen = -1
         self._write_paused = False  # the client's transport is over its high-water mark
+        self.header_verdict = HeaderVerdict()  # admission's, on this connection's last headers
 
     # --- asyncio.Protocol --------------------------------------------------------------------
 
