@@ -299,6 +299,8 @@ class TokenAuthenticator:
         self.hub_calls = hub_calls
         self.audiences = tuple(sorted(set(audiences)))
         self._mac_key = secrets.token_bytes(32)  # per process: keys mean nothing elsewhere
+        self._last_token: str | None = None  # see cache_key
+        self._last_key = b""
         # Audiences are fixed per authenticator, but they are part of the key anyway so that a
         # shared cache could never answer for the wrong audience.
         self._key_prefix = json.dumps(self.audiences).encode() + b"\x00"
@@ -309,6 +311,16 @@ class TokenAuthenticator:
         self.reviews = 0  # TokenReviews actually sent (for metrics and tests)
 
     def cache_key(self, token: str) -> bytes:
+        # The same token object as the last call's -- what a client connection's next request
+        # brings (gateway.hub.admission.chain.HeaderVerdict) -- has the same key: identity,
+        # not equality, so a token is never compared, and the one kept cannot be another.
+        if token is self._last_token:
+            return self._last_key
+        key = self._mac(token)
+        self._last_token, self._last_key = token, key
+        return key
+
+    def _mac(self, token: str) -> bytes:
         # Keyed BLAKE2b is a MAC by design (RFC 7693 §2.9 keyed mode), as sound here as
         # HMAC-SHA256 and one C call instead of HMAC's Python wrapper: this runs per request.
         return hashlib.blake2b(self._key_prefix + token.encode("utf-8"), key=self._mac_key,
