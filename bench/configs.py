@@ -16,6 +16,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -250,11 +251,17 @@ def start_hub_stub(lab: Lab, users: list[tuple[str, str, str, str]] | None = Non
 def start_hubproxy(lab: Lab, log_level: str = "info", upstream_connections: int = 2048,
                    workers: int = 1, name: str = "hubproxy",
                    gateway_args: Sequence[str] = (),
-                   agent_args: Sequence[str] = ()) -> Config:
+                   agent_args: Sequence[str] = (), code_tree: Path | None = None,
+                   extra: bool | None = None) -> Config:
     """``hubproxy gateway`` + ``hubproxy agent`` (cluster bench), exactly as deployed
     (``gateway_args``, ``agent_args``: more flags for the gateway, the agent; e.g.
-    ``--apiserver-protocol h2``)."""
+    ``--apiserver-protocol h2``). ``code_tree``: run the gateway and agent of another checkout
+    (an older commit, measured side by side with this one); ``extra``: measured on fewer
+    workloads (default: every name but ``hubproxy``)."""
     hub = start_hub_stub(lab)
+    # Another checkout's code: its directory first on the path, and as the working directory.
+    from_tree: dict[str, Any] = {} if code_tree is None else {
+        "env": {"PYTHONPATH": str(code_tree)}, "cwd": code_tree}
     front, tunnel = free_port(), free_port()
     suffix = "" if name == "hubproxy" else f"-{name}"
     gateway = lab.procs.start(f"gateway{suffix}", _hubproxy(
@@ -266,14 +273,14 @@ def start_hubproxy(lab: Lab, log_level: str = "info", upstream_connections: int 
         "--authorize", "none", "--token-cache-ttl", "1h", "--max-connections", "30000",
         "--max-inflight", "30000", "--workers", str(workers), "--log-level", log_level,
         # One identity holds every watch of the idle-watch measurement.
-        "--max-streams-per-identity", "30000", *gateway_args))
+        "--max-streams-per-identity", "30000", *gateway_args), **from_tree)
     gateway.wait_for_line("hubproxy gateway ready", 30)
     agent = lab.procs.start(f"agent{suffix}", _hubproxy(
         "agent", "--hub", f"{LOOPBACK}:{tunnel}", "--cluster", CLUSTER,
         "--tls-dir", str(lab.pki / "agents" / CLUSTER),
         "--kubeconfig", str(lab.upstream_kubeconfig()), "--health-listen", "off",
         "--max-upstream-connections", str(upstream_connections), "--log-level", log_level,
-        *agent_args))
+        *agent_args), **from_tree)
     cfg = Config(name, Target(f"https://{LOOPBACK}:{front}/{CLUSTER}",
                               str(lab.pki / "gateway" / "ca.crt"), lab.bench_token),
                  "client -> gateway (TLS, bearer, TokenReview cached, --authorize none) -> "
@@ -281,7 +288,7 @@ def start_hubproxy(lab: Lab, log_level: str = "info", upstream_connections: int 
                  + (f"; --workers {workers}, one agent holding a session to each"
                     if workers > 1 else ""),
                  {"gateway": [gateway.pid], "agent": [agent.pid]}, [hub, gateway, agent],
-                 extra=name != "hubproxy")
+                 extra=name != "hubproxy" if extra is None else extra)
     if workers > 1:
         agent.wait_for_line(f"dialling session {workers}", 30)
     # Every worker must have its session before measuring: a few requests on fresh connections.

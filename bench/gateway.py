@@ -51,7 +51,7 @@ from urllib.parse import urlsplit
 
 from bench import configs, profiling
 from bench.configs import POD_PATH, Config, Lab
-from bench.gateway_report import goals, ratios, summarize, table
+from bench.gateway_report import BASE, HUB, goals, ratios, summarize, table
 from bench.loadgen import H2LOAD, WRK, Target, curl, h2load, wrk
 from bench.procs import Procs
 from bench.procstats import CpuMeter, peak_rss_mib, rss_mib
@@ -91,12 +91,25 @@ def log(msg: str) -> None:
 
 # Measurements ---------------------------------------------------------------------------------
 
+def in_turn(cfgs: list[Config], rep: int) -> list[Config]:
+    """The configurations in the order of repetition ``rep``: hubproxy and hubproxy-base swap
+    places every other repetition, so neither always runs right after the other (a warm cache,
+    a neighbour's burst on a shared machine would otherwise favour one side of the A/B)."""
+    names = [c.name for c in cfgs]
+    if rep % 2 == 0 or HUB not in names or BASE not in names:
+        return cfgs
+    out = list(cfgs)
+    i, j = names.index(HUB), names.index(BASE)
+    out[i], out[j] = out[j], out[i]
+    return out
+
+
 def measure_small_gets(cfgs: list[Config], plan: Plan, work: Path,
                        results: dict[str, Any]) -> None:
     """wrk, alternating configurations; CPU of every proxy process during each run."""
     for rnd in range(plan.wrk_rounds):
         for conc in plan.concurrencies:
-            for cfg in cfgs:
+            for cfg in in_turn(cfgs, rnd):
                 if cfg.extra and conc != 16:
                     continue
                 meter = CpuMeter(cfg.roles).start()
@@ -133,7 +146,7 @@ def speaks_h2(cfg: Config) -> bool:
 def measure_bodies(cfgs: list[Config], plan: Plan, results: dict[str, Any]) -> None:
     path = LOG_PATH.format(n=plan.body_bytes)
     for rep in range(plan.body_repeats):
-        for cfg in cfgs:
+        for cfg in in_turn(cfgs, rep):
             meter = CpuMeter(cfg.roles).start()
             run = curl(cfg.target, path, timeout=300)
             run["cpu_s"] = meter.stop()
@@ -142,7 +155,7 @@ def measure_bodies(cfgs: list[Config], plan: Plan, results: dict[str, Any]) -> N
             results[cfg.name]["body_runs"].append(run)
             log(f"  body {rep + 1}/{plan.body_repeats} {cfg.name:<14} "
                 f"{run['speed'] / 1e6:8.1f} MB/s  (curl CPU {run['client_cpu_util']:.0%})")
-            if cfg.name == "hubproxy":  # the same body over HTTP/2, side by side
+            if cfg.name in (HUB, BASE):  # the same body over HTTP/2, side by side
                 h2run = curl(cfg.target, path, timeout=300, http2=True)
                 if h2run["size"] != plan.body_bytes:
                     raise RuntimeError(f"{cfg.name} h2: {h2run['size']} body bytes")
@@ -154,7 +167,7 @@ def measure_bodies(cfgs: list[Config], plan: Plan, results: dict[str, Any]) -> N
 def measure_watches(cfgs: list[Config], plan: Plan, results: dict[str, Any]) -> None:
     path = WATCH_PATH.format(n=plan.watch_events)
     for rep in range(plan.watch_repeats):
-        for cfg in cfgs:
+        for cfg in in_turn(cfgs, rep):
             if cfg.extra:
                 continue
             run = curl(cfg.target, path, timeout=300)
@@ -166,8 +179,8 @@ def measure_watches(cfgs: list[Config], plan: Plan, results: dict[str, Any]) -> 
 
 
 def measure_ttfb(cfgs: list[Config], plan: Plan, results: dict[str, Any]) -> None:
-    for _ in range(plan.ttfb_samples):
-        for cfg in cfgs:
+    for rep in range(plan.ttfb_samples):
+        for cfg in in_turn(cfgs, rep):
             if not cfg.extra:
                 results[cfg.name]["ttfb_runs"].append(curl(cfg.target, POD_PATH, timeout=30))
 
@@ -375,7 +388,8 @@ def run_profile(cfg: Config, plan: Plan, outdir: Path, work: Path) -> dict[str, 
 # Orchestration --------------------------------------------------------------------------------
 
 def start_configs(lab: Lab, wanted: set[str], skipped: dict[str, str], log_level: str,
-                  workers: int, idle_watches: int = 0) -> tuple[list[Config], Target | None]:
+                  workers: int, idle_watches: int = 0,
+                  baseline_tree: Path | None = None) -> tuple[list[Config], Target | None]:
     cfgs: list[Config] = []
     static = None
     missing = configs.missing_tools()
@@ -408,6 +422,19 @@ def start_configs(lab: Lab, wanted: set[str], skipped: dict[str, str], log_level
             if "nginx-auto" in wanted:
                 with contextlib.suppress(Exception):
                     cfgs.append(configs.start_nginx(lab, "auto", "nginx-auto")[0])
+        elif name == "hubproxy" and baseline_tree is not None:
+            cfgs.append(started)  # type: ignore[arg-type]
+            log(f"started {cfgs[-1].name}: {cfgs[-1].note}")
+            try:
+                # Measured on every workload, beside hubproxy: the before of a change.
+                cfgs.append(configs.start_hubproxy(
+                    lab, log_level, upstream_connections=max(2048, idle_watches + 1024),
+                    name=BASE, code_tree=baseline_tree, extra=False))
+                cfgs[-1].note += f"; the code of {baseline_tree}"
+            except Exception as exc:
+                skipped[BASE] = f"did not start: {str(exc)[:2000]}"
+                log(f"skip {BASE}: {skipped[BASE]}")
+                continue
         elif name == "hubproxy" and "hubproxy-2w" in wanted:
             cfgs.append(started)  # type: ignore[arg-type]
             try:
@@ -452,8 +479,9 @@ def run_all(args: argparse.Namespace, plan: Plan) -> dict[str, Any]:
     try:
         lab.make_certs()
         count = args.idle_watches if args.idle_watches is not None else plan.idle_watches
+        baseline = Path(args.baseline_tree).resolve() if args.baseline_tree else None
         cfgs, static = start_configs(lab, wanted, skipped, args.log_level,
-                                     plan.upstream_workers, count)
+                                     plan.upstream_workers, count, baseline)
         results: dict[str, Any] = {
             c.name: {"note": c.note, "roles": {r: list(p) for r, p in c.roles.items()},
                      "small_get_runs": {}, "body_runs": [], "watch_runs": [], "ttfb_runs": []}
@@ -541,6 +569,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--only", metavar="NAMES",
                         help=f"comma-separated subset of {','.join(ORDER)},nginx-auto,"
                         "hubproxy-2w (gateway --workers 2)")
+    parser.add_argument("--baseline-tree", metavar="DIR",
+                        help="also measure the gateway and agent of another checkout (e.g. a "
+                        "git worktree of main), as the column hubproxy-base, on every workload "
+                        "beside hubproxy: a change's before and after in one run")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning"],
                         help="gateway/agent log level (default info: production, audit lines)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder (logs)")
@@ -559,6 +591,9 @@ def run(args: argparse.Namespace) -> int:
 
         _pyplot()  # no matplotlib: say so now, not after a long run
     plan = SMOKE if args.smoke else QUICK if args.quick else FULL
+    if args.baseline_tree:  # an A/B: both orders of every measurement (see in_turn)
+        plan = replace(plan, wrk_rounds=max(2, plan.wrk_rounds),
+                       watch_repeats=max(2, plan.watch_repeats))
     if args.profile and args.profile_dir is None:
         args.profile_dir = tempfile.mkdtemp(prefix="bench-gateway-profiles-")
     started = time.monotonic()

@@ -6,6 +6,7 @@ import statistics
 from typing import Any
 
 HUB = "hubproxy"
+BASE = "hubproxy-base"  # --baseline-tree: another checkout, measured beside hubproxy
 GOALS_TEXT = {
     "large_body_vs_nginx": ("large body >= 0.6 x nginx", 0.6, ">="),
     "large_body_vs_kubectl_proxy": ("large body >= 0.7 x kubectl proxy", 0.7, ">="),
@@ -29,6 +30,21 @@ GOALS_TEXT = {
     "idle_watches_h2_agent_bytes_per_watch": (
         "agent <= 8 KiB per idle watch with an HTTP/2 upstream (see the protocol the upstream "
         "saw)", 8192.0, "<="),
+    # Issue 26: the hot path (keys of their own: the same ratios, other limits).
+    "hotpath_watch_vs_kubectl_proxy": (
+        "(issue 26) watch events/s >= 0.8 x kubectl proxy", 0.8, ">="),
+    "hotpath_cpu_per_10k_vs_kubectl_proxy": (
+        "(issue 26) proxy CPU per 10k small GETs <= 2 x kubectl proxy's", 2.0, "<="),
+    "hotpath_small_get_c16_vs_kubectl_proxy": (
+        "(issue 26) small GET c=16 >= 0.6 x kubectl proxy", 0.6, ">="),
+    "hotpath_p50_added_ms_c1": ("(issue 26) c=1 p50 added over direct <= 0.4 ms", 0.4, "<="),
+}
+# The ratio each issue-26 goal reads.
+HOTPATH_SOURCES = {
+    "hotpath_watch_vs_kubectl_proxy": "watch_vs_kubectl_proxy",
+    "hotpath_cpu_per_10k_vs_kubectl_proxy": "cpu_per_10k_vs_kubectl_proxy",
+    "hotpath_small_get_c16_vs_kubectl_proxy": "small_get_c16_vs_kubectl_proxy",
+    "hotpath_p50_added_ms_c1": "p50_added_ms_c1",
 }
 
 
@@ -163,6 +179,16 @@ def ratios(cfgs: dict[str, Any]) -> dict[str, float | None]:
     out["small_get_c16_vs_aiohttp_proxy"] = _ratio(_get(cfgs, HUB, "small_get", "c16", "rps"),
                                                    _get(cfgs, naive, "small_get", "c16", "rps"))
     out["large_body_vs_aiohttp_proxy"] = _ratio(_get(cfgs, HUB, *body), _get(cfgs, naive, *body))
+    cpu = ("cpu", "total", "s_per_10k_requests")
+    out["cpu_per_10k_vs_kubectl_proxy"] = _ratio(_get(cfgs, HUB, *cpu),
+                                                 _get(cfgs, "kubectl-proxy", *cpu))
+    # After (hubproxy) against before (hubproxy-base, --baseline-tree), one run.
+    for key, path in (("small_get_c1", ("small_get", "c1", "rps")),
+                      ("small_get_c16", ("small_get", "c16", "rps")),
+                      ("small_get_h2_m16", ("small_get", "h2_c1_m16", "rps")),
+                      ("watch", ("watch", "events_per_s")), ("large_body", body),
+                      ("cpu_per_10k", cpu), ("cpu_per_gb", ("cpu", "total", "s_per_gb"))):
+        out[f"{key}_vs_base"] = _ratio(_get(cfgs, HUB, *path), _get(cfgs, BASE, *path))
     two = "hubproxy-2w"  # gateway --workers 2 (measured on small GETs and bodies)
     for other, key in (("nginx", "nginx"), ("kubectl-proxy", "kubectl_proxy")):
         out[f"workers2_small_get_c16_vs_{key}"] = _ratio(
@@ -182,6 +208,8 @@ def goals(result: dict[str, Any]) -> dict[str, Any]:
     values["idle_watches_h2_gateway_bytes_per_watch"] = idle_h2.get("gateway_bytes_per_watch")
     values["idle_watches_h2_agent_bytes_per_watch"] = idle_h2.get("agent_bytes_per_watch")
     values["soak_gateway_rss_drift_pct"] = (result.get("soak") or {}).get("gateway_rss_drift_pct")
+    for goal, source in HOTPATH_SOURCES.items():
+        values[goal] = values.get(source)
     out = {}
     for key, (text, limit, op) in GOALS_TEXT.items():
         value = values.get(key)
@@ -215,14 +243,15 @@ def _upstream_seen(seen: dict[str, Any] | None) -> str:
 def table(result: dict[str, Any]) -> str:
     cfgs: dict[str, Any] = result.get("configs", {})
     names = [n for n in ("direct", "nginx", "nginx-auto", "kubectl-proxy", "aiohttp-proxy",
-                         "hubproxy", "hubproxy-2w", "relay") if n in cfgs]
+                         "hubproxy", BASE, "hubproxy-2w", "relay") if n in cfgs]
+    against = ["direct", "nginx", "kubectl-proxy"] + ([BASE] if BASE in cfgs else [])
 
     def row(label: str, path: tuple[str, ...], digits: int = 0,
             higher_better: bool = True) -> list[str]:
         cells = [_fmt(_get(cfgs, n, *path), digits) for n in names]
         hub = _get(cfgs, HUB, *path)
         ratio_cells = []
-        for other in ("direct", "nginx", "kubectl-proxy"):
+        for other in against:
             ratio_cells.append(_fmt(_ratio(hub, _get(cfgs, other, *path)), 2))
         return [label, *cells, *ratio_cells]
 
@@ -247,7 +276,8 @@ def table(result: dict[str, Any]) -> str:
         row("  over h2 1x16", ("small_get", "h2_c1_m16", "cpu_s_per_10k_requests", "total"), 2),
         row("proxy CPU s / GB", ("cpu", "total", "s_per_gb"), 2),
     ]
-    headers = ["", *names, "hub/direct", "hub/nginx", "hub/kubectl"]
+    headers = ["", *names, "hub/direct", "hub/nginx", "hub/kubectl"] \
+        + (["hub/base"] if BASE in cfgs else [])
     widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
     lines = ["  ".join(str(c).rjust(w) if i else str(c).ljust(w)
                        for i, (c, w) in enumerate(zip(r, widths, strict=True)))
@@ -257,16 +287,20 @@ def table(result: dict[str, Any]) -> str:
                  "direct-h2 and nginx-h2)")
 
     hub = cfgs.get(HUB)
-    if hub:
+    for name in (HUB, BASE):
+        if name not in cfgs:
+            continue
         lines.append("")
-        lines.append("hubproxy processes:")
+        lines.append(f"{name} processes:")
         for role in ("gateway", "agent"):
-            c = hub["cpu"].get(role, {})
-            h2cpu = (hub["small_get"].get("h2_c1_m16") or {}).get("cpu_s_per_10k_requests") or {}
+            c = cfgs[name]["cpu"].get(role, {})
+            h2cpu = (cfgs[name]["small_get"].get("h2_c1_m16") or {}).get(
+                "cpu_s_per_10k_requests") or {}
             lines.append(f"  {role:<8} CPU {_fmt(c.get('s_per_10k_requests'), 2)} s/10k req "
                          f"(h2 1x16: {_fmt(h2cpu.get(role), 2)}), "
                          f"{_fmt(c.get('s_per_gb'), 2)} s/GB, peak RSS "
-                         f"{_fmt(hub['peak_rss_mib'].get(role), 1)} MiB")
+                         f"{_fmt(cfgs[name]['peak_rss_mib'].get(role), 1)} MiB")
+    if hub:
         for key, clients in (("idle_watches", "HTTP/1.1"), ("idle_watches_h2", "HTTP/2")):
             idle = result.get(key)
             if idle and "error" not in idle:
@@ -323,7 +357,7 @@ def table(result: dict[str, Any]) -> str:
         lines.append(f"skipped {name}: {why.splitlines()[0][:200]}")
 
     lines.append("")
-    lines.append("goals (issue 5):")
+    lines.append("goals (issue 5 unless said):")
     for g in (result.get("goals") or {}).values():
         verdict = "n/a " if g["pass"] is None else "PASS" if g["pass"] else "MISS"
         lines.append(f"  {verdict}  {g['goal']} (measured {_fmt(g['value'], 3)})")

@@ -5,8 +5,9 @@ Thin over the sans-IO ``session_state.Session``: received bytes land in one grow
 ``StreamProtocol.data_received`` as a memoryview slice (consumers must not keep it). Output is
 coalesced: every call that produces frames schedules one flush per loop iteration, which writes
 control frames first and then up to ``flush_limit`` DATA bytes round-robin with one
-``transport.writelines``. No task per frame, and no timer per session: liveness is one timer per
-event loop for all its sessions (``tunnel.liveness``). An idle session owns no receive buffer
+``transport.writelines``, small frames joined into one TLS record (``tunnel.tlswrites``). No
+task per frame, and no timer per session: liveness is one timer per event loop for all its
+sessions (``tunnel.liveness``). An idle session owns no receive buffer
 (``tunnel.readbuf``).
 
 Stream ids: the session without ``on_open`` (the hub) opens odd ids; a session with ``on_open``
@@ -60,6 +61,7 @@ from tunnel.liveness import LoopKeepalive, loop_keepalive, tick_for
 from tunnel.readbuf import ReceiveBuffer
 from tunnel.session_state import SessionConfig
 from tunnel.targets import Target
+from tunnel.tlswrites import tls_pieces
 
 __all__ = ["OpenRequest", "SessionConfig", "StreamProtocol", "TunnelSession", "TunnelStream"]
 
@@ -274,9 +276,11 @@ class TunnelSession(asyncio.BufferedProtocol):
         return self._transport.get_extra_info(name, default)
 
     def open_stream(self, target: Target, metadata: bytes, protocol: StreamProtocol,
-                    initial_data: bytes = b"") -> TunnelStream:
+                    initial_data: bytes = b"", *, fin: bool = False) -> TunnelStream:
         """Open a stream (0-RTT: ``initial_data`` rides in the OPEN). ``protocol.connection_made``
-        is called before this returns; refusal arrives as ``connection_lost(OpenRefused)``."""
+        is called before this returns; refusal arrives as ``connection_lost(OpenRefused)``.
+        ``fin``: ``initial_data`` is all this side sends; the OPEN carries the FIN, so the peer
+        learns the request is complete from the same frame (a later ``write_eof`` is a no-op)."""
         core = self._core
         unusable = self.closed or self._transport is None
         if unusable or self.draining or core.goaway_received is not None:
@@ -287,7 +291,7 @@ class TunnelSession(asyncio.BufferedProtocol):
             stream._lost = True
             asyncio.get_running_loop().call_soon(protocol.connection_lost, exc)
             return stream
-        sid = core.open_stream(target, metadata, initial_data)
+        sid = core.open_stream(target, metadata, initial_data, fin)
         self.streams_opened += 1
         stream = TunnelStream(self, sid, target, metadata, protocol, True)
         self._streams[sid] = stream
@@ -597,7 +601,7 @@ class TunnelSession(asyncio.BufferedProtocol):
         chunks = self._core.data_to_send(0 if self._transport_paused else None)
         if chunks:
             self.bytes_sent += sum(map(len, chunks))
-            self._transport.writelines(chunks)
+            self._transport.writelines(tls_pieces(chunks))
 
     def _flush(self) -> None:
         self._flush_scheduled = False

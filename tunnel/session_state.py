@@ -209,16 +209,17 @@ class DrainReceived(Event):
 class StreamState:
     """Per-stream state. Slots and lazily created buffers keep an idle stream small."""
 
-    __slots__ = ("acked", "fin_queued", "id", "last_update", "local_open", "recv_target",
-                 "recv_unacked", "recv_window", "remote_open", "reserved", "scheduled",
-                 "send_buf", "send_buffered", "send_window", "write_paused")
+    __slots__ = ("ack_unsent", "acked", "fin_queued", "id", "last_update", "local_open",
+                 "recv_target", "recv_unacked", "recv_window", "remote_open", "reserved",
+                 "scheduled", "send_buf", "send_buffered", "send_window", "write_paused")
 
     def __init__(self, stream_id: int, send_window: int, recv_window: int) -> None:
         self.id = stream_id
         self.local_open = True      # we may still send (FIN not yet sent)
         self.remote_open = True     # the peer may still send (FIN not yet received)
         self.fin_queued = False     # write_eof called; FIN goes out after the buffer
-        self.acked = False          # OPEN_ACK sent (peer-opened) / received (ours)
+        self.acked = False          # accepted (peer-opened) / OPEN_ACK received (ours)
+        self.ack_unsent = False     # accepted, its OPEN_ACK waits for the stream's first frame
         self.send_window = send_window
         self.send_buf: deque[memoryview] | None = None
         self.send_buffered = 0
@@ -561,14 +562,24 @@ class Session:
         return sid
 
     def accept(self, sid: int) -> None:
+        """Accept a peer's OPEN. Its OPEN_ACK leaves with the stream's first frame (DATA, FIN,
+        WINDOW_UPDATE or RESET), in the same write: a short request is then answered with one
+        write, not two, and the opener is woken once. Nothing on the opener's side waits for
+        the OPEN_ACK itself (the opener may send before it); it keeps the order PROTOCOL.md
+        asks for, an answer before any other frame of the stream."""
         st = self.streams.get(sid)
         if st is None or self._is_local(sid) or st.acked:
             return
         st.acked = True
+        st.ack_unsent = True
         self._pending_in -= 1
-        self._control.append(f.encode_open_ack(sid))
         self._schedule(st)
         self._maybe_closed(st)
+
+    def _send_ack(self, st: StreamState) -> None:
+        """The deferred OPEN_ACK, now: the stream is about to send its first frame."""
+        st.ack_unsent = False
+        self._control.append(f.encode_open_ack(st.id))
 
     def refuse(self, sid: int, code: int, message: str = "") -> None:
         st = self.streams.get(sid)
@@ -607,6 +618,8 @@ class Session:
             return
         if not self._is_local(sid) and not st.acked:
             self._pending_in -= 1
+        if st.ack_unsent:
+            self._send_ack(st)
         self._forget(st)
         self._control.append(f.encode_reset(sid, code))
 
@@ -636,6 +649,8 @@ class Session:
         st.last_update = now
         st.recv_unacked = 0
         st.recv_window += inc
+        if st.ack_unsent:
+            self._send_ack(st)
         self._control.append(f.encode_window_update(sid, inc))
 
     def ping(self) -> None:
@@ -705,6 +720,8 @@ class Session:
             return  # peer-opened: nothing goes out before OPEN_ACK
         if force or (st.send_buffered and st.send_window > 0) or (
                 st.fin_queued and not st.send_buffered):
+            if st.ack_unsent:
+                self._send_ack(st)  # control frames leave first: before this DATA or FIN
             st.scheduled = True
             self._ready.append(st)
 

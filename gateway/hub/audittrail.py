@@ -193,14 +193,15 @@ class AuditTrail:
         if admitted is not None:
             user_info = admitted.user_info
         if self.lines:
-            emit = audit.stream_end if stream else audit.request_done
             user = admitted.user if admitted else (user_info.username if user_info else "")
-            emit(request_id=request_id, user=user or None,
-                 cluster=admitted.cluster if admitted else None,
-                 method=head.method if head is not None else None,
-                 target=head.target if head is not None else None, status=status,
-                 bytes_in=bytes_in, bytes_out=bytes_out, duration=duration, protocol=protocol,
-                 **_addresses(source_ips))
+            audit.write(audit.request_line(
+                "stream_end" if stream else "request", request_id=request_id,
+                user=user or None, cluster=admitted.cluster if admitted else None,
+                method=head.method if head is not None else None,
+                target=head.target if head is not None else None, status=status,
+                bytes_in=bytes_in, bytes_out=bytes_out, duration=duration, protocol=protocol,
+                client=source_ips[0] if source_ips else None,
+                proxies=list(source_ips[1:]) if len(source_ips) > 1 else None))
         if self.kube is not None:
             now = time.time()
             self.kube.event(k8s.RESPONSE_COMPLETE, request_id=request_id, head=head,

@@ -45,7 +45,7 @@ import asyncio
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from gateway.hub.admission.chain import Admitted
+from gateway.hub.admission.chain import Admitted, HeaderVerdict
 from gateway.hub.exchange import Exchange
 from gateway.hub.request import BODY, RAW, UPGRADE, FrontDoorHost, Phase, Request
 from gateway.wire.http1 import (
@@ -60,6 +60,9 @@ from gateway.wire.http1 import (
 from gateway.wire.status import error_response
 
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+# A loop timer may fire a little before its time (uvloop counts in milliseconds): a deadline
+# this close is due.
+TIMER_SLACK = 0.002
 
 # The HTTP/2 door for a connection that chose ALPN h2: (gateway, client_ip, peer_ip).
 H2Door = Callable[[FrontDoorHost, str, str], asyncio.Protocol]
@@ -87,10 +90,14 @@ class FrontDoor(asyncio.Protocol):
         self.tracker: BodyTracker = NO_BODY  # the current request body's framing
         self.keep_alive = True
         self._paused: set[str] = set()
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.TimerHandle | None = None  # see arm()
+        self._timer_at = 0.0  # when it fires (loop time)
+        self._deadline = 0.0
+        self._on_deadline: Callable[[], None] | None = None
         self._searched = 0
         self._body_seen = -1
         self._write_paused = False  # the client's transport is over its high-water mark
+        self.header_verdict = HeaderVerdict()  # admission's, on this connection's last headers
 
     # --- asyncio.Protocol --------------------------------------------------------------------
 
@@ -142,7 +149,7 @@ class FrontDoor(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        self._disarm()
+        self._stop_timer()
         if self.request is not None:
             self.request.abandon()
         self.gw.connections.discard(self)
@@ -179,16 +186,49 @@ class FrontDoor(asyncio.Protocol):
             self.pause_reading("buffer")
 
     # --- timers (one per connection: idle, head, body, response head) ------------------------
+    #
+    # One deadline at a time, and one loop timer that is moved only when a deadline comes
+    # earlier than it. A deadline that moves later -- request after request on a keep-alive
+    # connection: idle, then the response head's, then idle again -- is found when the timer
+    # fires, which schedules it again for what is left. Steady keep-alive traffic arms no timer
+    # per request (it armed and cancelled three), and every deadline still fires on time.
 
     def arm(self, delay: float, callback: Callable[[], None]) -> None:
-        self._disarm()
-        if delay > 0:
-            self._timer = asyncio.get_running_loop().call_later(delay, callback)
+        """Replace the pending deadline with ``callback`` after ``delay`` (none if <= 0)."""
+        if delay <= 0:
+            self._on_deadline = None
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + delay
+        self._deadline, self._on_deadline = deadline, callback
+        if self._timer is not None:
+            if self._timer_at <= deadline:
+                return  # fires first, and schedules again for this deadline
+            self._timer.cancel()
+        self._timer, self._timer_at = loop.call_at(deadline, self._timer_fired), deadline
 
     def _disarm(self) -> None:
+        self._on_deadline = None  # the timer, if pending, finds nothing to do
+
+    def _stop_timer(self) -> None:
+        """The connection is closing: no timer may keep it alive."""
+        self._on_deadline = None
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+    def _timer_fired(self) -> None:
+        self._timer = None
+        callback = self._on_deadline
+        if callback is None:
+            return
+        loop = asyncio.get_running_loop()
+        if loop.time() + TIMER_SLACK < self._deadline:  # the deadline moved later meanwhile
+            self._timer, self._timer_at = loop.call_at(self._deadline, self._timer_fired), \
+                self._deadline
+            return
+        self._on_deadline = None
+        callback()
 
     def _idle_timeout(self) -> None:
         if self.request is None and not self.buf:
@@ -230,12 +270,12 @@ class FrontDoor(asyncio.Protocol):
     def _read_head(self) -> None:
         limits = self.limits.head
         buf = self.buf
-        if not self._searched:
-            self.arm(self.limits.header_timeout, self._header_timeout)
         try:
             end = find_head_end(buf, self._searched, max_head_bytes=limits.max_head_bytes,
                                 max_request_line=limits.max_request_line)
             if end < 0:
+                if not self._searched:  # its first bytes: the head's time starts now
+                    self.arm(self.limits.header_timeout, self._header_timeout)
                 self._searched = len(buf)
                 return
             head = parse_request_head(bytes(buf[:end]), limits)
@@ -401,7 +441,7 @@ class FrontDoor(asyncio.Protocol):
         if self.closed:
             return
         self.closed = True
-        self._disarm()
+        self._stop_timer()
         if self.request is not None:
             self.request.abandon()
         self.transport.close()

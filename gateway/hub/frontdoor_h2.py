@@ -46,7 +46,7 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from gateway.hub.admission.chain import Admitted
+from gateway.hub.admission.chain import Admitted, HeaderVerdict
 from gateway.hub.exchange import Exchange
 from gateway.hub.request import ADMITTING, BODY, DONE, FrontDoorHost, Phase, Request
 from gateway.wire import h2server
@@ -113,6 +113,7 @@ class H2FrontDoor(asyncio.Protocol):
         self._backlog: collections.deque[h2server.Event] = collections.deque()
         self._backlog_scheduled = False
         self.queued = 0  # DATA payload bytes queued since the last write
+        self.header_verdict = HeaderVerdict()  # admission's, on this connection's last headers
         self._timer: asyncio.TimerHandle | None = None
 
     # --- asyncio.Protocol --------------------------------------------------------------------
@@ -427,6 +428,10 @@ class H2Stream:
     @property
     def peer_ip(self) -> str:
         return self.door.peer_ip
+
+    @property
+    def header_verdict(self) -> HeaderVerdict:
+        return self.door.header_verdict
 
     # --- the request's door (gateway.hub.request.Door) ---------------------------------------
 

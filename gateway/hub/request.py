@@ -45,6 +45,7 @@ from gateway.hub.admission.auth import UserInfo
 from gateway.hub.admission.chain import (
     AdmissionContext,
     Admitted,
+    HeaderVerdict,
     Refusal,
     new_request_id,
     start_admission,
@@ -132,6 +133,11 @@ class Door(Protocol):
         """The connection's own peer."""
 
     @property
+    def header_verdict(self) -> HeaderVerdict:
+        """What admission decided about the connection's last header list (one per client
+        connection: its requests repeat their headers)."""
+
+    @property
     def closed(self) -> bool:
         """The client connection is gone: nothing can be written any more."""
 
@@ -179,6 +185,7 @@ class _Gone:
     protocol = client_ip = peer_ip = ""
     closed = True
     transport = None
+    header_verdict = HeaderVerdict()  # never used: a request that is over admits nothing
 
     def pause_reading(self, reason: str) -> None:
         pass
@@ -287,7 +294,8 @@ class Request:
         self.head = head
         self.client = client_address(self.door.client_ip, head, self.gw.config.forwarded_for_from)
         try:
-            started = start_admission(self.gw, head, self.client, self.request_id)
+            started = start_admission(self.gw, head, self.client, self.request_id,
+                                      self.door.header_verdict)
         except Refusal as exc:
             self.refuse(exc.status, exc.message, retry_after=exc.retry_after,
                         extra_headers=exc.extra_headers, user_info=exc.user_info)
@@ -338,8 +346,11 @@ class Request:
         metrics = self.gw.metrics
         metrics.stream_opened()
         try:
+            # A request complete in the OPEN carries its FIN there: the agent learns it has the
+            # whole request from one frame, and this side makes one write, not two.
             admitted.session.open_stream(admitted.target, admitted.metadata, exchange,
-                                         initial_data=initial)
+                                         initial_data=initial,
+                                         fin=rest == b"" and not admitted.upgrade)
         except Exception as exc:  # session closing or at its stream limit
             log.info("request %s: cannot open a stream to %s: %s", self.request_id,
                      admitted.cluster, type(exc).__name__)
@@ -415,10 +426,11 @@ class Request:
     def _stream_started(self, exchange: Exchange) -> None:
         """A watch, ``logs -f`` or upgrade may stay open for hours: audit its start, and drop
         what only admission and the response head needed (header lists, the forwarded head,
-        the identity metadata). Method, target and the parsed flags stay for the audit line
-        at its end."""
+        the identity metadata, the connection's header verdict). Method, target and the parsed
+        flags stay for the audit line at its end."""
         exchange.streaming = True
         self.gw.audit_stream_start(self)
+        self.door.header_verdict.forget()  # its connection may now stay open for hours
         if self.head is not None:
             self.head.headers, self.head.names = [], []
         exchange.admitted.head = exchange.admitted.metadata = b""

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import re
 import time
 from typing import Any, TextIO
@@ -52,6 +53,10 @@ def _is_secret_param(name: bytes) -> bool:
 
 def redact_target(target: bytes) -> str:
     """The request-target as text, with credential-like query values replaced."""
+    if b"?" not in target and b"eyJ" not in target:  # no query, nothing JWT-shaped: as is
+        text = target.decode("ascii", "backslashreplace")
+        if len(text) <= MAX_PATH:
+            return text
     path, sep, query = target[: MAX_PATH * 2].partition(b"?")
     if sep:
         params = []
@@ -122,8 +127,38 @@ def audit_record(
     return record
 
 
+# One encoder for every line: json.dumps with arguments builds a new encoder per call.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True, default=str)
+_quote = json.encoder.encode_basestring_ascii  # a str as that encoder writes it (in C)
+
+
 def format_record(record: dict[str, Any]) -> str:
-    return json.dumps(record, separators=(",", ":"), ensure_ascii=True, default=str)
+    return _ENCODER.encode(record)
+
+
+def request_line(event: str, *, request_id: str, user: str | None, cluster: str | None,
+                 method: bytes | None, target: bytes | None, status: int, bytes_in: int,
+                 bytes_out: int, duration: float, protocol: str, client: str | None,
+                 proxies: list[str] | None, now: float | None = None) -> str:
+    """The line of a finished request (``request``, ``stream_end``): the same, character for
+    character, as :func:`format_record` of :func:`audit_record` with these fields, written
+    in one go (the gateway writes one per request; the generic way costs twice as much)."""
+    ts = _timestamp(time.time() if now is None else now)
+    duration_ms = round(duration * 1000, 3)
+    return "".join((
+        f'{{"event":{_quote(event)},"ts":"{ts}","request_id":{_quote(request_id)}',
+        "" if user is None else f',"user":{_quote(user)}',
+        "" if cluster is None else f',"cluster":{_quote(cluster)}',
+        "" if method is None else f',"method":{_quote(method.decode("ascii", "replace"))}',
+        "" if target is None else f',"path":{_quote(redact_target(target))}',
+        f',"status":{int(status)},"bytes_in":{int(bytes_in)},"bytes_out":{int(bytes_out)}',
+        f',"duration_ms":{duration_ms!r}' if math.isfinite(duration_ms)
+        else f',"duration_ms":{_ENCODER.encode(duration_ms)}',
+        f',"protocol":{_quote(protocol)}',
+        "" if client is None else f',"client":{_quote(client)}',
+        "" if proxies is None else f',"proxies":{_ENCODER.encode(proxies)}',
+        "}",
+    ))
 
 
 class AuditWriter:
@@ -198,11 +233,16 @@ def install_writer(writer: AuditWriter | None) -> None:
 def emit(event: str, **kwargs: Any) -> str:
     """Build, format and log one record on ``hubproxy.audit``; returns the line."""
     line = format_record(audit_record(event, **kwargs))
+    write(line)
+    return line
+
+
+def write(line: str) -> None:
+    """Log a line already formatted (:func:`request_line`) on ``hubproxy.audit``."""
     if _writer is not None:
         _writer.write(line)
     else:
         logger.info(line)
-    return line
 
 
 def request_done(**kwargs: Any) -> str:

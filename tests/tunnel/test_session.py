@@ -14,6 +14,7 @@ from tunnel.errors import (
     FloodError,
     OpenErrorCode,
     ProtocolError,
+    ResetCode,
     StreamStateError,
     WindowExceeded,
     WindowOverflow,
@@ -336,15 +337,41 @@ def test_small_writes_queued_together_leave_as_one_frame():
     sid = hub.open_stream(KubeAPITarget(), b"id", b"head", fin=True)
     feed(agent, wire(hub))
     agent.accept(sid)
-    wire(agent)
     agent.send_data(sid, b"HTTP/1.1 200 OK\r\n\r\n")
     agent.send_data(sid, b"{}")
     agent.send_eof(sid)
     out = wire(agent)
     frames = [fr for fr, _end in f.decode_frames(memoryview(out), 1 << 20)]
     assert [(fr.type, fr.flags & f.FLAG_FIN, bytes(fr.payload)) for fr in frames] == [
-        (f.DATA, f.FLAG_FIN, b"HTTP/1.1 200 OK\r\n\r\n{}")]
-    assert feed(hub, out)[0] == ss.DataReceived(sid, b"HTTP/1.1 200 OK\r\n\r\n{}", True)
+        (f.OPEN_ACK, 0, b""), (f.DATA, f.FLAG_FIN, b"HTTP/1.1 200 OK\r\n\r\n{}")]
+    assert ss.DataReceived(sid, b"HTTP/1.1 200 OK\r\n\r\n{}", True) in feed(hub, out)
+
+
+def test_open_ack_waits_for_the_streams_first_frame_and_leads_it():
+    """A short request is answered in one write: OPEN_ACK, then the response, then FIN."""
+    hub, agent, _ = pair()
+    sid = hub.open_stream(KubeAPITarget(), b"id", b"GET / HTTP/1.1\r\n\r\n", fin=True)
+    feed(agent, wire(hub))
+    agent.accept(sid)
+    assert wire(agent) == b""  # nothing yet: the OPEN_ACK waits for the answer
+    agent.send_data(sid, b"ok")
+    assert wire(agent) == f.encode_open_ack(sid) + f.data_header(sid, 2, False) + b"ok"
+    agent.send_eof(sid)
+    assert wire(agent) == f.data_header(sid, 0, True)  # answered once only
+
+
+def test_a_deferred_open_ack_leads_a_window_update_or_a_reset():
+    hub, agent, _ = pair()
+    sid = hub.open_stream(KubeAPITarget(), b"", bytes(200_000))
+    feed(agent, wire(hub))
+    agent.accept(sid)
+    agent.consumed(sid, 200_000)  # the request body taken: credit goes back
+    assert wire(agent) == f.encode_open_ack(sid) + f.encode_window_update(sid, 200_000)
+    other = hub.open_stream(KubeAPITarget(), b"")
+    feed(agent, wire(hub))
+    agent.accept(other)
+    agent.reset(other, ResetCode.CANCEL)
+    assert wire(agent) == f.encode_open_ack(other) + f.encode_reset(other, ResetCode.CANCEL)
 
 
 def test_large_writes_are_not_joined():

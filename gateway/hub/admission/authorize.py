@@ -9,7 +9,8 @@ hold. ``await authorize(user, cluster)`` returns on "allowed" and raises
 * :class:`gateway.hub.admission.auth.AuthUnavailable` (503) when the hub cannot answer (never
   cached).
 
-Cache keys are a SHA-256 of the user's name, uid, groups, extra and the cluster; concurrent
+Cache keys are a SHA-256 of the user's name, uid, groups, extra and the cluster (computed once
+per user object and cluster, not per request); concurrent
 identical reviews are coalesced (see :class:`gateway.hub.admission.auth.CoalescingCache`).
 :class:`NoAuthorizer` (``--authorize=none``) allows every authenticated user.
 """
@@ -102,6 +103,22 @@ class SarAuthorizer:
             stale_grace=stale_grace,
         )
         self.reviews = 0
+        # (id(user), cluster) -> (user, cache_key): kept with the user object so that its id
+        # cannot be reused while the entry lives. Bounded: cleared when full.
+        self._keys: dict[tuple[int, str], tuple[UserInfo, bytes]] = {}
+
+    def key(self, user: UserInfo, cluster: str) -> bytes:
+        """:meth:`cache_key`, computed once per user object and cluster, not per request:
+        the authenticator hands out the same ``UserInfo`` for a token until its entry
+        expires (as ``IdentityCache`` relies on)."""
+        kept = self._keys.get((id(user), cluster))
+        if kept is not None and kept[0] is user:
+            return kept[1]
+        key = self.cache_key(user, cluster)
+        if len(self._keys) >= self.cache.max_entries:
+            self._keys.clear()
+        self._keys[(id(user), cluster)] = (user, key)
+        return key
 
     @staticmethod
     def cache_key(user: UserInfo, cluster: str) -> bytes:
@@ -114,10 +131,10 @@ class SarAuthorizer:
 
     def allowed_cached(self, user: UserInfo, cluster: str) -> bool:
         """True when an allow for (user, cluster) is cached; False means "ask" (not "denied")."""
-        return self.cache.peek(self.cache_key(user, cluster)) is True
+        return self.cache.peek(self.key(user, cluster)) is True
 
     async def authorize(self, user: UserInfo, cluster: str) -> None:
-        await self.cache.get(self.cache_key(user, cluster), lambda: self._decide(user, cluster))
+        await self.cache.get(self.key(user, cluster), lambda: self._decide(user, cluster))
 
     async def _decide(self, user: UserInfo, cluster: str) -> bool:
         async with hub_call_slot(self.hub_calls):

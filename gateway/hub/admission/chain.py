@@ -26,7 +26,9 @@ Kubernetes ``Status``. Messages never contain tokens or internal addresses.
     ``Retry-After`` when its queue is full or it waited too long). The seat travels in
     :class:`Admitted` like a stream slot.
 
-Steps 1-5 need nothing but the request (:func:`prepare`, pure). :func:`admit_cached` runs 6-10
+Steps 1-5 need nothing but the request (:func:`prepare`, pure); a client connection keeps
+what steps 4-5 decided on its last header list (:class:`HeaderVerdict`) for a next request
+that repeats it exactly. :func:`admit_cached` runs 6-10
 without awaiting when the hub's answers are cached (the common case), :func:`admit` otherwise;
 the decision is the same either way. :func:`start_admission` is how both front doors (HTTP/1.1
 and HTTP/2) start a request: the gateway-wide checks (draining 503, ``max_inflight`` 429), then
@@ -60,6 +62,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -190,28 +193,97 @@ class Prepared:
     headers: Headers
 
 
+class _RequestIds:
+    """Request ids: 16 hex digits of ``os.urandom``, drawn 256 at a time (one getrandom call
+    per 256 requests, not one per request). A forked worker starts on fresh bytes: no two
+    processes hand out the same ids."""
+
+    BATCH = 256
+    _hex = ""
+    _next = 0
+
+    def take(self) -> str:
+        at = self._next
+        if at >= len(self._hex):
+            self._hex, at = os.urandom(8 * self.BATCH).hex(), 0
+        self._next = at + 16
+        return self._hex[at:at + 16]
+
+    def forget(self) -> None:
+        self._hex, self._next = "", 0
+
+
+_REQUEST_IDS = _RequestIds()
+os.register_at_fork(after_in_child=_REQUEST_IDS.forget)
+
+
 def new_request_id() -> str:
-    return os.urandom(8).hex()
+    """A fresh id for a request (the ``Audit-ID`` its cluster sees): 64 random bits."""
+    return _REQUEST_IDS.take()
+
+
+class HeaderVerdict:
+    """Steps 4-5 decided for one header list, kept by a client connection for its next
+    request: clients send the same headers request after request (the same token, user agent,
+    accept types), and what the steps decide is a pure function of the header list, the
+    client's address and whether the request goes to a Service. So a request whose three are
+    equal to the last one's takes that decision as it is, a list comparison instead of
+    parsing the token, checking and rewriting every header again. Only a list that passed
+    is kept; the connection drops it with its last request if that one stays open for hours
+    (:meth:`forget`)."""
+
+    __slots__ = ("bearer", "client_ip", "forwarded", "received", "to_service", "token_in_headers")
+
+    def __init__(self) -> None:
+        self.received: Headers | None = None  # a copy of the list decided on; None: nothing
+        self.client_ip = ""
+        self.to_service = False
+        self.bearer = _NO_TOKEN
+        self.forwarded: Headers = []
+        self.token_in_headers = False
+
+    def forget(self) -> None:
+        self.received, self.bearer, self.forwarded = None, _NO_TOKEN, []
+
+
+_NO_TOKEN = BearerToken(None, "", [])
 
 
 def prepare(head: RequestHead, client_ip: str,
-            max_request_body: int = DEFAULT_MAX_REQUEST_BODY) -> Prepared:
+            max_request_body: int = DEFAULT_MAX_REQUEST_BODY,
+            last: HeaderVerdict | None = None) -> Prepared:
     """Steps 1-5: route, body size, upgrade check, bearer and header rules. Pure; raises
-    :class:`Refusal`."""
+    :class:`Refusal`. ``last``: the connection's :class:`HeaderVerdict`, used when it was
+    decided for the same inputs, else replaced by this request's."""
     try:
         cluster_route = route(head.target)
         check_body_size(head, max_request_body)
         upgrade = check_upgrade(head, cluster_route)
-        bearer = extract_token(head.headers)
-        headers = rewrite_request_headers(
-            bearer.headers, client_ip=client_ip, host=head.host or b"unknown",
-            to_service=cluster_route.service is not None,
-        )
+        to_service = cluster_route.service is not None
+        if (last is not None and last.received == head.headers
+                and last.client_ip == client_ip and last.to_service == to_service):
+            bearer, headers, token_in_headers = last.bearer, last.forwarded, last.token_in_headers
+        else:
+            bearer = extract_token(head.headers)
+            headers = rewrite_request_headers(
+                bearer.headers, client_ip=client_ip, host=head.host or b"unknown",
+                to_service=to_service,
+            )
+            token_in_headers = bearer.token is not None and carries_token(
+                bearer.token, b"", headers)
+            # The gateway answers Expect: 100-continue itself (see FrontDoor), so it does not
+            # travel.
+            headers = [(n, v) for n, v in headers if n.lower() != b"expect"]
+            if last is not None:
+                last.received, last.client_ip, last.to_service = (
+                    list(head.headers), client_ip, to_service)
+                last.bearer, last.forwarded, last.token_in_headers = (
+                    bearer, headers, token_in_headers)
     except (RouteError, BodyTooLarge, UpgradeRefused, BearerError, HeaderRefused) as exc:
         raise Refusal(exc.status, str(exc)) from None
     if bearer.token is None:
         raise Refusal(401, "a bearer token is required")
-    if carries_token(bearer.token, head.target, headers):
+    if token_in_headers or carries_token(bearer.token, head.target, ()):
         raise Refusal(400, "the request carries its bearer token outside the Authorization "
                            "header (in its path, query or another header); it would reach the "
                            "managed cluster, so it is refused: send the token only as "
@@ -222,7 +294,7 @@ def prepare(head: RequestHead, client_ip: str,
 MIN_TOKEN_TO_SEARCH = 16  # shorter "tokens" could match by chance; real ones are far longer
 
 
-def carries_token(token: str, target: bytes, headers: Headers) -> bool:
+def carries_token(token: str, target: bytes, headers: Iterable[tuple[bytes, bytes]]) -> bool:
     """Whether the hub token also sits where it would be forwarded: the target (a
     ``?access_token=`` or ``?token=`` by mistake) or a header other than the ones stripped.
     Hub tokens never reach managed clusters, whatever the client does with them."""
@@ -314,8 +386,9 @@ def _admitted(gw: AdmissionContext, head: RequestHead, prepared: Prepared,
     if user is None:
         metadata = Identity(user="", groups=(), uid="", request_id=request_id,
                             passthrough=True).to_metadata()
-        # The caller's own managed-cluster token, untouched (the hub said it is not a hub token).
-        headers.append((b"Authorization", b"Bearer " + prepared.token.encode("ascii")))
+        # The caller's own managed-cluster token, untouched (the hub said it is not a hub
+        # token). A new list: the connection's HeaderVerdict shares the forwarded one.
+        headers = [*headers, (b"Authorization", b"Bearer " + prepared.token.encode("ascii"))]
     else:
         try:
             metadata = gw.identities.metadata(user, gw.config.identity_prefix, request_id)
@@ -331,8 +404,6 @@ def _admitted(gw: AdmissionContext, head: RequestHead, prepared: Prepared,
         KubeAPITarget() if service is None
         else ServiceTarget(service.namespace, service.name, service.port, service.scheme)
     )
-    # The gateway answers Expect: 100-continue itself (see FrontDoor), so it does not travel.
-    headers = [(n, v) for n, v in headers if n.lower() != b"expect"]
     try:
         head_bytes = serialize_request_head(
             head.method, cluster_route.upstream_target, headers, head.version
@@ -362,8 +433,8 @@ def _admitted(gw: AdmissionContext, head: RequestHead, prepared: Prepared,
                     flow, user_info=user, user_agent=head.get(b"user-agent") or b"")
 
 
-def start_admission(gw: AdmissionContext, head: RequestHead, client_ip: str, request_id: str
-                    ) -> Admitted | asyncio.Future[Admitted]:
+def start_admission(gw: AdmissionContext, head: RequestHead, client_ip: str, request_id: str,
+                    last: HeaderVerdict | None = None) -> Admitted | asyncio.Future[Admitted]:
     """Start one request's admission, as both front doors do.
 
     Returns the :class:`Admitted` request when nothing had to wait (the hub's answers cached, a
@@ -373,6 +444,7 @@ def start_admission(gw: AdmissionContext, head: RequestHead, client_ip: str, req
 
     Raises :class:`Refusal` when refused at once; then the request was not counted in
     ``gw.inflight``. Once this returns, it is counted, and the caller releases it.
+    ``last``: the client connection's :class:`HeaderVerdict` (see :func:`prepare`).
     """
     if gw.draining:
         raise Refusal(503, "the gateway is shutting down, retry", retry_after=1)
@@ -381,7 +453,7 @@ def start_admission(gw: AdmissionContext, head: RequestHead, client_ip: str, req
         raise Refusal(429, "the gateway is overloaded, retry later", retry_after=1)
     started: Admitted | asyncio.Future[Admitted]
     try:
-        prepared = prepare(head, client_ip, limits.max_request_body)
+        prepared = prepare(head, client_ip, limits.max_request_body, last)
         admitted = admit_cached(gw, head, prepared, request_id)
         if admitted is None:
             started = asyncio.ensure_future(

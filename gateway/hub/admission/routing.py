@@ -38,6 +38,7 @@ is a known way to make a proxy and an upstream disagree about the path:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 _LOWER_ALNUM = b"abcdefghijklmnopqrstuvwxyz0123456789"
@@ -80,9 +81,12 @@ def _is_label(value: bytes) -> bool:
     )
 
 
+MAX_CLUSTER_NAME = 253  # a DNS-1123 subdomain's length limit
+
+
 def is_cluster_name(value: bytes) -> bool:
     """DNS-1123 subdomain: at most 253 bytes of dot-separated labels."""
-    if not 0 < len(value) <= 253 or value.translate(None, _SUBDOMAIN_CHARS):
+    if not 0 < len(value) <= MAX_CLUSTER_NAME or value.translate(None, _SUBDOMAIN_CHARS):
         return False
     return all(_is_label(label) for label in value.split(b"."))
 
@@ -143,6 +147,17 @@ def _service(rest: bytes, query: bytes) -> tuple[ServiceRef, bytes] | None:
     return ref, path + query
 
 
+def _cluster_name(segment: bytes) -> str | None:
+    """The first path segment as a cluster name, or None when it is not a DNS-1123
+    subdomain. Only segments short enough to be one are remembered (a bounded cache)."""
+    return _checked_name(segment) if len(segment) <= MAX_CLUSTER_NAME else None
+
+
+@functools.lru_cache(maxsize=4096)  # a fleet's names, asked for request after request
+def _checked_name(segment: bytes) -> str | None:
+    return segment.decode() if is_cluster_name(segment) else None
+
+
 def route(target: bytes) -> ClusterRoute:
     """Split a raw request-target into cluster and upstream target. Raises :class:`RouteError`."""
     if target[:1] != b"/":
@@ -157,11 +172,12 @@ def route(target: bytes) -> ClusterRoute:
     cluster, rest = (path[1:], b"/") if slash < 0 else (path[1:slash], path[slash:])
     if not cluster:
         raise RouteError("missing cluster name: the path must start with /<cluster>/")
-    if not is_cluster_name(cluster):
+    name = _cluster_name(cluster)
+    if name is None:
         raise RouteError("cluster name is not a DNS-1123 subdomain")
     _check_path(rest)
     service = _service(rest, query)
     if service is not None:
-        return ClusterRoute(cluster.decode(), service[1], service[0])
+        return ClusterRoute(name, service[1], service[0])
     _check_api_path(rest)
-    return ClusterRoute(cluster.decode(), rest + query)
+    return ClusterRoute(name, rest + query)

@@ -592,3 +592,24 @@ async def test_a_request_whose_body_was_still_coming_is_not_sent_again(gw: Harne
     assert (await read_response(reader))[0] == 503
     assert serving.streams == []
     writer.close()
+
+
+async def test_a_request_complete_in_the_open_carries_its_fin_there(gw: Harness) -> None:
+    """The agent learns the request is complete from the OPEN itself (one tunnel write); a
+    body still on its way keeps the stream open until it has all been sent."""
+    assert parse_raw(await gw.exchange(get("/c1/api", close=True)))[0] == 200
+    whole = gw.streams()[0]
+    assert whole.fin_in_open and whole.eof
+    reader, writer = await gw.open()
+    writer.write(b"POST /c1/api HTTP/1.1\r\nHost: h\r\nAuthorization: Bearer " + HUB_TOKEN.encode()
+                 + b"\r\nContent-Length: 10\r\nConnection: close\r\n\r\nabc")
+    for _ in range(100):
+        if len(gw.streams()) == 2:
+            break
+        await asyncio.sleep(0.01)
+    partial = gw.streams()[1]
+    assert not partial.fin_in_open and not partial.eof
+    writer.write(b"defghij")
+    assert (await read_response(reader))[0] == 200
+    assert partial.eof and bytes(partial.received).endswith(b"\r\n\r\nabcdefghij")
+    writer.close()

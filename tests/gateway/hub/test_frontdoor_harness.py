@@ -51,6 +51,7 @@ class FakeStream:
         self.eof = False  # the gateway half-closed
         self.reset_code: ResetCode | None = None
         self.agent_eof = False
+        self.fin_in_open = False
         self.paused = False
         self.changed = asyncio.Event()
         self.closed = False
@@ -156,10 +157,12 @@ class FakeSession:
         self.refuse_open: Exception | None = None
 
     def open_stream(self, target: Any, metadata: bytes, protocol: Any,
-                    initial_data: bytes = b"") -> FakeStream:
+                    initial_data: bytes = b"", *, fin: bool = False) -> FakeStream:
         if self.refuse_open is not None:
             raise self.refuse_open
         stream = FakeStream(protocol, target, metadata, initial_data)
+        stream.eof = fin  # the FIN rode in the OPEN (a later write_eof changes nothing)
+        stream.fin_in_open = fin
         self.streams.append(stream)
         protocol.connection_made(stream)
         task = asyncio.ensure_future(self._run(stream))

@@ -71,3 +71,28 @@ async def test_each_http2_stream_has_its_own_id(h2tls: Tls,  # noqa: F811
     assert len(ids) == 3 and len(set(ids)) == 3, ids
     assert [json.loads(s.metadata)["rid"] for s in h.streams("c1")] == [ids[0]]
     assert [refused.headers.get("audit-id"), unknown.headers.get("audit-id")] == ids[1:]
+
+
+def test_request_ids_are_drawn_afresh_in_a_forked_worker() -> None:
+    """Ids come 256 to a getrandom call; a worker forked with some of them left over must not
+    hand out the ones its parent will."""
+    import os
+
+    from gateway.hub.admission.chain import new_request_id
+
+    first = new_request_id()  # the parent now holds a batch
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the worker
+        try:
+            os.write(write, ",".join(new_request_id() for _ in range(255)).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        child = set(pipe.read().split(","))
+    os.waitpid(pid, 0)
+    parent = {new_request_id() for _ in range(255)}
+    assert len(child) == 255 and first not in child
+    assert not child & parent
+    assert all(len(i) == 16 and int(i, 16) >= 0 for i in child | parent)

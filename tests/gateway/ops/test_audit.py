@@ -4,6 +4,8 @@ import json
 import logging
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.ops import audit
 from gateway.ops.audit import (
@@ -176,3 +178,43 @@ def test_atomic_writer_never_writes_more_than_pipe_buf_unless_one_line_is_longer
     assert all(w.endswith("\n") for w in stream.writes)  # cut only at line ends
     assert all(len(w) <= audit.ATOMIC_WRITE for w in stream.writes[:-1])
     assert stream.writes[-1] == "y" * 5000 + "\n"
+
+
+_text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    event=st.sampled_from(["request", "stream_end"]),
+    request_id=_text,
+    user=st.none() | _text,
+    cluster=st.none() | _text,
+    method=st.none() | st.binary(max_size=10),
+    target=st.none() | st.binary(max_size=80) | st.sampled_from(
+        [b"/c1/api/v1/pods?token=x&watch=1", b"/c1/x/" + JWT.encode(), b"/c1/a\xffb"]),
+    status=st.integers(0, 999),
+    bytes_in=st.integers(0, 2**63),
+    bytes_out=st.integers(0, 2**63),
+    duration=st.floats(0, 1e7) | st.just(float("inf")),
+    protocol=st.sampled_from(["h1", "h2"]),
+    client=st.none() | _text,
+    proxies=st.none() | st.lists(_text, min_size=1, max_size=3),
+    now=st.floats(0, 4e9),
+)
+def test_request_line_is_the_record_formatted(event: str, request_id: str, user: str | None,
+                                              cluster: str | None, method: bytes | None,
+                                              target: bytes | None, status: int,
+                                              bytes_in: int, bytes_out: int, duration: float,
+                                              protocol: str, client: str | None,
+                                              proxies: list[str] | None, now: float) -> None:
+    """The per-request line, written in one go, is the generic record's line exactly: same
+    fields, order, escaping and redaction (rule 5 holds for both)."""
+    fields = dict(request_id=request_id, user=user, cluster=cluster, method=method,
+                  target=target, status=status, bytes_in=bytes_in, bytes_out=bytes_out,
+                  duration=duration, now=now)
+    expected = audit.format_record(audit_record(event, protocol=protocol, client=client,
+                                                proxies=proxies, **fields))
+    line = audit.request_line(event, protocol=protocol, client=client, proxies=proxies,
+                              **fields)
+    assert line == expected
+    json.loads(line)

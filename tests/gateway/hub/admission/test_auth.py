@@ -252,7 +252,7 @@ async def test_rule5_cache_keys_are_hmac_not_the_token(
     assert other.cache_key(GOOD) != authn.cache_key(GOOD)
     # and it depends on the audiences
     aud = TokenAuthenticator(reviewer, audiences=["a"])
-    aud._hmac_key = authn._hmac_key
+    aud._mac_key = authn._mac_key
     assert aud.cache_key(GOOD) != authn.cache_key(GOOD)
     for value in authn.cache._entries.values():
         assert GOOD not in repr(value) and BAD not in repr(value)
@@ -384,3 +384,16 @@ async def test_kube_token_reviewer_against_kubesim(
             await authn.authenticate(token)
     finally:
         await gone.close()
+
+
+def test_rule5_cache_key_of_the_last_token_is_its_own(authn: TokenAuthenticator) -> None:
+    """The key of the last token is kept for the same token object: another token, or an
+    equal one built afresh, never gets a key it does not own."""
+    good = authn.cache_key(GOOD)
+    bad = authn.cache_key(BAD)
+    assert good != bad
+    fresh = "".join(["good-", "token"])  # equal, another object
+    assert fresh is not GOOD
+    assert authn.cache_key(fresh) == good
+    assert authn.cache_key(BAD) == bad
+    assert authn.cache_key(GOOD) == good

@@ -60,6 +60,20 @@ async def test_key_includes_groups() -> None:
     assert SarAuthorizer.cache_key(ALICE, "c1") != SarAuthorizer.cache_key(ALICE, "c2")
 
 
+def test_key_kept_per_user_object_is_the_cache_key() -> None:
+    """The key kept per user object and cluster is :meth:`SarAuthorizer.cache_key` of them:
+    another user (object or fields) or cluster never gets one it does not own; bounded."""
+    authz = SarAuthorizer(None, review=FakeReview(set()), max_entries=3)
+    twin = UserInfo(ALICE.username, ALICE.uid, ALICE.groups, dict(ALICE.extra))
+    other_groups = UserInfo("alice", "uid-a", ("admins",), {"k": ("v",)})
+    for _ in range(2):
+        for user in (ALICE, twin, other_groups, BOB):
+            for cluster in ("c1", "c2"):
+                assert authz.key(user, cluster) == SarAuthorizer.cache_key(user, cluster)
+        assert len(authz._keys) <= 3
+    assert authz.key(twin, "c1") == authz.key(ALICE, "c1") != authz.key(other_groups, "c1")
+
+
 async def test_rule6_errors_not_cached() -> None:
     review = FakeReview({("alice", "c1")})
     review.fail = AuthUnavailable("down")

@@ -297,3 +297,15 @@ def test_property_plain_paths_forward_exactly(cluster: str, rest: bytes) -> None
     expected = rest if rest.startswith(b"/") else b"/" + rest
     if result.service is None:
         assert result.upstream_target == expected
+
+
+def test_rule7_cluster_names_remembered_are_bounded() -> None:
+    """A first segment too long to be a cluster name is refused without being remembered."""
+    from gateway.hub.admission import routing
+
+    before = routing._checked_name.cache_info().currsize
+    with pytest.raises(RouteError):
+        route(b"/" + b"a" * 10_000 + b"/api")
+    assert routing._checked_name.cache_info().currsize == before
+    assert route(b"/c1.example/api").cluster == "c1.example"
+    assert route(b"/c1.example/api").cluster == "c1.example"

@@ -1,0 +1,112 @@
+"""A connection keeps admission's decision on its last header list (``HeaderVerdict``): each
+request is still judged on its own headers, over real TLS sockets, and the kept decision is
+never shared in a way a later request could change."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gateway.hub.admission.chain import HeaderVerdict, Refusal, prepare
+from gateway.wire.http1 import parse_request_head
+from tests.gateway.hub.test_frontdoor_harness import (
+    HUB_TOKEN,
+    MANAGED_TOKEN,
+    OTHER_TOKEN,
+    Harness,
+    get,
+    read_response,
+    running,
+    tls,  # noqa: F401  (fixture)
+)
+from tests.gateway.hub.test_frontdoor_harness import gw as gw
+
+pytestmark = pytest.mark.timeout(30)
+
+
+async def test_rule2_every_request_on_a_connection_is_judged_on_its_own_headers(
+        gw: Harness) -> None:
+    reader, writer = await gw.open()
+
+    async def send(raw: bytes) -> tuple[int, dict]:
+        writer.write(raw)
+        status, _, body = await read_response(reader)
+        return status, json.loads(body)
+
+    status, first = await send(get("/c1/api/v1/pods"))
+    assert status == 200
+    # The same connection, the same headers plus one that may never cross: refused.
+    status, body = await send(get("/c1/api/v1/pods", extra="Impersonate-User: admin\r\n"))
+    assert (status, body["code"]) == (403, 403)
+    # The token copied into another header: refused, though the headers before were fine.
+    status, body = await send(get("/c1/api/v1/pods", extra=f"X-Token: {HUB_TOKEN}\r\n"))
+    assert status == 400
+    # Another caller's token on the same connection: its own identity, not the last one's.
+    status, seen = await send(get("/c1/api/v1/pods", token=OTHER_TOKEN))
+    assert status == 200 and seen["metadata"]["user"] == "cluster:hub:bob"
+    # The first request again: forwarded exactly as the first time, never with a token.
+    status, again = await send(get("/c1/api/v1/pods"))
+    assert status == 200
+    assert again["headers"] == first["headers"]
+    assert again["metadata"]["user"] == first["metadata"]["user"]
+    assert all(name.lower() != "authorization" for name, _ in again["headers"])
+    # The same headers with another target carrying the token: refused all the same.
+    status, _ = await send(get(f"/c1/api/v1/pods?access_token={HUB_TOKEN}"))
+    assert status == 400
+    writer.close()
+
+
+async def test_passthrough_on_a_kept_verdict_adds_the_token_to_that_request_only(
+        tls) -> None:  # noqa: F811
+    async with running(tls, token_passthrough=True) as h:
+        h.connect_cluster("c1")
+        reader, writer = await h.open()
+        for _ in range(2):  # the second request takes the kept verdict
+            writer.write(get("/c1/api", token=MANAGED_TOKEN))
+            status, _, body = await read_response(reader)
+            assert status == 200
+            headers = json.loads(body)["headers"]
+            assert headers.count(["Authorization", f"Bearer {MANAGED_TOKEN}"]) == 1
+        writer.write(get("/c1/api"))  # a hub token: verified, impersonated, never forwarded
+        status, _, body = await read_response(reader)
+        assert status == 200 and HUB_TOKEN not in body.decode()
+        writer.close()
+
+
+def _head(extra: bytes = b"") -> bytes:
+    return (b"GET /c1/api/v1/pods HTTP/1.1\r\nHost: h\r\nAuthorization: Bearer "
+            + HUB_TOKEN.encode() + b"\r\n" + extra + b"\r\n")
+
+
+def test_a_verdict_is_used_only_for_equal_headers_address_and_destination() -> None:
+    verdict = HeaderVerdict()
+    first = prepare(parse_request_head(_head(b"Expect: 100-continue\r\n")), "10.0.0.1",
+                    last=verdict)
+    assert verdict.received is not None
+    assert all(name.lower() != b"expect" for name, _ in first.headers)
+    again = prepare(parse_request_head(_head(b"Expect: 100-continue\r\n")), "10.0.0.1",
+                    last=verdict)
+    assert again.headers is first.headers  # taken as decided
+    # Another client address: X-Forwarded-For differs, so it is decided again.
+    other = prepare(parse_request_head(_head(b"Expect: 100-continue\r\n")), "10.0.0.2",
+                    last=verdict)
+    assert (b"X-Forwarded-For", b"10.0.0.2") in other.headers
+    # A refused list leaves no verdict for it behind, and refuses every time.
+    for _ in range(2):
+        with pytest.raises(Refusal) as refused:
+            prepare(parse_request_head(_head(b"Impersonate-Group: system:masters\r\n")),
+                    "10.0.0.2", last=verdict)
+        assert refused.value.status == 403
+
+
+def test_a_verdict_keeps_its_own_copy_of_the_headers() -> None:
+    """A head whose header list changes after admission cannot make a later request with
+    the changed list pass on the old decision."""
+    verdict = HeaderVerdict()
+    head = parse_request_head(_head())
+    prepare(head, "10.0.0.1", last=verdict)
+    head.headers.append((b"Impersonate-User", b"admin"))
+    with pytest.raises(Refusal) as refused:
+        prepare(head, "10.0.0.1", last=verdict)
+    assert refused.value.status == 403
