@@ -55,14 +55,14 @@ from gateway.wire.http1 import (
     Limits,
     RequestHead,
     ResponseHead,
+    check_request_head,
     find_head_end,
     framing_for_request,
     framing_for_response,
     parse_request_head,
     parse_response_head,
-    serialize_request_head,
 )
-from gateway.wire.identity import AUDIT_ID, REQUEST_ID_HEADER, strip_identity_headers
+from gateway.wire.identity import AUDIT_ID, REQUEST_ID_HEADER, is_identity_header
 from gateway.wire.status import error_response
 from gateway.wire.websocket import BEARER_PROTOCOL_PREFIX
 from tunnel.errors import OpenErrorCode, OpenRefused, ResetCode, StreamError
@@ -104,15 +104,17 @@ class Route:
     h2_ssl_context: Callable[[], ssl.SSLContext] | None = None
 
 
-def rewrite_request_fields(head: RequestHead, route: Route) -> Headers:
-    """The header fields sent upstream (see module docstring, step 2)."""
+def rewrite_request_fields(head: RequestHead, route: Route) -> tuple[Headers, list[bytes]]:
+    """The header fields sent upstream (see module docstring, step 2), and their lower-cased
+    names (those of the head's own fields come from its parse, not lowered again)."""
     audit_id = route.audit_id
     replaced = _HOST_AND_AUDIT_ID if audit_id else _HOST
     headers: Headers = [(b"Host", route.authority)]
-    # gateway.hub.admission.headers owns the list of identity-bearing headers (incl. "_" aliases).
-    for name, value in strip_identity_headers(head.headers):
-        lowered = name.lower()
-        if lowered in replaced:
+    names = [b"host"]
+    # gateway.wire.identity says which headers bear an identity (incl. "_" aliases); the names
+    # come lower-cased from the parse.
+    for (name, value), lowered in zip(head.headers, head.names, strict=True):
+        if lowered in replaced or is_identity_header(lowered):
             continue
         if lowered == b"connection":
             # Only the tokens HTTP/1.1 needs; a Connection header can never nominate (and so
@@ -121,6 +123,7 @@ def rewrite_request_fields(head: RequestHead, route: Route) -> Headers:
             allowed = [t for t in tokens if t.lower() in _CONNECTION_TOKENS]
             if allowed:
                 headers.append((name, b", ".join(allowed)))
+                names.append(lowered)
             continue
         if lowered == b"sec-websocket-protocol":
             protocols = [p.strip() for p in value.split(b",")]
@@ -128,11 +131,13 @@ def rewrite_request_fields(head: RequestHead, route: Route) -> Headers:
                               if p and not p.startswith(BEARER_PROTOCOL_PREFIX)]
             if kept_protocols:
                 headers.append((name, b", ".join(kept_protocols)))
+                names.append(lowered)
             continue
         headers.append((name, value))
+        names.append(lowered)
     if audit_id:
         headers.append((AUDIT_ID, audit_id))
-    if route.passthrough:  # the caller's own Authorization (strip_identity_headers took it)
+    if route.passthrough:  # the caller's own Authorization (the loop dropped it)
         headers += [(n, v) for n, v in head.headers if n.lower() == b"authorization"][:1]
     else:
         credential = route.credential()
@@ -143,20 +148,21 @@ def rewrite_request_fields(head: RequestHead, route: Route) -> Headers:
             headers += identity
             if audit_id:
                 headers.append((REQUEST_ID_HEADER, audit_id))
-    return headers
+    # What the loop did not name: Audit-ID, the credential and the identity, added above.
+    names += [name.lower() for name, _ in headers[len(names):]]
+    return headers, names
 
 
-def rewrite_request(head: RequestHead, route: Route) -> tuple[RequestHead, bytes]:
-    """The request sent upstream: its head (the fields of :func:`rewrite_request_fields`, the
-    framing of ``head``) and that head's HTTP/1.1 bytes, whose serialisation checks every byte
-    for either protocol. An HTTP/2 stream takes the head as it is (no second parse)."""
-    fields = rewrite_request_fields(head, route)
-    head_bytes = serialize_request_head(head.method, head.target, fields, head.version)
-    rewritten = RequestHead(head.method, head.target, head.version, fields,
-                            [name.lower() for name, _ in fields], head.content_length,
-                            head.chunked, head.keep_alive, head.expect_continue,
-                            head.connection & _CONNECTION_TOKENS, head.upgrade)
-    return rewritten, head_bytes
+def rewrite_request(head: RequestHead, route: Route) -> RequestHead:
+    """The request sent upstream: the fields of :func:`rewrite_request_fields` with the method,
+    target and framing of ``head``, every byte checked as its HTTP/1.1 serialisation checks
+    them (ValueError), whichever protocol carries it: an HTTP/1.1 connection serialises it
+    (``Upstream.send_head``), an HTTP/2 stream sends it as fields and never needs the bytes."""
+    fields, names = rewrite_request_fields(head, route)
+    check_request_head(head.method, head.target, fields)
+    return RequestHead(head.method, head.target, head.version, fields, names,
+                       head.content_length, head.chunked, head.keep_alive, head.expect_continue,
+                       head.connection & _CONNECTION_TOKENS, head.upgrade)
 
 
 RouteFactory = Callable[[], Awaitable[Route]]
@@ -171,8 +177,8 @@ class HttpExchange:
     # An idle watch keeps its exchange for hours: no per-instance __dict__.
     __slots__ = ("_closed", "_conn_reusable", "_conn_reused", "_discard_input", "_early",
                  "_early_size", "_head_buf", "_head_ready", "_known_route", "_linger",
-                 "_req_done", "_req_tracker", "_request_bytes", "_resp_buf", "_resp_done",
-                 "_resp_started", "_resp_tracker", "_route_factory", "_stream_eof",
+                 "_req_done", "_req_tracker", "_resp_buf", "_resp_done", "_resp_started",
+                 "_resp_tracker", "_retry_head", "_route_factory", "_stream_eof",
                  "_stream_pauses", "_task", "bytes_down", "bytes_up", "conn", "head_timeout",
                  "on_done", "outcome", "pool", "request", "request_id", "response", "response_at",
                  "route", "started", "state", "status", "stream")
@@ -212,7 +218,7 @@ class HttpExchange:
         self._head_ready: asyncio.Future[None] | None = None
         self._early: list[bytes] = []  # request bytes waiting for the upstream (or a 101)
         self._early_size = 0
-        self._request_bytes: bytes | None = None  # kept for one retry of a body-less request
+        self._retry_head: RequestHead | None = None  # kept for one retry of a body-less request
         self._req_tracker: BodyTracker | None = None
         self._req_done = False
         self._stream_eof = False
@@ -331,7 +337,7 @@ class HttpExchange:
         if route is None or self.request is None or self._closed or self.state != self.SETUP:
             return
         try:
-            rewritten, head_bytes = rewrite_request(self.request, route)
+            rewritten = rewrite_request(self.request, route)
         except Exception:
             return  # the setup task meets the same problem and refuses the stream, typed
         conn = self.pool.acquire_idle(route.key, self, self._protocol(route))
@@ -341,7 +347,7 @@ class HttpExchange:
         self.conn = conn
         self._conn_reused = conn.requests > 0
         self.stream.accept()
-        self._start_request(head_bytes, rewritten)
+        self._start_request(rewritten)
 
     def _buffer_early(self, data: bytes) -> None:
         self._early.append(data)
@@ -360,7 +366,7 @@ class HttpExchange:
                     await self._head_ready
             self._head_ready = None
             assert self.request is not None
-            rewritten, head_bytes = rewrite_request(self.request, self.route)
+            rewritten = rewrite_request(self.request, self.route)
             conn = await self._acquire(self.route)
         except OpenRefused as exc:
             self._refuse(exc.code, exc.message)
@@ -391,7 +397,7 @@ class HttpExchange:
         self.conn = conn
         self._conn_reused = conn.requests > 0
         self.stream.accept()
-        self._start_request(head_bytes, rewritten)
+        self._start_request(rewritten)
 
     def _protocol(self, route: Route) -> str:
         """HTTP/1.1 for upgrades (WebSocket, SPDY) and routes without HTTP/2; else the route's
@@ -416,10 +422,8 @@ class HttpExchange:
             self.stream.refuse(code, message)
         self.state = self.DONE
 
-    def _start_request(self, head_bytes: bytes, rewritten: RequestHead | None = None, *,
-                       retry: bool = False) -> None:
-        """Send the head (``rewritten``: the same head, parsed, for an HTTP/2 stream), then the
-        body bytes held so far."""
+    def _start_request(self, rewritten: RequestHead, *, retry: bool = False) -> None:
+        """Send the head (:func:`rewrite_request`'s), then the body bytes held so far."""
         assert self.conn is not None and self.request is not None
         self.state = self.OPEN
         if retry:
@@ -427,8 +431,8 @@ class HttpExchange:
         assert self._req_tracker is not None
         self._req_done = self._req_tracker.complete
         if self._req_done and not self.request.upgrade:
-            self._request_bytes = head_bytes  # body-less: can be retried on a fresh connection
-        self.conn.send_head(head_bytes, rewritten)
+            self._retry_head = rewritten  # body-less: can be retried on a fresh connection
+        self.conn.send_head(rewritten)
         early, self._early, self._early_size = self._early, [], 0
         for chunk in early:
             if self.state != self.OPEN:
@@ -521,8 +525,8 @@ class HttpExchange:
         self.response_at = time.monotonic()
         self.status = response.status
         # A watch or logs -f may stay open for hours: keep only the parsed flags of both heads.
-        # The request bytes were kept for one retry, which is only possible before this point.
-        self._request_bytes = None
+        # The request was kept for one retry, which is only possible before this point.
+        self._retry_head = None
         self.request.headers, self.request.names = [], []
         response.headers, response.names = [], []
 
@@ -628,7 +632,7 @@ class HttpExchange:
         if self._closed or self.state == self.DONE:
             return
         if not self._resp_started:
-            if (self._conn_reused or refused) and self._request_bytes is not None \
+            if (self._conn_reused or refused) and self._retry_head is not None \
                     and not self._resp_buf:
                 # A pooled connection the server had just closed, or a request it did not
                 # take: retry once, fresh.
@@ -655,8 +659,8 @@ class HttpExchange:
         self._fail(reason, ResetCode.INTERNAL)
 
     def _retry(self) -> None:
-        assert self.route is not None and self._request_bytes is not None
-        request_bytes, self._request_bytes = self._request_bytes, None  # only once
+        assert self.route is not None and self._retry_head is not None
+        retry_head, self._retry_head = self._retry_head, None  # only once
         self._resp_buf.clear()
         self.state = self.SETUP
 
@@ -666,7 +670,7 @@ class HttpExchange:
                 conn = await self._acquire(self.route, fresh=True)
             except Exception as exc:  # any dial failure ends as a 502
                 self.state = self.OPEN
-                self._request_bytes = None
+                self._retry_head = None
                 self._upstream_failed(f"retry failed: {type(exc).__name__}")
                 return
             if self._closed:
@@ -674,7 +678,7 @@ class HttpExchange:
                 return
             self.conn = conn
             self._conn_reused = False
-            self._start_request(request_bytes, retry=True)
+            self._start_request(retry_head, retry=True)
 
         self._task = asyncio.get_running_loop().create_task(again())
 

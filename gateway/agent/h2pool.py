@@ -8,8 +8,9 @@ sans-IO client core (:class:`gateway.wire.h2client.ClientConnection`) and the pu
 of ``gateway.wire.h2upstream``.
 
 :class:`H2Stream` looks to :class:`gateway.agent.exchange.HttpExchange` like an
-``UpstreamConnection``: the exchange writes the rewritten HTTP/1.1 head and then the body bytes
-as framed by the client; the stream sends HEADERS and DATA. The response comes back to the
+``UpstreamConnection``: the exchange gives it the rewritten head (parsed and checked, never
+serialised for a stream) and then writes the body bytes as framed by the client; the stream
+sends HEADERS and DATA. The response comes back to the
 exchange as HTTP/1.1 bytes (a synthesised head, the body chunked when it has no length), so the
 exchange's checks and its relay to the tunnel are the same for both protocols. The DATA of one
 stream that one read brought (a hundred watch events, say) is one delivery: one chunk, one
@@ -70,7 +71,7 @@ from gateway.wire.h2client import (
 )
 from gateway.wire.h2server import CANCEL, NO_ERROR, REFUSED_STREAM
 from gateway.wire.h2upstream import RequestBody, relayed_response, request_fields
-from gateway.wire.http1 import HTTPError, Limits, RequestHead, ResponseHead, parse_request_head
+from gateway.wire.http1 import HTTPError, RequestHead, ResponseHead
 from gateway.wire.http2 import LAST_CHUNK
 
 log = logging.getLogger(__name__)
@@ -108,8 +109,7 @@ MAX_RESPONSE_HEADER_LIST = 256 * 1024  # as the HTTP/1.1 response head limit (ex
 # many HEADERS instead of as one write at the end of the loop turn: measured with 2,000 watches
 # opened together, one large write left the agent's RSS ~0.9 KB per watch higher for good.
 MAX_BATCHED_HEADS = 16
-HEAD_LIMITS = Limits(max_head_bytes=256 * 1024, max_request_line=64 * 1024,
-                     max_field_line=64 * 1024, max_headers=512)
+READ_BUFFER_SIZE = 256 * 1024  # what one read may bring (uvloop reads TLS up to 256 KiB)
 _CRLF = b"\r\n"
 _LAST_CHUNK_AFTER_DATA = _CRLF + LAST_CHUNK  # ends a chunk and the body in one piece
 
@@ -144,18 +144,14 @@ class H2Stream:
     def usable(self) -> bool:
         return not self.ended and self.conn.usable
 
-    def send_head(self, head_bytes: bytes, head: RequestHead | None) -> None:
-        """The request head, as HTTP/1.1 bytes and, when the exchange has it, parsed (else the
-        bytes are parsed here: a retry)."""
+    def send_head(self, head: RequestHead) -> None:
+        """The request head, parsed and checked (``gateway.agent.exchange.rewrite_request``)."""
         if not self.ended and self._body is None:
-            self._send_head(head_bytes, head)
+            self._send_head(head)
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
-        if self.ended:
-            return
-        if self._body is None:
-            self._send_head(bytes(data), None)  # a whole head, alone
-            return
+        if self.ended or self._body is None:
+            return  # the head comes first, by send_head
         if self.request_ended or self._end_pending:
             return  # the exchange refuses bytes past the body; nothing more goes up
         for piece in self._body.feed(data):
@@ -202,10 +198,8 @@ class H2Stream:
         self.conn.stream_closed(self, reset=not (self.request_ended and self.response_ended))
 
     # --- from the connection -----------------------------------------------------------------
-    def _send_head(self, head_bytes: bytes, head: RequestHead | None) -> None:
+    def _send_head(self, head: RequestHead) -> None:
         try:
-            if head is None:
-                head = parse_request_head(head_bytes, HEAD_LIMITS)
             fields = request_fields(head)
             self._body = RequestBody(head)
         except (HTTPError, ValueError) as exc:
@@ -335,12 +329,22 @@ class H2Stream:
             self.conn.loop.call_soon(user.upstream_lost, exc)
 
 
-class H2Upstream(asyncio.Protocol):
-    """One HTTP/2 connection to the apiserver and the exchanges it carries."""
+class H2Upstream(asyncio.BufferedProtocol):
+    """One HTTP/2 connection to the apiserver and the exchanges it carries.
+
+    A buffered protocol, reading into ``read_buffer()`` (the pool's one buffer, shared with its
+    HTTP/1.1 connections): TLS records are decrypted straight into it and parsed in place,
+    instead of into a new bytes object per read (up to 256 KiB of a large body, allocated and
+    freed each time) that the body relay then copies again. Sharing is safe because every
+    read is handled synchronously before the next one starts: the core keeps no view of it,
+    and the body the streams relay is copied into the tunnel stream's queue (its ``write``
+    copies a view, a chunk's framing is a join)."""
 
     def __init__(self, max_streams: int, on_change: Callable[[H2Upstream], None],
-                 window_budget: WindowBudget | None = None) -> None:
+                 window_budget: WindowBudget | None = None,
+                 read_buffer: Callable[[], memoryview] | None = None) -> None:
         self.max_streams = max_streams
+        self._read_buffer = read_buffer or _OwnBuffer()
         self.on_change = on_change  # the pool: the connection became idle or was lost
         self.h2 = ClientConnection(max_header_list_size=MAX_RESPONSE_HEADER_LIST,
                                    connection_window=CONNECTION_WINDOW,
@@ -398,7 +402,15 @@ class H2Upstream(asyncio.Protocol):
         self.h2.initiate()
         self.flush()
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._read_buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        with self._read_buffer()[:nbytes] as data:
+            self.data_received(data)
+
+    def data_received(self, data: bytes | memoryview) -> None:
+        """``data``: a view valid only during the call (see the class docstring)."""
         try:
             events = self.h2.receive_data(data)
         except ServerProtocolError as exc:
@@ -540,3 +552,18 @@ class H2Upstream(asyncio.Protocol):
         self._write_now()
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
+
+
+class _OwnBuffer:
+    """A connection's own read buffer, made at its first read (a connection without a pool's:
+    tests, benchmarks)."""
+
+    __slots__ = ("_view",)
+
+    def __init__(self) -> None:
+        self._view: memoryview | None = None
+
+    def __call__(self) -> memoryview:
+        if self._view is None:
+            self._view = memoryview(bytearray(READ_BUFFER_SIZE))
+        return self._view

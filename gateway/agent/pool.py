@@ -31,14 +31,13 @@ import logging
 import ssl
 import time
 from collections import Counter, deque
-from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from gateway.agent.config import AgentConfig
-from gateway.agent.h2pool import WINDOW_BUDGET, H2Stream, H2Upstream
+from gateway.agent.h2pool import READ_BUFFER_SIZE, WINDOW_BUDGET, H2Stream, H2Upstream
 from gateway.agent.h2pool import UpstreamUser as H2StreamUser
 from gateway.wire.h2client import WindowBudget
-from gateway.wire.http1 import RequestHead
+from gateway.wire.http1 import RequestHead, serialize_request_head
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +58,11 @@ class UpstreamUnreachable(PoolError):
     pass
 
 
-@dataclass(frozen=True)
-class UpstreamKey:
+class UpstreamKey(NamedTuple):
+    """Which upstream: connections are pooled per key. A named tuple, not a frozen dataclass:
+    one is made per request and looked up in the pool's dicts twice, and a tuple's
+    constructor and hash are C (a frozen dataclass's are Python, ~2 µs a request)."""
+
     host: str
     port: int
     server_hostname: str | None  # TLS name to verify; None for plain TCP
@@ -77,9 +79,6 @@ class UpstreamUser(H2StreamUser, Protocol):
 
     def upstream_data(self, data: memoryview) -> None: ...
     def upstream_eof(self) -> None: ...
-
-
-READ_BUFFER_SIZE = 256 * 1024
 
 
 class UpstreamConnection(asyncio.BufferedProtocol):
@@ -143,9 +142,10 @@ class UpstreamConnection(asyncio.BufferedProtocol):
     def usable(self) -> bool:
         return not self.lost and self.transport is not None and not self.transport.is_closing()
 
-    def send_head(self, head_bytes: bytes, head: RequestHead | None) -> None:
-        """The request head (its bytes; ``head``, the same parsed, is for HTTP/2 streams)."""
-        self.write(head_bytes)
+    def send_head(self, head: RequestHead) -> None:
+        """The request head, checked (``gateway.agent.exchange.rewrite_request``), serialised
+        here: an HTTP/2 stream sends its fields and never needs these bytes."""
+        self.write(serialize_request_head(head.method, head.target, head.headers, head.version))
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         if self.usable:
@@ -329,7 +329,8 @@ class UpstreamPool:
     async def _dial_h2(self, key: UpstreamKey, context: ssl.SSLContext) -> H2Upstream | None:
         """A ready HTTP/2 connection (the server's SETTINGS arrived), or None if the server
         chose another protocol in ALPN (that connection is closed)."""
-        conn = H2Upstream(self.h2_max_streams, self._h2_changed, self.h2_window_budget)
+        conn = H2Upstream(self.h2_max_streams, self._h2_changed, self.h2_window_budget,
+                          self.read_buffer)
         await self._connect(key, context, conn)
         if conn.alpn != "h2":
             conn.abort(None)

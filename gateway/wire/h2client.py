@@ -421,9 +421,13 @@ class ClientConnection:
 
     # --- input -----------------------------------------------------------------------------
 
-    def receive_data(self, data: bytes) -> list[Event]:
+    def receive_data(self, data: bytes | memoryview) -> list[Event]:
         """The events in ``data``. Raises :class:`ServerProtocolError` (GOAWAY queued) when
-        the server broke a connection rule; nothing is accepted after that."""
+        the server broke a connection rule; nothing is accepted after that.
+
+        ``data`` may be a view of a read buffer that is used again after the call: nothing of
+        it is kept (a frame cut at its end is copied), and the events hold no view of it but
+        :class:`DataReceived`'s pieces, which must be read or copied before the next read."""
         if self._broken:
             return []
         events: list[Event] = []
@@ -457,10 +461,10 @@ class ClientConnection:
             self._send_goaway(exc.code)
             raise
         if stop < len(data):
-            self._pending = data[stop:]
+            self._pending = bytes(data[stop:])
         return events
 
-    def _frames(self, data: bytes, pos: int, events: list[Event]) -> int:
+    def _frames(self, data: bytes | memoryview, pos: int, events: list[Event]) -> int:
         """The whole frames in ``data`` from ``pos`` on, into ``events``; returns where the
         first incomplete frame (or the end) is."""
         view = memoryview(data)
@@ -474,6 +478,11 @@ class ClientConnection:
             stop = pos + 9 + length
             if stop > end:
                 break
+            if ftype == DATA and not flags and length and not self._unusual:
+                taken = self._plain_data(data, view, pos, end, stream_id & 0x7FFFFFFF, events)
+                if taken != pos:
+                    pos = taken
+                    continue
             payload = view[pos + 9:stop]
             pos = stop
             if self._unusual:  # a header block in progress, or no SETTINGS from the server yet
@@ -590,6 +599,56 @@ class ClientConnection:
         events.append(DataReceived(stream_id, payload, flow, bool(ended)))
         if ended:
             self._remote_ended(stream_id, stream)
+
+    def _plain_data(self, data: bytes | memoryview, view: memoryview, pos: int, end: int,
+                    stream_id: int, events: list[Event]) -> int:
+        """The run of plain DATA frames of ``stream_id`` (whole, not empty, no flags: no
+        padding, not the end) that starts at ``pos``, taken as :meth:`_on_data` takes them one
+        by one, in one call: a watch's read is a hundred such frames, an event each. Returns
+        where the first frame it did not take starts (``pos``: none); a frame that is not
+        plain or breaks a rule (a window, the content-length) is left to :meth:`_on_data`."""
+        stream = self.streams.get(stream_id)
+        if stream is None or not stream.remote_open or stream.phase != _BODY:
+            return pos
+        window, unacked = self._recv_window, self._recv_unacked
+        half = self._connection_window >> 1
+        stream_window, left = stream.recv_window, stream.body_left
+        pieces: list[memoryview] = []
+        start = pos
+        while end - pos >= 9:
+            high, low, ftype, flags, sid = _unpack_head(data, pos)
+            length = high << 16 | low
+            stop = pos + 9 + length
+            if ftype != DATA or flags or not length or sid & 0x7FFFFFFF != stream_id \
+                    or stop > end or length > FRAME_LIMIT or length > window \
+                    or length > stream_window or length > left >= 0:
+                break
+            if left > 0:
+                left -= length
+            window -= length
+            unacked += length
+            if window <= half:  # as _on_data: the connection window is given back on receipt
+                self._out.append(frame(WINDOW_UPDATE, 0, 0, unacked.to_bytes(4, "big")))
+                window += unacked
+                unacked = 0
+            stream_window -= length
+            pieces.append(view[pos + 9:stop])
+            pos = stop
+        if pos == start:
+            return pos
+        self._recv_window, self._recv_unacked = window, unacked
+        stream.recv_window, stream.body_left = stream_window, left
+        flow = pos - start - 9 * len(pieces)
+        if events:
+            last = events[-1]
+            if type(last) is DataReceived and last.stream_id == stream_id:
+                last.pieces += pieces
+                last.flow_controlled_length += flow
+                return pos
+        event = DataReceived(stream_id, pieces[0], flow, False)
+        event.pieces = pieces
+        events.append(event)
+        return pos
 
     def _unexpected_data(self, stream_id: int, stream: _Stream | None,
                          events: list[Event]) -> None:

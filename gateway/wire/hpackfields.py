@@ -52,6 +52,7 @@ class FieldEncoder:
 
     MAX_CACHED = 1024  # fields; the cache is emptied when full (per-request unique values)
     _cache: ClassVar[dict[tuple[bytes, bytes], bytes]] = {}  # shared: a field's own encoding
+    _names: ClassVar[dict[bytes, tuple[dict[bytes, int] | None, bytes, bool]]] = {}  # _name()
 
     __slots__ = ("_pending", "_secret", "header_table_size")
 
@@ -78,21 +79,13 @@ class FieldEncoder:
         return b"".join(parts)
 
     def _field(self, name: bytes, value: bytes) -> bytes:
-        secret = name in _SECRET_FIELDS
-        never = secret or name.startswith(_NEVER_INDEXED_PREFIX)
-        static = _STATIC.get(name)
-        if static is not None and not never and (index := static[1].get(value)) is not None:
+        indexed, prefix, secret = self._name(name)
+        if indexed is not None and (index := indexed.get(value)) is not None:
             out = encode_integer(index, 7)  # indexed field (RFC 7541 §6.1)
             out[0] |= 0x80
             encoded = bytes(out)
         else:  # literal field without indexing (§6.2.2) or never indexed (§6.2.3)
-            flag = 0x10 if never else 0x00
-            if static is not None:
-                out = encode_integer(static[0], 4)
-                out[0] |= flag
-                encoded = bytes(out) + _length(value) + value
-            else:
-                encoded = bytes((flag,)) + _length(name) + name + _length(value) + value
+            encoded = prefix + _length(value) + value
             if secret:
                 self._secret = ((name, value), encoded)
                 return encoded
@@ -101,3 +94,29 @@ class FieldEncoder:
             cache.clear()
         cache[(name, value)] = encoded
         return encoded
+
+    def _name(self, name: bytes) -> tuple[dict[bytes, int] | None, bytes, bool]:
+        """What a field's encoding takes from its name alone: the static table's full entries
+        for it (None when never indexed), the literal's representation up to its value, and
+        whether it is a secret. Kept per name (a bounded cache, as the fields'): a field seen
+        for the first time (a request's audit-id and request id, a response's date) is then
+        its value's length and bytes after that prefix."""
+        entry = FieldEncoder._names.get(name)
+        if entry is not None:
+            return entry
+        secret = name in _SECRET_FIELDS
+        never = secret or name.startswith(_NEVER_INDEXED_PREFIX)
+        flag = 0x10 if never else 0x00
+        static = _STATIC.get(name)
+        if static is not None:
+            out = encode_integer(static[0], 4)
+            out[0] |= flag
+            prefix = bytes(out)
+        else:
+            prefix = bytes((flag,)) + _length(name) + name
+        entry = (None if static is None or never else static[1], prefix, secret)
+        names = FieldEncoder._names
+        if len(names) >= self.MAX_CACHED:
+            names.clear()
+        names[name] = entry
+        return entry

@@ -674,13 +674,26 @@ def framing_for_response(head: ResponseHead, request_method: bytes) -> BodyTrack
 def _check_fields(headers: Headers) -> None:
     # Two C passes over all names and all values (each byte is judged alone, so joining them
     # changes nothing); the per-field loop only runs to name the culprit.
-    names = [name for name, _ in headers]
+    if not headers:
+        return
+    names, values = zip(*headers, strict=True)
     if (all(names) and not b"".join(names).translate(None, _TCHAR)
-            and not b"".join([value for _, value in headers]).translate(None, _EXT_OK)):
+            and not b"".join(values).translate(None, _EXT_OK)):
         return
     for name, value in headers:
         if not name or name.translate(None, _TCHAR) or value.translate(None, _EXT_OK):
             raise ValueError(f"refusing to serialize an invalid header {name[:64]!r}")
+
+
+def check_request_head(method: bytes, target: bytes, headers: Headers) -> None:
+    """What :func:`serialize_request_head` checks, without making the bytes (a head that goes
+    out as HTTP/2 fields): names must be tokens, values free of control characters, the method
+    a token and the target visible ASCII (ValueError otherwise)."""
+    if not method or method.translate(None, _TCHAR):
+        raise ValueError("invalid method")
+    if not target or target.translate(None, _TARGET_OK):
+        raise ValueError("invalid request target")
+    _check_fields(headers)
 
 
 def serialize_request_head(
@@ -692,15 +705,8 @@ def serialize_request_head(
     injection through a value built from user input is impossible even if a caller forgot to
     validate.
     """
-    if not method or method.translate(None, _TCHAR):
-        raise ValueError("invalid method")
-    if not target or target.translate(None, _TARGET_OK):
-        raise ValueError("invalid request target")
-    _check_fields(headers)
-    parts = [method + b" " + target + b" " + version]
-    parts.extend(name + b": " + value for name, value in headers)
-    parts.append(b"\r\n")
-    return b"\r\n".join(parts)
+    check_request_head(method, target, headers)
+    return _head_bytes(b"%s %s %s" % (method, target, version), headers)
 
 
 def serialize_response_head(
@@ -710,10 +716,14 @@ def serialize_response_head(
     if not 100 <= status <= 999 or reason.translate(None, _EXT_OK):
         raise ValueError("invalid status line")
     _check_fields(headers)
-    parts = [b"%s %d %s" % (version, status, reason)]
-    parts.extend(name + b": " + value for name, value in headers)
-    parts.append(b"\r\n")
-    return b"\r\n".join(parts)
+    return _head_bytes(b"%s %d %s" % (version, status, reason), headers)
+
+
+def _head_bytes(start_line: bytes, headers: Headers) -> bytes:
+    if not headers:
+        return start_line + b"\r\n\r\n"
+    fields = b"\r\n".join([b"%s: %s" % (name, value) for name, value in headers])
+    return b"%s\r\n%s\r\n\r\n" % (start_line, fields)
 
 
 KUBECTL_GET_HEAD = (

@@ -237,16 +237,17 @@ def strip_identity_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[byt
     """For the agent: drop every identity-bearing header before adding its own.
 
     Removes ``Authorization``, ``Proxy-Authorization``, any ``Impersonate*`` and ``X-Remote-*``
-    header, including their ``_`` aliases.
+    header, including their ``_`` aliases (:func:`is_identity_header`).
     """
-    out: list[tuple[bytes, bytes]] = []
-    for name, value in headers:
-        lname = name.lower().replace(b"_", b"-")
-        if (
-            lname in (b"authorization", b"proxy-authorization")
-            or lname.startswith(IMPERSONATE_PREFIX)
-            or lname.startswith(b"x-remote-")
-        ):
-            continue
-        out.append((name, value))
-    return out
+    return [(name, value) for name, value in headers if not is_identity_header(name.lower())]
+
+
+_IDENTITY_PREFIXES = (IMPERSONATE_PREFIX, b"x-remote-")
+
+
+def is_identity_header(lowered_name: bytes) -> bool:
+    """Whether a header (its lower-cased name) bears an identity the agent must drop (see
+    :func:`strip_identity_headers`), its ``_`` alias included."""
+    name = lowered_name.replace(b"_", b"-")
+    return name == b"authorization" or name == b"proxy-authorization" \
+        or name.startswith(_IDENTITY_PREFIXES)

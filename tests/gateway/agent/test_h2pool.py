@@ -451,6 +451,51 @@ async def test_the_data_frames_of_one_read_reach_the_tunnel_as_one_chunk(
     agent.pool.close()
 
 
+async def test_h2_connections_read_into_the_pools_one_buffer_and_relay_every_byte(
+        server: h2server.H2Server, ca_file: str, tmp_path: Path) -> None:
+    # TLS records are decrypted into the pool's shared buffer (no bytes object per read, no
+    # buffer per connection); what each read brought is relayed before the next overwrites
+    # it, so two bodies interleaved over many reads (frames cut at their ends) arrive whole.
+    agent = await make_agent(server, ca_file, tmp_path)
+    streams = [request(agent, "/events?n=4000") for _ in range(2)]
+    events = b"".join(b'{"n":%d}\n' % i for i in range(4000))
+    for stream in streams:
+        await stream.wait(lambda stream=stream: len(whole_chunks(stream)) >= len(events), 10)
+        assert whole_chunks(stream) == events
+    conn = agent.pool.h2_connections()[0]
+    assert conn.get_buffer(-1) is agent.pool.read_buffer()
+    for stream in streams:
+        stream.client_reset()
+    agent.pool.close()
+
+
+def whole_chunks(stream: FakeStream) -> bytes:
+    """The payload of the complete chunks of a chunked body still under way."""
+    if b"\r\n\r\n" not in stream.received:
+        return b""
+    out, rest = b"", stream.response()[2]
+    while True:
+        size_line, crlf, rest = rest.partition(b"\r\n")
+        if not crlf or len(rest) < int(size_line, 16) + 2:
+            return out
+        size = int(size_line, 16)
+        out, rest = out + rest[:size], rest[size + 2:]
+
+
+async def test_a_credential_with_a_control_character_never_reaches_the_apiserver(
+        server: h2server.H2Server, ca_file: str, tmp_path: Path) -> None:
+    # An HTTP/2 stream sends fields, never the HTTP/1.1 bytes whose serialisation checked
+    # them: what the agent adds to a head (here its own credential, from a token file with a
+    # bell in it) is checked all the same, and the stream is refused before any HEADERS.
+    agent = await make_agent(server, ca_file, tmp_path)
+    (tmp_path / "token").write_text("agent\x07token, rotated\n")  # read at the next request
+    stream = request(agent, "/small")
+    await stream.wait_done()
+    assert stream.refused is not None and stream.refused[0] == OpenErrorCode.INTERNAL
+    assert not server.heads
+    agent.pool.close()
+
+
 async def test_a_body_of_known_length_completes_before_the_servers_end_stream(
         server: h2server.H2Server, ca_file: str, tmp_path: Path) -> None:
     agent = await make_agent(server, ca_file, tmp_path)

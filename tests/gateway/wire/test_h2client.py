@@ -329,6 +329,32 @@ def test_a_response_split_at_every_byte_gives_the_same_events() -> None:
     assert body == whole_body
 
 
+def test_reads_from_one_reused_buffer_give_the_same_events() -> None:
+    # The agent reads every connection into one shared buffer (gateway.agent.h2pool): the core
+    # may keep nothing of a read, so a frame cut at its end is copied, not a view of a buffer
+    # the next read overwrites (here with garbage first, then the next read's bytes).
+    server = Server()
+    sid = server.request()
+    wire = (server.headers(sid, length(3 * 700)) + data_frame(sid, b"a" * 700)
+            + data_frame(sid, b"b" * 700) + data_frame(sid, b"c" * 700, True) + ping())
+    for cut in range(1, len(wire)):
+        server = Server()
+        assert server.request() == sid
+        buffer = bytearray(len(wire))
+        body, names = b"", []
+        for start, stop in ((0, cut), (cut, len(wire))):
+            n = stop - start
+            buffer[:] = b"\xff" * len(buffer)
+            buffer[:n] = wire[start:stop]
+            with memoryview(buffer)[:n] as view:
+                for event in server.client.receive_data(view):
+                    names.append(type(event).__name__)
+                    if isinstance(event, DataReceived):
+                        body += event.data  # read during the call, as the agent does
+        assert body == b"a" * 700 + b"b" * 700 + b"c" * 700, cut
+        assert names[0] == "ResponseReceived" and names[-1] == "PingReceived", cut
+
+
 # --- requests and responses (§8.1) ------------------------------------------------------------
 
 def test_a_request_and_its_response() -> None:
@@ -816,6 +842,22 @@ def test_data_beyond_the_stream_window_is_a_stream_error() -> None:
     for _ in range(4):
         server.send(data_frame(sid, b"x" * 16000))
     server.stream_error(data_frame(sid, b"x" * 1536), sid, FLOW_CONTROL_ERROR)
+
+
+def test_a_run_of_data_frames_stops_at_the_frame_that_breaks_a_rule() -> None:
+    # A read of many DATA frames (a watch's events) is taken in one pass; the frame that
+    # breaks the stream's window or its content-length is refused as alone, and the frames
+    # before it are handed on.
+    server = Server(connection_window=1 << 30)
+    sid = server.request()
+    server.respond(sid)
+    server.stream_error(data_frame(sid, b"x" * 16000) * 4 + data_frame(sid, b"y" * 1536), sid,
+                        FLOW_CONTROL_ERROR, before=[("DataReceived", sid, b"x" * 64000, 64000,
+                                                     False)])
+    sid = server.request()
+    server.respond(sid, length(5))
+    server.stream_error(data_frame(sid, b"ab") + data_frame(sid, b"cd") + data_frame(sid, b"ef"),
+                        sid, PROTOCOL_ERROR, before=[("DataReceived", sid, b"abcd", 4, False)])
 
 
 def test_data_beyond_the_connection_window_is_a_connection_error() -> None:

@@ -63,6 +63,18 @@ def test_field_encoder_cache_is_bounded() -> None:
         assert len(encoder._cache) <= FieldEncoder.MAX_CACHED
 
 
+def test_field_encoder_name_cache_is_bounded_and_holds_no_value() -> None:
+    # What a field's encoding takes from its name is kept per name (a request's audit-id is
+    # new every time, its name never): bounded like the fields, and never a value, secret or not.
+    encoder, decoder = FieldEncoder(), hpack.Decoder()
+    for i in range(3 * FieldEncoder.MAX_CACHED):
+        fields = [(b"x-name-%d" % i, b"v"), (b"authorization", b"Bearer t%d" % i),
+                  (b"impersonate-user", b"u%d" % i), (b":status", b"200")]
+        assert decoded(decoder, encoder.encode(fields)) == fields
+        assert len(encoder._names) <= FieldEncoder.MAX_CACHED
+    assert b"Bearer" not in repr(encoder._names).encode()
+
+
 def test_field_encoder_response_set_cookie_is_never_indexed_nor_cached() -> None:
     encoder, decoder = FieldEncoder(), hpack.Decoder()
     block = encoder.encode([(b":status", b"200"), (b"set-cookie", b"session=s3cret")])
