@@ -135,8 +135,13 @@ class RealKube:
 
     def audit_events(self) -> list[dict[str, Any]]:
         """Every audit event so far (the blocking backend wrote each before its response)."""
+        return [json.loads(line) for line in self.audit_lines() if line.strip()]
+
+    def audit_lines(self) -> list[str]:
+        """The audit log's whole lines: the apiserver may be writing the next event as this
+        reads it, and a line cut short is not an event yet."""
         text = self.audit_log.read_text() if self.audit_log.exists() else ""
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
+        return text[:text.rfind("\n") + 1].splitlines()
 
 
 def write_private(path: Path, text: str | bytes) -> Path:

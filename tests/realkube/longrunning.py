@@ -123,9 +123,8 @@ def _stages(kube: RealKube, audit_id: str, timeout: float = 10.0) -> dict[str, d
     """The audit events of one request written so far, by stage."""
     deadline = time.monotonic() + timeout
     while True:
-        text = kube.audit_log.read_text() if kube.audit_log.exists() else ""
         stages = {event["stage"]: event for event in
-                  (json.loads(line) for line in text.splitlines() if audit_id in line)
+                  (json.loads(line) for line in kube.audit_lines() if audit_id in line)
                   if event.get("auditID") == audit_id}
         if stages or time.monotonic() > deadline:
             return stages
