@@ -26,7 +26,7 @@ import functools
 import sys
 import time
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, TypedDict
 
 from gateway.hub.admission.auth import UserInfo
 from gateway.hub.admission.bearer import BearerError, extract_token
@@ -200,8 +200,7 @@ class AuditTrail:
                 method=head.method if head is not None else None,
                 target=head.target if head is not None else None, status=status,
                 bytes_in=bytes_in, bytes_out=bytes_out, duration=duration, protocol=protocol,
-                client=source_ips[0] if source_ips else None,
-                proxies=list(source_ips[1:]) if len(source_ips) > 1 else None))
+                **_addresses(source_ips)))
         if self.kube is not None:
             now = time.time()
             self.kube.event(k8s.RESPONSE_COMPLETE, request_id=request_id, head=head,
@@ -227,7 +226,13 @@ class AuditTrail:
                             now=time.time())
 
 
-def _addresses(source_ips: Sequence[str]) -> dict[str, object]:
+class _Addresses(TypedDict, total=False):
+    client: str
+    proxies: list[str]
+
+
+def _addresses(source_ips: Sequence[str]) -> _Addresses:
+    """The audit line's ``client`` and ``proxies`` (each absent when there is none)."""
     if not source_ips:
         return {}
     if len(source_ips) == 1:

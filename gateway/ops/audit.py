@@ -138,8 +138,8 @@ def format_record(record: dict[str, Any]) -> str:
 
 def request_line(event: str, *, request_id: str, user: str | None, cluster: str | None,
                  method: bytes | None, target: bytes | None, status: int, bytes_in: int,
-                 bytes_out: int, duration: float, protocol: str, client: str | None,
-                 proxies: list[str] | None, now: float | None = None) -> str:
+                 bytes_out: int, duration: float, protocol: str, client: str | None = None,
+                 proxies: list[str] | None = None, now: float | None = None) -> str:
     """The line of a finished request (``request``, ``stream_end``): the same, character for
     character, as :func:`format_record` of :func:`audit_record` with these fields, written
     in one go (the gateway writes one per request; the generic way costs twice as much)."""
