@@ -534,7 +534,8 @@ class HttpExchange:
     # body as HTTP/1.1 itself, and knows where the body ends (END_STREAM, or its length): what
     # it hands over goes to the tunnel stream as it is, nothing parsed again.
     def upstream_head(self, head_bytes: bytes, response: ResponseHead) -> None:
-        """The final response head of an HTTP/2 stream, as HTTP/1.1 bytes and parsed."""
+        """The final response head of an HTTP/2 stream, as HTTP/1.1 bytes and parsed (the
+        bytes empty when they come with the first ``upstream_body``)."""
         if self.state == self.OPEN and self.response is None:
             self._took_response(response)
             self._to_stream(head_bytes)
