@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import ssl
 from collections.abc import Callable
@@ -236,6 +237,7 @@ class Agent:
         self._done(exchange, "tcp")
 
 
+@functools.lru_cache(maxsize=256)  # one per apiserver / Service: asked per request
 def _authority(host: str, port: int) -> bytes:
     text = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     return text.encode("ascii")

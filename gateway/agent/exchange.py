@@ -83,7 +83,7 @@ _HOST = frozenset((b"host",))
 _HOST_AND_AUDIT_ID = frozenset((b"host", AUDIT_ID.lower()))
 
 
-@dataclass
+@dataclass(slots=True)
 class Route:
     """Where an exchange goes and what the agent adds to it."""
 
@@ -299,14 +299,23 @@ class HttpExchange:
 
     # ------------------------------------------------------------------ setup -------------
     def _take_head_bytes(self, data: bytes) -> None:
+        # The head normally rides whole in the OPEN: then it is parsed as it came, no copy.
         start = len(self._head_buf)
-        self._head_buf += data
+        buffered: bytes | bytearray = data
+        if start:
+            self._head_buf += data
+            buffered = self._head_buf
         try:
-            end = find_head_end(self._head_buf, start, max_head_bytes=MAX_REQUEST_HEAD)
+            end = find_head_end(buffered, start, max_head_bytes=MAX_REQUEST_HEAD)
             if end < 0:
+                if not start:
+                    self._head_buf += data
                 return
-            head, rest = bytes(self._head_buf[:end]), bytes(self._head_buf[end:])
-            self._head_buf = bytearray()
+            if start or end < len(data):
+                head, rest = bytes(buffered[:end]), bytes(buffered[end:])
+                self._head_buf = bytearray()
+            else:
+                head, rest = data, b""
             self.request = parse_request_head(head, HEAD_LIMITS)
             self._req_tracker = framing_for_request(self.request)
         except HTTPError as exc:
@@ -314,14 +323,15 @@ class HttpExchange:
             self._discard_input = True  # the setup task refuses the stream
             self._head_failed(exc)
             return
-        # Until the upstream is ready, hold whatever follows and stop the stream's flow.
-        self._pause_stream("setup")
         if rest:
             self._buffer_early(rest)
         if self._head_ready is not None and not self._head_ready.done():
             self._head_ready.set_result(None)
         if self._task is None:
-            self._setup_now()
+            self._setup_now()  # the common case: the request goes upstream now
+        if self.state == self.SETUP:
+            # Until the upstream is ready, hold whatever follows and stop the stream's flow.
+            self._pause_stream("setup")
 
     def _head_failed(self, exc: Exception) -> None:
         """No usable head: the setup task (started soon, or waiting) raises ``exc``."""
@@ -714,7 +724,9 @@ class HttpExchange:
 
     def _resume_stream(self, reason: str) -> None:
         if reason in self._stream_pauses:
-            self._stream_pauses = tuple(r for r in self._stream_pauses if r != reason)
+            pauses = self._stream_pauses
+            self._stream_pauses = () if len(pauses) == 1 else tuple(
+                r for r in pauses if r != reason)
             if not self._stream_pauses and self.stream is not None and not self._closed:
                 self.stream.resume_reading()
 
