@@ -73,6 +73,7 @@ class FrontDoor(asyncio.Protocol):
     current request. See the module docstring."""
 
     protocol = "h1"
+    reads_response_fields = False  # the head is relayed as it came
 
     def __init__(self, gw: FrontDoorHost, client_ip: str | None = None, *,
                  h2: H2Door | None = None) -> None:
