@@ -200,6 +200,29 @@ def start_aiohttp_proxy(lab: Lab) -> Config:
     return cfg
 
 
+def start_hop_floor(lab: Lab) -> Config:
+    """``bench.hopfloor`` twice in series: the floor of hubproxy's two TLS-terminating hops."""
+    gw = lab.pki / "gateway"
+    upstream = f"{LOOPBACK}:{lab.upstream_port}"
+    procs, ca = [], lab.upstream_ca
+    for name in ("floor-hop2", "floor-hop1"):  # the apiserver's side first
+        port = free_port()
+        proc = lab.procs.start(name, [
+            sys.executable, "-m", "bench.hopfloor", "--listen", f"{LOOPBACK}:{port}",
+            "--cert", str(gw / "tls.crt"), "--key", str(gw / "tls.key"),
+            "--upstream", upstream, "--upstream-ca", ca])
+        proc.wait_for_line("hopfloor ready", 30)
+        procs.append(proc)
+        upstream, ca = f"{LOOPBACK}:{port}", str(gw / "ca.crt")
+    cfg = Config("floor-2hop", Target(f"https://{upstream}", ca),
+                 "two bench.hopfloor processes in series, each terminating TLS on both sides "
+                 "and relaying HTTP/1.1 messages by their framing only: the least hubproxy's "
+                 "two hops cost in Python", {"hop1": [procs[1].pid], "hop2": [procs[0].pid]},
+                 procs, extra=True)
+    _wait_ok(cfg)
+    return cfg
+
+
 def _hubproxy(*args: str) -> list[str]:
     return [sys.executable, "-m", "gateway.cli", *args]
 

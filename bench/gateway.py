@@ -15,6 +15,9 @@ One run starts, on 127.0.0.1, one fast TLS upstream (``bench.upstream``) and in 
   ``--authorize none``) -> tunnel -> ``hubproxy agent`` -> upstream: the production path;
 - ``relay``: the same tunnel and agent with raw TCP relays at both ends (``bench.relayhub`` +
   ``agent --allow-tcp``), the client speaking TLS end to end with the upstream.
+- ``floor-2hop``: two ``bench.hopfloor`` processes in series, each terminating TLS on both sides
+  and relaying HTTP/1.1 by its framing only: the floor under hubproxy's two hops (issue 26),
+  measured on small GETs and large bodies.
 - over HTTP/2 (``h2load``, one connection): ``direct-h2`` (the upstream offers ALPN h2, as
   kube-apiserver), ``nginx-h2`` (``listen ... ssl http2``, HTTP/1.1 keep-alive upstream) and
   hubproxy, 16 streams beside wrk's c=16 and one beside its c=1.
@@ -61,7 +64,7 @@ from gateway.ops.rlimits import raise_open_file_limit
 MiB = 1024 * 1024
 LOG_PATH = "/api/v1/namespaces/default/pods/bench/log?bytes={n}"
 WATCH_PATH = "/api/v1/namespaces/default/pods?watch=1&events={n}"
-ORDER = ("direct", "nginx", "kubectl-proxy", "aiohttp-proxy", "hubproxy", "relay")
+ORDER = ("direct", "nginx", "kubectl-proxy", "aiohttp-proxy", "hubproxy", "relay", "floor-2hop")
 
 
 @dataclass
@@ -402,6 +405,7 @@ def start_configs(lab: Lab, wanted: set[str], skipped: dict[str, str], log_level
         "hubproxy": lambda: configs.start_hubproxy(
             lab, log_level, upstream_connections=max(2048, idle_watches + 1024)),
         "relay": lambda: configs.start_relay(lab),
+        "floor-2hop": lambda: configs.start_hop_floor(lab),
     }
     for name in ORDER[1:]:
         if name not in wanted:

@@ -7,6 +7,7 @@ from typing import Any
 
 HUB = "hubproxy"
 BASE = "hubproxy-base"  # --baseline-tree: another checkout, measured beside hubproxy
+FLOOR = "floor-2hop"  # bench.hopfloor twice in series: the design's floor in Python
 GOALS_TEXT = {
     "large_body_vs_nginx": ("large body >= 0.6 x nginx", 0.6, ">="),
     "large_body_vs_kubectl_proxy": ("large body >= 0.7 x kubectl proxy", 0.7, ">="),
@@ -175,6 +176,14 @@ def ratios(cfgs: dict[str, Any]) -> dict[str, float | None]:
     out["relay_small_get_c16_vs_direct"] = _ratio(_get(cfgs, "relay", "small_get", "c16", "rps"),
                                                   _get(cfgs, "direct", "small_get", "c16", "rps"))
     out["large_body_vs_relay"] = _ratio(_get(cfgs, HUB, *body), _get(cfgs, "relay", *body))
+    # Two bare Python hops (bench.hopfloor): the floor under hubproxy's two processes.
+    cpu = ("cpu", "total", "s_per_10k_requests")
+    out["floor_cpu_per_10k_vs_kubectl_proxy"] = _ratio(_get(cfgs, FLOOR, *cpu),
+                                                       _get(cfgs, "kubectl-proxy", *cpu))
+    out["cpu_per_10k_vs_floor"] = _ratio(_get(cfgs, HUB, *cpu), _get(cfgs, FLOOR, *cpu))
+    out["floor_small_get_c16_vs_kubectl_proxy"] = _ratio(
+        _get(cfgs, FLOOR, "small_get", "c16", "rps"),
+        _get(cfgs, "kubectl-proxy", "small_get", "c16", "rps"))
     naive = "aiohttp-proxy"  # measured on small GETs at c=16 and bodies
     out["small_get_c16_vs_aiohttp_proxy"] = _ratio(_get(cfgs, HUB, "small_get", "c16", "rps"),
                                                    _get(cfgs, naive, "small_get", "c16", "rps"))
@@ -243,7 +252,7 @@ def _upstream_seen(seen: dict[str, Any] | None) -> str:
 def table(result: dict[str, Any]) -> str:
     cfgs: dict[str, Any] = result.get("configs", {})
     names = [n for n in ("direct", "nginx", "nginx-auto", "kubectl-proxy", "aiohttp-proxy",
-                         "hubproxy", BASE, "hubproxy-2w", "relay") if n in cfgs]
+                         "hubproxy", BASE, "hubproxy-2w", "relay", FLOOR) if n in cfgs]
     against = ["direct", "nginx", "kubectl-proxy"] + ([BASE] if BASE in cfgs else [])
 
     def row(label: str, path: tuple[str, ...], digits: int = 0,
@@ -341,6 +350,13 @@ def table(result: dict[str, Any]) -> str:
         lines.append(f"relay only (tunnel framing, no HTTP): large body "
                      f"{_fmt(r.get('relay_large_body_vs_direct'), 2)} x direct, small GET c=16 "
                      f"{_fmt(r.get('relay_small_get_c16_vs_direct'), 2)} x direct")
+
+    if FLOOR in cfgs:
+        r = result.get("ratios", {})
+        lines.append(f"floor (two bare Python hops, TLS on both sides of each): CPU per 10k "
+                     f"{_fmt(r.get('floor_cpu_per_10k_vs_kubectl_proxy'), 2)} x kubectl proxy, "
+                     f"c=16 {_fmt(r.get('floor_small_get_c16_vs_kubectl_proxy'), 2)} x; "
+                     f"hubproxy's CPU per 10k {_fmt(r.get('cpu_per_10k_vs_floor'), 2)} x the floor")
 
     check = result.get("upstream_check") or {}
     if check:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.gateway_report import BASE, HUB, goals, ratios, summarize, table
+from bench.gateway_report import BASE, FLOOR, HUB, goals, ratios, summarize, table
 
 
 def raw(rps: float, cpu_per_request: float, events_per_s: float) -> dict[str, Any]:
@@ -49,6 +49,21 @@ def test_without_a_baseline_there_is_no_column():
     r = ratios(cfgs)
     assert r["small_get_c16_vs_base"] is None
     assert "hub/base" not in table({"configs": cfgs, "ratios": r, "goals": {}})
+
+
+def test_the_floor_gets_a_column_and_hubproxy_is_measured_against_it():
+    cfgs = summarized(**{"direct": raw(40_000, 20e-6, 100_000),
+                         "kubectl-proxy": raw(8_000, 150e-6, 200_000),
+                         HUB: raw(4_000, 300e-6, 170_000),
+                         FLOOR: raw(8_000, 100e-6, 1)})
+    r = ratios(cfgs)
+    assert r["floor_cpu_per_10k_vs_kubectl_proxy"] == 0.667
+    assert r["cpu_per_10k_vs_floor"] == 3.0
+    assert r["floor_small_get_c16_vs_kubectl_proxy"] == 1.0
+    text = table({"configs": cfgs, "ratios": r, "goals": {}})
+    assert FLOOR in text.splitlines()[0].split()
+    assert "CPU per 10k 0.67 x kubectl proxy, c=16 1.00 x; hubproxy's CPU per 10k 3.00 x " \
+        "the floor" in text
 
 
 def test_issue_26_goals_read_the_same_ratios_with_their_own_limits():
