@@ -79,7 +79,7 @@ _FIELD_SETS = st.sampled_from([
 ])
 
 
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=1000, deadline=None)
 @given(st.lists(st.tuples(_LINES, _FIELD_SETS), min_size=1, max_size=6))
 def test_a_connection_of_heads_reads_as_the_parser_reads_each(
         heads_sent: list[tuple[bytes, bytes]]) -> None:
