@@ -281,11 +281,6 @@ def _user_from_status(status: Mapping[str, Any], audiences: tuple[str, ...]) -> 
     )
 
 
-# Token objects whose cache key is kept (see TokenAuthenticator.cache_key): about one per
-# client connection that sends requests; past it, a key is computed again.
-TOKEN_KEYS_KEPT = 1024
-
-
 class TokenAuthenticator:
     """Authenticate hub bearer tokens; see the module docstring for the contract."""
 
@@ -304,7 +299,8 @@ class TokenAuthenticator:
         self.hub_calls = hub_calls
         self.audiences = tuple(sorted(set(audiences)))
         self._mac_key = secrets.token_bytes(32)  # per process: keys mean nothing elsewhere
-        self._keys: dict[int, tuple[str, bytes]] = {}  # see cache_key
+        self._last_token: str | None = None  # see cache_key
+        self._last_key = b""
         # Audiences are fixed per authenticator, but they are part of the key anyway so that a
         # shared cache could never answer for the wrong audience.
         self._key_prefix = json.dumps(self.audiences).encode() + b"\x00"
@@ -315,18 +311,13 @@ class TokenAuthenticator:
         self.reviews = 0  # TokenReviews actually sent (for metrics and tests)
 
     def cache_key(self, token: str) -> bytes:
-        # A token object seen lately -- what each client connection's next request brings
-        # (gateway.hub.admission.chain.HeaderVerdict keeps it) -- has the key it had: found by
-        # identity, not equality, so a token is never compared, and the one kept (which keeps
-        # its id from being reused) cannot be another. One entry per busy connection, not one
-        # slot: connections take turns. Bounded: cleared when full.
-        entry = self._keys.get(id(token))
-        if entry is not None and entry[0] is token:
-            return entry[1]
+        # The same token object as the last call's -- what a client connection's next request
+        # brings (gateway.hub.admission.chain.HeaderVerdict) -- has the same key: identity,
+        # not equality, so a token is never compared, and the one kept cannot be another.
+        if token is self._last_token:
+            return self._last_key
         key = self._mac(token)
-        if len(self._keys) >= TOKEN_KEYS_KEPT:
-            self._keys.clear()
-        self._keys[id(token)] = (token, key)
+        self._last_token, self._last_key = token, key
         return key
 
     def _mac(self, token: str) -> bytes:

@@ -235,8 +235,8 @@ class HeaderVerdict:
     is kept; the connection drops it with its last request if that one stays open for hours
     (:meth:`forget`)."""
 
-    __slots__ = ("bearer", "block", "client_ip", "forwarded", "received", "to_service",
-                 "token_in_headers")
+    __slots__ = ("bearer", "block", "client_ip", "forwarded", "received", "route",
+                 "target", "to_service", "token_in_headers")
 
     def __init__(self) -> None:
         self.received: Headers | None = None  # a copy of the list decided on; None: nothing
@@ -246,9 +246,15 @@ class HeaderVerdict:
         self.forwarded: Headers = []
         self.block: bytes | None = None  # header_block(forwarded)
         self.token_in_headers = False
+        # The last admitted request's target and its route: clients ask for the same path
+        # request after request, and a route is a pure function of the target's bytes. Kept
+        # per connection, and only for a target that passed every step: never a token.
+        self.target = b""
+        self.route: ClusterRoute | None = None
 
     def forget(self) -> None:
         self.received, self.bearer, self.forwarded, self.block = None, _NO_TOKEN, [], None
+        self.target, self.route = b"", None
 
 
 _NO_TOKEN = BearerToken(None, "", [])
@@ -261,7 +267,10 @@ def prepare(head: RequestHead, client_ip: str,
     :class:`Refusal`. ``last``: the connection's :class:`HeaderVerdict`, used when it was
     decided for the same inputs, else replaced by this request's."""
     try:
-        cluster_route = route(head.target)
+        if last is not None and last.route is not None and last.target == head.target:
+            cluster_route = last.route
+        else:
+            cluster_route = route(head.target)
         check_body_size(head, max_request_body)
         upgrade = check_upgrade(head, cluster_route)
         to_service = cluster_route.service is not None
@@ -295,6 +304,8 @@ def prepare(head: RequestHead, client_ip: str,
                            "header (in its path, query or another header); it would reach the "
                            "managed cluster, so it is refused: send the token only as "
                            "'Authorization: Bearer'")
+    if last is not None:
+        last.target, last.route = head.target, cluster_route
     return Prepared(cluster_route, upgrade, bearer, bearer.token, headers, block)
 
 

@@ -158,21 +158,8 @@ def _checked_name(segment: bytes) -> str | None:
     return segment.decode() if is_cluster_name(segment) else None
 
 
-# Targets up to this long have their route kept (a bounded LRU): clients ask for the same
-# paths request after request, and a route is a pure function of its target's bytes. Longer
-# ones (large selectors) are routed every time, so the cache holds at most ~1 MiB of targets.
-MAX_TARGET_KEPT = 256
-ROUTES_KEPT = 4096
-
-
 def route(target: bytes) -> ClusterRoute:
     """Split a raw request-target into cluster and upstream target. Raises :class:`RouteError`."""
-    if len(target) <= MAX_TARGET_KEPT:
-        return _kept_route(target)  # a refusal is not kept: it raises again next time
-    return _route(target)
-
-
-def _route(target: bytes) -> ClusterRoute:
     if target[:1] != b"/":
         raise RouteError("request target must be a path (/<cluster>/...)")
     if b"#" in target:
@@ -194,6 +181,3 @@ def _route(target: bytes) -> ClusterRoute:
         return ClusterRoute(name, service[1], service[0])
     _check_api_path(rest)
     return ClusterRoute(name, rest + query)
-
-
-_kept_route = functools.lru_cache(maxsize=ROUTES_KEPT)(_route)

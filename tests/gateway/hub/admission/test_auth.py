@@ -10,7 +10,6 @@ import pytest
 
 from gateway.hub.admission.auth import (
     MAX_TOKEN_BYTES,
-    TOKEN_KEYS_KEPT,
     AuthUnavailable,
     KubeTokenReviewer,
     TokenAuthenticator,
@@ -399,22 +398,3 @@ def test_rule5_cache_key_of_the_last_token_is_its_own(authn: TokenAuthenticator)
     assert authn.cache_key(BAD) == bad
     assert authn.cache_key(GOOD) == good
 
-
-def test_keys_of_tokens_that_take_turns_are_computed_once_each(
-        authn: TokenAuthenticator, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Client connections take turns: each keeps its own token object (its HeaderVerdict),
-    and each object's key is computed once, not once per turn."""
-    computed: list[str] = []
-    mac = authn._mac
-    monkeypatch.setattr(authn, "_mac", lambda token: computed.append(token) or mac(token))
-    tokens = ["".join(["good-", "token"]) for _ in range(3)]  # equal, three objects
-    keys = {authn.cache_key(token) for _ in range(4) for token in tokens}
-    assert len(computed) == 3 and keys == {mac(GOOD)}
-
-
-def test_rule7_kept_token_keys_are_bounded(authn: TokenAuthenticator) -> None:
-    tokens = [f"token-{i}" for i in range(TOKEN_KEYS_KEPT + 10)]
-    for token in tokens:
-        authn.cache_key(token)
-    assert len(authn._keys) <= TOKEN_KEYS_KEPT
-    assert [authn.cache_key(t) for t in tokens[:3]] == [authn._mac(t) for t in tokens[:3]]

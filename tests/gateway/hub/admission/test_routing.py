@@ -7,12 +7,9 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from gateway.hub.admission.routing import (
-    MAX_TARGET_KEPT,
-    ROUTES_KEPT,
     ClusterRoute,
     RouteError,
     ServiceRef,
-    _kept_route,
     is_cluster_name,
     route,
 )
@@ -312,21 +309,3 @@ def test_rule7_cluster_names_remembered_are_bounded() -> None:
     assert routing._checked_name.cache_info().currsize == before
     assert route(b"/c1.example/api").cluster == "c1.example"
     assert route(b"/c1.example/api").cluster == "c1.example"
-
-
-def test_a_short_target_is_routed_once_and_a_refused_one_every_time() -> None:
-    target = b"/c1/api/v1/namespaces/default/pods/kept"
-    kept = route(target)
-    assert route(bytes(bytearray(target))) is kept  # an equal target: the same route
-    assert kept == ClusterRoute("c1", b"/api/v1/namespaces/default/pods/kept")
-    for _ in range(2):
-        with pytest.raises(RouteError):
-            route(b"/c1/api/v1/namespaces/%2e%2e/pods")
-    long = b"/c1/api/v1/pods?labelSelector=" + b"a" * MAX_TARGET_KEPT
-    assert route(long) == route(long) and route(long) is not route(long)  # never kept
-
-
-def test_rule7_kept_routes_are_bounded() -> None:
-    for i in range(ROUTES_KEPT + 50):
-        route(b"/c1/api/v1/namespaces/default/pods/p%d" % i)
-    assert _kept_route.cache_info().currsize <= ROUTES_KEPT
