@@ -26,7 +26,7 @@ import functools
 import sys
 import time
 from collections.abc import Sequence
-from typing import Protocol, TypedDict
+from typing import Protocol
 
 from gateway.hub.admission.auth import UserInfo
 from gateway.hub.admission.bearer import BearerError, extract_token
@@ -194,13 +194,14 @@ class AuditTrail:
             user_info = admitted.user_info
         if self.lines:
             user = admitted.user if admitted else (user_info.username if user_info else "")
+            client, proxies = _addresses(source_ips)
             audit.write(audit.request_line(
                 "stream_end" if stream else "request", request_id=request_id,
                 user=user or None, cluster=admitted.cluster if admitted else None,
                 method=head.method if head is not None else None,
                 target=head.target if head is not None else None, status=status,
                 bytes_in=bytes_in, bytes_out=bytes_out, duration=duration, protocol=protocol,
-                **_addresses(source_ips)))
+                client=client, proxies=proxies))
         if self.kube is not None:
             now = time.time()
             self.kube.event(k8s.RESPONSE_COMPLETE, request_id=request_id, head=head,
@@ -214,10 +215,11 @@ class AuditTrail:
                      started: float) -> None:
         """A long-running request's response began (``started``: its monotonic start)."""
         if self.lines:
+            client, proxies = _addresses(source_ips)
             audit.stream_start(request_id=request_id, user=admitted.user or None,
                                cluster=admitted.cluster, method=head.method,
                                target=head.target, status=status, protocol=protocol,
-                               **_addresses(source_ips))
+                               client=client, proxies=proxies)  # None: left out
         if self.kube is not None:
             self.kube.event(k8s.RESPONSE_STARTED, request_id=request_id, head=head,
                             admitted=admitted, user=admitted.user_info, status=status,
@@ -226,18 +228,14 @@ class AuditTrail:
                             now=time.time())
 
 
-class _Addresses(TypedDict, total=False):
-    client: str
-    proxies: list[str]
-
-
-def _addresses(source_ips: Sequence[str]) -> _Addresses:
-    """The audit line's ``client`` and ``proxies`` (each absent when there is none)."""
+def _addresses(source_ips: Sequence[str]) -> tuple[str | None, list[str] | None]:
+    """The audit line's ``client`` and ``proxies`` (each None, and left out, when there is
+    none); a tuple, not keyword arguments: this runs per request."""
     if not source_ips:
-        return {}
+        return None, None
     if len(source_ips) == 1:
-        return {"client": source_ips[0]}
-    return {"client": source_ips[0], "proxies": list(source_ips[1:])}
+        return source_ips[0], None
+    return source_ips[0], list(source_ips[1:])
 
 
 async def build_audit_trail(*, lines: bool, policy_file: str | None, log_path: str | None,

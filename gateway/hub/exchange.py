@@ -21,6 +21,7 @@ from typing import Protocol
 
 from gateway.hub.admission.chain import Admitted
 from gateway.hub.admission.recheck import Recheck, Revoked
+from gateway.hub.relayhead import relayed_head
 from gateway.wire import spdy
 from gateway.wire.http1 import (
     NO_BODY,
@@ -119,6 +120,7 @@ class Exchange:
         "_end_once_started",
         "_end_timer",
         "_ending",
+        "_fields",
         "_lost",
         "_resp_buf",
         "_state",
@@ -146,8 +148,11 @@ class Exchange:
     )
 
     def __init__(self, door: ClientConnection, method: bytes, admitted: Admitted,
-                 request_id: str) -> None:
+                 request_id: str, *, fields: bool = True) -> None:
+        """``fields``: the door reads the response head's fields (else it writes the head
+        as its bytes, and only its framing is read: ``gateway.hub.relayhead``)."""
         self.door = door
+        self._fields = fields
         self.transport = door.transport
         # Non-TLS transports (uvloop TCP) may keep a reference to what they were given; the
         # tunnel forbids keeping its memoryviews. TLS transports encrypt during write().
@@ -320,7 +325,9 @@ class Exchange:
                 if end < 0:
                     return
                 raw = bytes(buf[:end])
-                head = parse_response_head(raw, RESPONSE_LIMITS)
+                head = None if self._fields else relayed_head(raw)
+                if head is None:
+                    head = parse_response_head(raw, RESPONSE_LIMITS)
             except HTTPError:
                 self._fail(502, "the cluster sent a malformed response")
                 return

@@ -9,7 +9,9 @@ buffer is bounded (``max_buffer``); past it the connection stops reading, so TCP
 the client instead of memory growing.
 
 Per request: the head is found and parsed strictly (``gateway.wire.http1``;
-400/414/431/417/501/505 as ``Status``) and handed to a :class:`gateway.hub.request.Request`,
+400/414/431/417/501/505 as ``Status``; a head repeating the last one's fields has only its
+request line read, ``gateway.hub.repeatedhead``) and handed to a
+:class:`gateway.hub.request.Request`,
 which admits it, opens its tunnel stream and sees it to its end. What stays here is HTTP/1.1's
 own: the request body is relayed verbatim as it arrives (Content-Length or chunked bytes; the
 tracker only finds where it ends), ``100 Continue``, upgrades, ``Status`` answers and whether
@@ -47,6 +49,7 @@ from typing import Any
 
 from gateway.hub.admission.chain import Admitted, HeaderVerdict
 from gateway.hub.exchange import Exchange
+from gateway.hub.repeatedhead import RepeatedHead
 from gateway.hub.request import BODY, RAW, UPGRADE, FrontDoorHost, Phase, Request
 from gateway.wire.http1 import (
     NO_BODY,
@@ -55,7 +58,6 @@ from gateway.wire.http1 import (
     RequestHead,
     find_head_end,
     framing_for_request,
-    parse_request_head,
 )
 from gateway.wire.status import error_response
 
@@ -73,6 +75,7 @@ class FrontDoor(asyncio.Protocol):
     current request. See the module docstring."""
 
     protocol = "h1"
+    reads_response_fields = False  # the head is relayed as it came
 
     def __init__(self, gw: FrontDoorHost, client_ip: str | None = None, *,
                  h2: H2Door | None = None) -> None:
@@ -98,6 +101,7 @@ class FrontDoor(asyncio.Protocol):
         self._body_seen = -1
         self._write_paused = False  # the client's transport is over its high-water mark
         self.header_verdict = HeaderVerdict()  # admission's, on this connection's last headers
+        self.heads = RepeatedHead()  # the last head parsed, for a next one with the same fields
 
     # --- asyncio.Protocol --------------------------------------------------------------------
 
@@ -278,7 +282,7 @@ class FrontDoor(asyncio.Protocol):
                     self.arm(self.limits.header_timeout, self._header_timeout)
                 self._searched = len(buf)
                 return
-            head = parse_request_head(bytes(buf[:end]), limits)
+            head = self.heads.parse(bytes(buf[:end]), limits)
             tracker = framing_for_request(head, self.limits.max_request_body)
         except HTTPError as exc:
             self._refuse_head(exc.status, str(exc))
@@ -353,6 +357,8 @@ class FrontDoor(asyncio.Protocol):
 
     def response_started(self, request: Request, exchange: Exchange) -> bool:
         self._disarm()
+        if request.long_running:
+            self.heads.forget()  # the connection may now stay open for hours
         if exchange.admitted.upgrade and exchange.status == 101:
             return False
         if self.gw.leaving:

@@ -377,6 +377,7 @@ class H2Stream:
     request's header fields go once its tunnel stream is open)."""
 
     protocol = "h2"
+    reads_response_fields = True  # the head becomes HTTP/2 fields
 
     __slots__ = (
         "_data_ended",

@@ -123,6 +123,9 @@ class Door(Protocol):
     connection, or one stream of an HTTP/2 connection."""
 
     protocol: str  # "h1" or "h2", for the audit line and the metrics
+    # False: the door writes the response head as the bytes it came in (HTTP/1.1), so the
+    # exchange only needs its framing (gateway.hub.relayhead); True: it needs the fields.
+    reads_response_fields: bool
 
     @property
     def client_ip(self) -> str:
@@ -184,6 +187,7 @@ class _Gone:
 
     protocol = client_ip = peer_ip = ""
     closed = True
+    reads_response_fields = True
     transport = None
     header_verdict = HeaderVerdict()  # never used: a request that is over admits nothing
 
@@ -337,7 +341,8 @@ class Request:
             admitted.release()
             self.refuse(exc.status, str(exc), close=True)
             return
-        exchange = Exchange(self, head.method, admitted, self.request_id)
+        exchange = Exchange(self, head.method, admitted, self.request_id,
+                            fields=self.door.reads_response_fields)
         self.exchange = exchange
         initial = admitted.head + early if early else admitted.head
         exchange.bytes_in = len(early)

@@ -72,6 +72,7 @@ def redact_target(target: bytes) -> str:
 
 
 _second: tuple[int, str] = (-1, "")
+_MILLIS = tuple(f".{ms:03d}Z" for ms in range(1000))  # a timestamp's tail, formatted once
 
 
 def _timestamp(now: float) -> str:
@@ -79,7 +80,7 @@ def _timestamp(now: float) -> str:
     whole = int(now)
     if _second[0] != whole:  # one strftime per second, not per request
         _second = (whole, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)))
-    return f"{_second[1]}.{int(now * 1000) % 1000:03d}Z"
+    return _second[1] + _MILLIS[int(now * 1000) % 1000]
 
 
 def audit_record(

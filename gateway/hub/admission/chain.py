@@ -79,7 +79,7 @@ from gateway.hub.admission.seats import Seat, SeatRefused, Seats
 from gateway.hub.admission.streams import StreamQuota, StreamSlot, TooManyStreams
 from gateway.hub.admission.upgrade import UpgradeRefused, check_upgrade
 from gateway.hub.config import GatewayConfig
-from gateway.wire.http1 import Headers, RequestHead, serialize_request_head
+from gateway.wire.http1 import Headers, RequestHead, check_request_head, serialize_request_head
 from gateway.wire.identity import Identity, IdentityError
 from gateway.wire.requestclass import SHORT, front_door_class
 from tunnel.connection import TunnelSession
@@ -191,6 +191,9 @@ class Prepared:
     bearer: BearerToken
     token: str
     headers: Headers
+    # ``headers`` as they go out, serialised and checked once per header list (see
+    # :func:`header_block`); None when they could not be.
+    block: bytes | None = None
 
 
 class _RequestIds:
@@ -232,7 +235,8 @@ class HeaderVerdict:
     is kept; the connection drops it with its last request if that one stays open for hours
     (:meth:`forget`)."""
 
-    __slots__ = ("bearer", "client_ip", "forwarded", "received", "to_service", "token_in_headers")
+    __slots__ = ("bearer", "block", "client_ip", "forwarded", "received", "route",
+                 "target", "to_service", "token_in_headers")
 
     def __init__(self) -> None:
         self.received: Headers | None = None  # a copy of the list decided on; None: nothing
@@ -240,10 +244,17 @@ class HeaderVerdict:
         self.to_service = False
         self.bearer = _NO_TOKEN
         self.forwarded: Headers = []
+        self.block: bytes | None = None  # header_block(forwarded)
         self.token_in_headers = False
+        # The last admitted request's target and its route: clients ask for the same path
+        # request after request, and a route is a pure function of the target's bytes. Kept
+        # per connection, and only for a target that passed every step: never a token.
+        self.target = b""
+        self.route: ClusterRoute | None = None
 
     def forget(self) -> None:
-        self.received, self.bearer, self.forwarded = None, _NO_TOKEN, []
+        self.received, self.bearer, self.forwarded, self.block = None, _NO_TOKEN, [], None
+        self.target, self.route = b"", None
 
 
 _NO_TOKEN = BearerToken(None, "", [])
@@ -256,13 +267,17 @@ def prepare(head: RequestHead, client_ip: str,
     :class:`Refusal`. ``last``: the connection's :class:`HeaderVerdict`, used when it was
     decided for the same inputs, else replaced by this request's."""
     try:
-        cluster_route = route(head.target)
+        if last is not None and last.route is not None and last.target == head.target:
+            cluster_route = last.route
+        else:
+            cluster_route = route(head.target)
         check_body_size(head, max_request_body)
         upgrade = check_upgrade(head, cluster_route)
         to_service = cluster_route.service is not None
         if (last is not None and last.received == head.headers
                 and last.client_ip == client_ip and last.to_service == to_service):
             bearer, headers, token_in_headers = last.bearer, last.forwarded, last.token_in_headers
+            block = last.block
         else:
             bearer = extract_token(head.headers)
             headers = rewrite_request_headers(
@@ -274,11 +289,12 @@ def prepare(head: RequestHead, client_ip: str,
             # The gateway answers Expect: 100-continue itself (see FrontDoor), so it does not
             # travel.
             headers = [(n, v) for n, v in headers if n.lower() != b"expect"]
+            block = header_block(headers)
             if last is not None:
                 last.received, last.client_ip, last.to_service = (
                     list(head.headers), client_ip, to_service)
-                last.bearer, last.forwarded, last.token_in_headers = (
-                    bearer, headers, token_in_headers)
+                last.bearer, last.forwarded, last.token_in_headers, last.block = (
+                    bearer, headers, token_in_headers, block)
     except (RouteError, BodyTooLarge, UpgradeRefused, BearerError, HeaderRefused) as exc:
         raise Refusal(exc.status, str(exc)) from None
     if bearer.token is None:
@@ -288,7 +304,36 @@ def prepare(head: RequestHead, client_ip: str,
                            "header (in its path, query or another header); it would reach the "
                            "managed cluster, so it is refused: send the token only as "
                            "'Authorization: Bearer'")
-    return Prepared(cluster_route, upgrade, bearer, bearer.token, headers)
+    if last is not None:
+        last.target, last.route = head.target, cluster_route
+    return Prepared(cluster_route, upgrade, bearer, bearer.token, headers, block)
+
+
+_START_LINE = b"GET / HTTP/1.1\r\n"
+
+
+def header_block(headers: Headers) -> bytes | None:
+    """The header fields of a forwarded head as they follow its request line (through the
+    empty line that ends the head), made and checked by the one serialiser,
+    :func:`gateway.wire.http1.serialize_request_head`; None when it refuses them. A client
+    connection's requests repeat their headers (:class:`HeaderVerdict`): the fields are then
+    serialised and checked once, and each request only puts its own request line before them
+    (:func:`forwarded_head`)."""
+    try:
+        return serialize_request_head(b"GET", b"/", headers)[len(_START_LINE):]
+    except ValueError:
+        return None
+
+
+def forwarded_head(head: RequestHead, upstream_target: bytes, headers: Headers,
+                   block: bytes | None) -> bytes:
+    """The request head the agent gets: the request line for ``upstream_target`` and
+    ``headers``, whose :func:`header_block` is ``block`` (None: serialise them here). Raises
+    ValueError for a head that cannot be forwarded."""
+    if block is None:
+        return serialize_request_head(head.method, upstream_target, headers, head.version)
+    check_request_head(head.method, upstream_target, [])  # the fields were checked in block
+    return b"%s %s %s\r\n%s" % (head.method, upstream_target, head.version, block)
 
 
 MIN_TOKEN_TO_SEARCH = 16  # shorter "tokens" could match by chance; real ones are far longer
@@ -382,13 +427,14 @@ def _admitted(gw: AdmissionContext, head: RequestHead, prepared: Prepared,
     """Steps 8-10 once the hub has spoken; ``user`` None means token passthrough."""
     cluster_route = prepared.route
     cluster = cluster_route.cluster
-    headers = prepared.headers
+    headers, block = prepared.headers, prepared.block
     if user is None:
         metadata = Identity(user="", groups=(), uid="", request_id=request_id,
                             passthrough=True).to_metadata()
         # The caller's own managed-cluster token, untouched (the hub said it is not a hub
         # token). A new list: the connection's HeaderVerdict shares the forwarded one.
         headers = [*headers, (b"Authorization", b"Bearer " + prepared.token.encode("ascii"))]
+        block = None
     else:
         try:
             metadata = gw.identities.metadata(user, gw.config.identity_prefix, request_id)
@@ -405,9 +451,7 @@ def _admitted(gw: AdmissionContext, head: RequestHead, prepared: Prepared,
         else ServiceTarget(service.namespace, service.name, service.port, service.scheme)
     )
     try:
-        head_bytes = serialize_request_head(
-            head.method, cluster_route.upstream_target, headers, head.version
-        )
+        head_bytes = forwarded_head(head, cluster_route.upstream_target, headers, block)
     except ValueError:
         raise Refusal(400, "request cannot be forwarded") from None
     slot = None

@@ -8,8 +8,14 @@ import json
 
 import pytest
 
-from gateway.hub.admission.chain import HeaderVerdict, Refusal, prepare
-from gateway.wire.http1 import parse_request_head
+from gateway.hub.admission.chain import (
+    HeaderVerdict,
+    Refusal,
+    forwarded_head,
+    header_block,
+    prepare,
+)
+from gateway.wire.http1 import parse_request_head, serialize_request_head
 from tests.gateway.hub.test_frontdoor_harness import (
     HUB_TOKEN,
     MANAGED_TOKEN,
@@ -110,3 +116,68 @@ def test_a_verdict_keeps_its_own_copy_of_the_headers() -> None:
     with pytest.raises(Refusal) as refused:
         prepare(head, "10.0.0.1", last=verdict)
     assert refused.value.status == 403
+
+
+async def test_a_kept_verdict_forwards_each_request_with_its_own_request_line(
+        gw: Harness) -> None:
+    """The forwarded fields of a kept verdict are serialised once; the request line is each
+    request's own (method, target, version), and the fields are those of the first."""
+    reader, writer = await gw.open()
+    seen = []
+    for target in ("/c1/api/v1/pods", "/c1/apis/apps/v1/deployments?limit=5", "/c1/version"):
+        writer.write(get(target))
+        status, _, body = await read_response(reader)
+        assert status == 200
+        seen.append(json.loads(body))
+    assert [s["target"] for s in seen] == ["/api/v1/pods", "/apis/apps/v1/deployments?limit=5",
+                                           "/version"]
+    assert seen[1]["headers"] == seen[0]["headers"] == seen[2]["headers"]
+    writer.close()
+
+
+@pytest.mark.parametrize("extra", [b"", b"Accept: application/json\r\n", b"X-A: \t b\r\n"])
+@pytest.mark.parametrize("version", [b"HTTP/1.1", b"HTTP/1.0"])
+def test_a_forwarded_head_from_a_kept_block_is_what_the_serialiser_makes(
+        extra: bytes, version: bytes) -> None:
+    head = parse_request_head(_head(extra).replace(b"HTTP/1.1", version, 1))
+    prepared = prepare(head, "10.0.0.1", last=HeaderVerdict())
+    assert prepared.block is not None
+    for target in (b"/api/v1/pods", b"/api/v1/pods?watch=1&rv=5"):
+        assert forwarded_head(head, target, prepared.headers, prepared.block) == \
+            serialize_request_head(head.method, target, prepared.headers, version)
+    assert forwarded_head(head, b"/", [], header_block([])) == b"GET / %s\r\n\r\n" % version
+
+
+def test_a_kept_block_does_not_spare_the_request_line_its_checks() -> None:
+    head = parse_request_head(_head())
+    block = header_block(prepare(head, "10.0.0.1").headers)
+    for target in (b"/api v1", b"/api\r\nX: y", b""):
+        with pytest.raises(ValueError):
+            forwarded_head(head, target, [], block)
+    assert header_block([(b"X", b"a\r\nInjected: 1")]) is None
+
+
+def test_a_verdict_routes_a_repeated_target_once_and_keeps_no_refused_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The connection's last route is taken for the same target; a target whose request was
+    refused (here: the hub token in its query) is never kept, and is refused every time."""
+    from gateway.hub.admission import chain
+
+    routed: list[bytes] = []
+    real_route = chain.route
+    monkeypatch.setattr(chain, "route", lambda target: routed.append(target) or
+                        real_route(target))
+    verdict = HeaderVerdict()
+    head = parse_request_head(_head())
+    first = prepare(head, "10.0.0.1", last=verdict)
+    again = prepare(parse_request_head(_head()), "10.0.0.1", last=verdict)
+    assert again.route is first.route and routed == [head.target]
+    leaky = _head().replace(head.target, head.target + b"?token=" + HUB_TOKEN.encode(), 1)
+    for _ in range(2):
+        with pytest.raises(Refusal) as refused:
+            prepare(parse_request_head(leaky), "10.0.0.1", last=verdict)
+        assert refused.value.status == 400
+        assert HUB_TOKEN.encode() not in verdict.target
+    assert len(routed) == 3  # the refused target was routed each time, never kept
+    verdict.forget()
+    assert verdict.route is None and verdict.target == b""

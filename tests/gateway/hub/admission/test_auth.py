@@ -397,3 +397,4 @@ def test_rule5_cache_key_of_the_last_token_is_its_own(authn: TokenAuthenticator)
     assert authn.cache_key(fresh) == good
     assert authn.cache_key(BAD) == bad
     assert authn.cache_key(GOOD) == good
+
