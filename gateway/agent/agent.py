@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import ssl
 from collections.abc import Callable
@@ -92,7 +93,7 @@ class Agent:
         self.metrics.pool = self.pool
         self._service_ctx: ssl.SSLContext | None = None
         self._service_ca = service_ca or (kube.ca_file if kube else None)
-        self._identities: dict[bytes, tuple[bool, list[tuple[bytes, bytes]]]] = {}
+        self._identities: dict[bytes, _User] = {}
         self._decode_identity: Callable[[bytes], Identity] = Identity.from_metadata
 
     # ---------------------------------------------------------------- tunnel callback ----
@@ -115,10 +116,10 @@ class Agent:
         log.info("refusing stream: %s %s", code.name, message)
         return Refusal(code, message)
 
-    def _identity(self, metadata: bytes) -> tuple[bool, list[tuple[bytes, bytes]], str]:
-        """(passthrough, the user's impersonation headers, request id) of OPEN metadata;
-        raises ValueError. The headers carry no request id: it is this request's, not the
-        user's (``Route.audit_id`` adds it to each request).
+    def _identity(self, metadata: bytes) -> tuple[_User, str]:
+        """(the hub user, request id) of OPEN metadata; raises ValueError. The user's headers
+        carry no request id: it is this request's, not the user's (the exchange's
+        ``audit_id`` adds it to each request).
 
         Requests of one hub user differ only in the request id, which the gateway writes as the
         last field (``,"rid":"<hex>"}``). Everything before it keys a cache of the decoded,
@@ -131,7 +132,7 @@ class Agent:
         if sep and tail.endswith(b'"}') and rid.isalnum() and rid.isascii():
             hit = self._identities.get(prefix)
             if hit is not None:
-                return hit[0], hit[1], rid.decode("ascii")
+                return hit, rid.decode("ascii")
         else:
             prefix = b""
         identity = self._decode_identity(metadata)
@@ -140,49 +141,58 @@ class Agent:
             dataclasses.replace(identity, request_id=""))
         if not passthrough and not any(name.lower() == b"impersonate-user" for name, _ in headers):
             raise ValueError("identity without a user")
+        user = _User(passthrough, headers)
         if prefix:
             if len(self._identities) >= IDENTITY_CACHE_ENTRIES:
                 self._identities.clear()
-            self._identities[prefix] = (passthrough, headers)
-        return passthrough, headers, identity.request_id
+            self._identities[prefix] = user
+        return user, identity.request_id
 
     def _kube_exchange(self, request: OpenRequest) -> HttpExchange | Refusal:
         if self.kube is None:
             return self._refusal(OpenErrorCode.DENIED, "this agent serves no kube-apiserver")
         try:
-            passthrough, identity_headers, request_id = self._identity(request.metadata)
+            user, request_id = self._identity(request.metadata)
         except (ValueError, TypeError) as exc:
             # Never name the metadata content: it could carry anything.
             return self._refusal(
                 OpenErrorCode.NO_IDENTITY,
                 f"a kube-apiserver request needs a hub-verified identity ({type(exc).__name__})",
             )
-        audit_id = request_id.encode("utf-8")
-        kube = self.kube
         target = request.target
 
-        def kube_route(resolved: ResolvedTarget) -> Route:
-            return Route(
-                key=UpstreamKey(resolved.host_ip, resolved.port, kube.server_hostname, True),
-                ssl_context=kube.ssl_context,
-                authority=_authority(kube.host, kube.port),
-                label="kube-apiserver",
-                credential=kube.authorization,
-                identity_headers=identity_headers,
-                audit_id=audit_id,
-                passthrough=passthrough,
-                protocol=self.apiserver_protocol,
-                h2_ssl_context=None if self.apiserver_protocol == "h1" else kube.h2_ssl_context,
-            )
-
         async def route() -> Route:
-            return kube_route(await self.policy.resolve(target))
+            return self._kube_route(user, await self.policy.resolve(target))
 
         resolved = self.policy.resolve_now(target)
-        known = kube_route(resolved) if resolved is not None else None
+        known = self._kube_route(user, resolved) if resolved is not None else None
         self.stats.active += 1
-        return HttpExchange(route, self.pool, request_id=request_id, on_done=self._done_kube,
+        return HttpExchange(route, self.pool, request_id=request_id,
+                            audit_id=request_id.encode("utf-8"), on_done=self._done_kube,
                             known_route=known)
+
+    def _kube_route(self, user: _User, resolved: ResolvedTarget) -> Route:
+        """The user's route to the apiserver at ``resolved``: made once and kept with the
+        user's cached identity (the same for each of the user's requests while the address
+        is)."""
+        route = user.route
+        if route is not None and route.key.host == resolved.host_ip \
+                and route.key.port == resolved.port:
+            return route
+        kube = self.kube
+        assert kube is not None
+        route = user.route = Route(
+            key=UpstreamKey(resolved.host_ip, resolved.port, kube.server_hostname, True),
+            ssl_context=kube.ssl_context,
+            authority=_authority(kube.host, kube.port),
+            label="kube-apiserver",
+            credential=kube.authorization,
+            identity_headers=user.headers,
+            passthrough=user.passthrough,
+            protocol=self.apiserver_protocol,
+            h2_ssl_context=None if self.apiserver_protocol == "h1" else kube.h2_ssl_context,
+        )
+        return route
 
     def _service_exchange(self, target: ServiceTarget) -> HttpExchange:
         insecure = (target.namespace, target.name, target.port) in self.insecure_services
@@ -236,6 +246,19 @@ class Agent:
         self._done(exchange, "tcp")
 
 
+class _User:
+    """A hub user as the OPEN metadata names them: whether their own credential passes
+    through, their impersonation headers, and their route to the apiserver once made."""
+
+    __slots__ = ("headers", "passthrough", "route")
+
+    def __init__(self, passthrough: bool, headers: list[tuple[bytes, bytes]]) -> None:
+        self.passthrough = passthrough
+        self.headers = headers
+        self.route: Route | None = None
+
+
+@functools.lru_cache(maxsize=256)  # one per apiserver / Service: asked per request
 def _authority(host: str, port: int) -> bytes:
     text = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     return text.encode("ascii")

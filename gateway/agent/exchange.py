@@ -8,9 +8,9 @@ framed it, then EOF. The exchange:
 2. rewrites the head: ``Host`` becomes the upstream's, every ``Authorization``,
    ``Proxy-Authorization``, ``Impersonate-*`` and ``X-Remote-*`` header and the WebSocket bearer
    subprotocol are dropped, then the route's credential and identity headers are appended
-   (identity last) — the stream's bytes never decide who the request runs as. A route with an
-   ``audit_id`` (the apiserver's) replaces any ``Audit-ID`` with it, and adds it to the
-   identity as the request-id extra;
+   (identity last) — the stream's bytes never decide who the request runs as. An exchange
+   with an ``audit_id`` (the apiserver's) replaces any ``Audit-ID`` with it, and adds it to
+   the identity as the request-id extra;
 3. takes a keep-alive connection from the pool (dial failures become typed refusals:
    UNREACHABLE, TIMEOUT, OVERLOAD), accepts the stream, and relays the request body up to the
    end its framing declares (bytes past it are a protocol violation: reset, connection dropped).
@@ -83,9 +83,11 @@ _HOST = frozenset((b"host",))
 _HOST_AND_AUDIT_ID = frozenset((b"host", AUDIT_ID.lower()))
 
 
-@dataclass
+@dataclass(slots=True)
 class Route:
-    """Where an exchange goes and what the agent adds to it."""
+    """Where an exchange goes and what the agent adds to it: the same for every request of
+    one hub user to one upstream (the agent keeps it with the user's identity); what differs
+    per request, the Audit-ID, is the exchange's (``HttpExchange.audit_id``)."""
 
     key: UpstreamKey
     ssl_context: Callable[[], ssl.SSLContext | None]
@@ -93,10 +95,6 @@ class Route:
     label: str  # for logs, e.g. "kube-apiserver" or "service ns/name:port"
     credential: Callable[[], bytes | None] = lambda: None  # Authorization value, or None
     identity_headers: Headers = field(default_factory=list)
-    # The gateway's request id, sent as Audit-ID (replacing the stream's): kube-apiserver uses
-    # it as its audit event's ID and echoes it back as Audit-Id; with identity headers, also
-    # as the request-id extra (REQUEST_ID_HEADER). b"": leave Audit-ID alone.
-    audit_id: bytes = b""
     passthrough: bool = False  # keep the caller's own Authorization, add nothing
     # HTTP/2 upstream: "h1", "auto" (h2 if the server chooses it in ALPN) or "h2" (required),
     # with a context whose ALPN offers h2. Upgrades always use HTTP/1.1.
@@ -104,10 +102,15 @@ class Route:
     h2_ssl_context: Callable[[], ssl.SSLContext] | None = None
 
 
-def rewrite_request_fields(head: RequestHead, route: Route) -> tuple[Headers, list[bytes]]:
+def rewrite_request_fields(head: RequestHead, route: Route,
+                           audit_id: bytes = b"") -> tuple[Headers, list[bytes]]:
     """The header fields sent upstream (see module docstring, step 2), and their lower-cased
-    names (those of the head's own fields come from its parse, not lowered again)."""
-    audit_id = route.audit_id
+    names (those of the head's own fields come from its parse, not lowered again).
+
+    ``audit_id``: the gateway's request id, sent as Audit-ID (replacing the stream's):
+    kube-apiserver uses it as its audit event's ID and echoes it back as Audit-Id; with
+    identity headers, also as the request-id extra (REQUEST_ID_HEADER). b"": leave Audit-ID
+    alone."""
     replaced = _HOST_AND_AUDIT_ID if audit_id else _HOST
     headers: Headers = [(b"Host", route.authority)]
     names = [b"host"]
@@ -153,12 +156,12 @@ def rewrite_request_fields(head: RequestHead, route: Route) -> tuple[Headers, li
     return headers, names
 
 
-def rewrite_request(head: RequestHead, route: Route) -> RequestHead:
+def rewrite_request(head: RequestHead, route: Route, audit_id: bytes = b"") -> RequestHead:
     """The request sent upstream: the fields of :func:`rewrite_request_fields` with the method,
     target and framing of ``head``, every byte checked as its HTTP/1.1 serialisation checks
     them (ValueError), whichever protocol carries it: an HTTP/1.1 connection serialises it
     (``Upstream.send_head``), an HTTP/2 stream sends it as fields and never needs the bytes."""
-    fields, names = rewrite_request_fields(head, route)
+    fields, names = rewrite_request_fields(head, route, audit_id)
     check_request_head(head.method, head.target, fields)
     return RequestHead(head.method, head.target, head.version, fields, names,
                        head.content_length, head.chunked, head.keep_alive, head.expect_continue,
@@ -179,9 +182,9 @@ class HttpExchange:
                  "_early_size", "_head_buf", "_head_ready", "_known_route", "_linger",
                  "_req_done", "_req_tracker", "_resp_buf", "_resp_done", "_resp_started",
                  "_resp_tracker", "_retry_head", "_route_factory", "_stream_eof",
-                 "_stream_pauses", "_task", "bytes_down", "bytes_up", "conn", "head_timeout",
-                 "on_done", "outcome", "pool", "request", "request_id", "response", "response_at",
-                 "route", "started", "state", "status", "stream")
+                 "_stream_pauses", "_task", "audit_id", "bytes_down", "bytes_up", "conn",
+                 "head_timeout", "on_done", "outcome", "pool", "request", "request_id",
+                 "response", "response_at", "route", "started", "state", "status", "stream")
 
     def __init__(
         self,
@@ -189,15 +192,18 @@ class HttpExchange:
         pool: UpstreamPool,
         *,
         request_id: str = "",
+        audit_id: bytes = b"",
         head_timeout: float = HEAD_TIMEOUT,
         on_done: Callable[[HttpExchange], None] | None = None,
         known_route: Route | None = None,
     ) -> None:
+        """``audit_id``: this request's Audit-ID (:func:`rewrite_request_fields`)."""
         self._route_factory = route
         # A route known without any lookup (the apiserver) allows the synchronous fast path.
         self._known_route = known_route
         self.pool = pool
         self.request_id = request_id
+        self.audit_id = audit_id
         self.head_timeout = head_timeout
         self.on_done = on_done
         self.stream: Any = None
@@ -299,14 +305,23 @@ class HttpExchange:
 
     # ------------------------------------------------------------------ setup -------------
     def _take_head_bytes(self, data: bytes) -> None:
+        # The head normally rides whole in the OPEN: then it is parsed as it came, no copy.
         start = len(self._head_buf)
-        self._head_buf += data
+        buffered: bytes | bytearray = data
+        if start:
+            self._head_buf += data
+            buffered = self._head_buf
         try:
-            end = find_head_end(self._head_buf, start, max_head_bytes=MAX_REQUEST_HEAD)
+            end = find_head_end(buffered, start, max_head_bytes=MAX_REQUEST_HEAD)
             if end < 0:
+                if not start:
+                    self._head_buf += data
                 return
-            head, rest = bytes(self._head_buf[:end]), bytes(self._head_buf[end:])
-            self._head_buf = bytearray()
+            if start or end < len(data):
+                head, rest = bytes(buffered[:end]), bytes(buffered[end:])
+                self._head_buf = bytearray()
+            else:
+                head, rest = data, b""
             self.request = parse_request_head(head, HEAD_LIMITS)
             self._req_tracker = framing_for_request(self.request)
         except HTTPError as exc:
@@ -314,14 +329,15 @@ class HttpExchange:
             self._discard_input = True  # the setup task refuses the stream
             self._head_failed(exc)
             return
-        # Until the upstream is ready, hold whatever follows and stop the stream's flow.
-        self._pause_stream("setup")
         if rest:
             self._buffer_early(rest)
         if self._head_ready is not None and not self._head_ready.done():
             self._head_ready.set_result(None)
         if self._task is None:
-            self._setup_now()
+            self._setup_now()  # the common case: the request goes upstream now
+        if self.state == self.SETUP:
+            # Until the upstream is ready, hold whatever follows and stop the stream's flow.
+            self._pause_stream("setup")
 
     def _head_failed(self, exc: Exception) -> None:
         """No usable head: the setup task (started soon, or waiting) raises ``exc``."""
@@ -337,7 +353,7 @@ class HttpExchange:
         if route is None or self.request is None or self._closed or self.state != self.SETUP:
             return
         try:
-            rewritten = rewrite_request(self.request, route)
+            rewritten = rewrite_request(self.request, route, self.audit_id)
         except Exception:
             return  # the setup task meets the same problem and refuses the stream, typed
         conn = self.pool.acquire_idle(route.key, self, self._protocol(route))
@@ -366,7 +382,7 @@ class HttpExchange:
                     await self._head_ready
             self._head_ready = None
             assert self.request is not None
-            rewritten = rewrite_request(self.request, self.route)
+            rewritten = rewrite_request(self.request, self.route, self.audit_id)
             conn = await self._acquire(self.route)
         except OpenRefused as exc:
             self._refuse(exc.code, exc.message)
@@ -534,7 +550,8 @@ class HttpExchange:
     # body as HTTP/1.1 itself, and knows where the body ends (END_STREAM, or its length): what
     # it hands over goes to the tunnel stream as it is, nothing parsed again.
     def upstream_head(self, head_bytes: bytes, response: ResponseHead) -> None:
-        """The final response head of an HTTP/2 stream, as HTTP/1.1 bytes and parsed."""
+        """The final response head of an HTTP/2 stream, as HTTP/1.1 bytes and parsed (the
+        bytes empty when they come with the first ``upstream_body``)."""
         if self.state == self.OPEN and self.response is None:
             self._took_response(response)
             self._to_stream(head_bytes)
@@ -713,7 +730,9 @@ class HttpExchange:
 
     def _resume_stream(self, reason: str) -> None:
         if reason in self._stream_pauses:
-            self._stream_pauses = tuple(r for r in self._stream_pauses if r != reason)
+            pauses = self._stream_pauses
+            self._stream_pauses = () if len(pauses) == 1 else tuple(
+                r for r in pauses if r != reason)
             if not self._stream_pauses and self.stream is not None and not self._closed:
                 self.stream.resume_reading()
 

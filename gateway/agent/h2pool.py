@@ -86,7 +86,9 @@ class UpstreamUser(Protocol):
     """The exchange a stream serves: what a stream calls (declared here because the pool
     imports this module, not the reverse). The response comes as its HTTP/1.1 head, bytes and
     parsed (``upstream_head``), the body framed for the tunnel (``upstream_body``: one call per
-    read, whatever the number of DATA frames) and its end (``upstream_end``)."""
+    read, whatever the number of DATA frames) and its end (``upstream_end``). The head's bytes
+    may be empty: then they are the first bytes of the first ``upstream_body`` (a head and
+    body that one read brought leave in one write)."""
 
     def upstream_head(self, head_bytes: bytes, response: ResponseHead) -> None: ...
     def upstream_body(self, data: bytes | memoryview) -> None: ...
@@ -117,9 +119,9 @@ _LAST_CHUNK_AFTER_DATA = _CRLF + LAST_CHUNK  # ends a chunk and the body in one 
 class H2Stream:
     """One exchange on an :class:`H2Upstream`: the exchange's view of an upstream connection."""
 
-    __slots__ = ("_body", "_chunked", "_end_pending", "_left", "_method", "_out", "_paused",
-                 "_unacked", "_write_paused", "conn", "ended", "request_ended", "requests",
-                 "response_ended", "stream_id", "user")
+    __slots__ = ("_body", "_chunked", "_end_pending", "_held_head", "_left", "_method", "_out",
+                 "_paused", "_unacked", "_write_paused", "conn", "ended", "request_ended",
+                 "requests", "response_ended", "stream_id", "user")
 
     def __init__(self, conn: H2Upstream, user: UpstreamUser, requests: int) -> None:
         self.conn = conn
@@ -135,6 +137,8 @@ class H2Stream:
         self._end_pending = False
         self._chunked = False
         self._left = -1  # body bytes the response's content-length still expects (-1: none)
+        # The response head, held for the body bytes the same read brought (see response()).
+        self._held_head = b""
         self._paused = False
         self._unacked = 0
         self._write_paused = False
@@ -248,7 +252,11 @@ class H2Stream:
         if self._out or self._end_pending:
             self._flush_out()
 
-    def response(self, event: ResponseReceived) -> None:
+    def response(self, event: ResponseReceived, *, body_follows: bool = False) -> None:
+        """The response head. ``body_follows``: the same read brought DATA of this stream right
+        after it (a small response, whole): the head is held and goes to the exchange with
+        those bytes, one write to the tunnel stream instead of two (``data`` delivers it, with
+        the body or alone)."""
         try:
             head_bytes, head = relayed_response(event.headers, self._method)
         except HTTPError as exc:
@@ -258,6 +266,9 @@ class H2Stream:
         if user is None:
             return
         self._chunked = head.chunked
+        if body_follows and not event.stream_ended:
+            self._held_head = head_bytes
+            head_bytes = b""
         user.upstream_head(head_bytes, head)
         if head.chunked:
             if event.stream_ended:
@@ -291,6 +302,8 @@ class H2Stream:
             self._relay(body, ended or self._left == 0)
         elif ended:
             self._end(b"")
+        if self._held_head:  # nothing of the body to send with it (an empty DATA frame)
+            self._deliver(b"")
         flow = event.flow_controlled_length
         if not flow:
             return
@@ -303,20 +316,28 @@ class H2Stream:
         self._end(LAST_CHUNK if self._chunked else b"")
 
     def _relay(self, data: bytes | memoryview, end: bool) -> None:
-        user = self.user
-        if user is not None:
-            user.upstream_body(data)
+        if self.user is not None:
+            self._deliver(data)
             if end:
                 self._end(b"")
+
+    def _deliver(self, data: bytes | memoryview) -> None:
+        """Body bytes to the exchange, after the head if it is held (``response``)."""
+        held = self._held_head
+        if held:
+            self._held_head = b""
+            data = held + data
+        user = self.user
+        if user is not None and data:
+            user.upstream_body(data)
 
     def _end(self, last: bytes) -> None:
         """The response is complete (``last``: its final bytes, the last chunk)."""
         self.response_ended = True
-        user = self.user
-        if user is not None:
-            if last:
-                user.upstream_body(last)
-            user.upstream_end()
+        if self.user is not None:
+            self._deliver(last)
+            if self.user is not None:
+                self.user.upstream_end()
 
     def fail(self, exc: Exception | None) -> None:
         """The stream cannot go on (reset by the server, connection lost, a protocol error)."""
@@ -418,7 +439,7 @@ class H2Upstream(asyncio.BufferedProtocol):
             self.abort(exc)  # after writing the GOAWAY the core queued
             return
         by_id = self.by_id
-        for event in events:
+        for i, event in enumerate(events, 1):  # i: the index of the event after this one
             cls = type(event)
             if cls is DataReceived:
                 assert isinstance(event, DataReceived)
@@ -430,7 +451,9 @@ class H2Upstream(asyncio.BufferedProtocol):
             elif cls is ResponseReceived:
                 assert isinstance(event, ResponseReceived)
                 if (stream := by_id.get(event.stream_id)) is not None:
-                    stream.response(event)
+                    following = events[i] if i < len(events) else None
+                    stream.response(event, body_follows=isinstance(following, DataReceived)
+                                    and following.stream_id == event.stream_id)
             else:
                 self._event(event)
         self.flush()

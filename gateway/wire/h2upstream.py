@@ -36,7 +36,7 @@ from gateway.wire.http1 import (
     NoBody,
     RequestHead,
     ResponseHead,
-    serialize_response_head,
+    serialize_response_fields,
 )
 from gateway.wire.http2 import CONNECTION_SPECIFIC, LOWER_TCHAR
 
@@ -129,11 +129,12 @@ def relayed_response(fields: Headers, request_method: bytes) -> tuple[bytes, Res
     HTTP/1.1 parser, which strips it as optional whitespace.
     """
     status_value: bytes | None = None
-    headers: Headers = []
+    names: list[bytes] = []
+    values: list[bytes] = []
     length: bytes | None = None
     for name, value in fields:
         if name[:1] == b":":
-            if name != b":status" or status_value is not None or headers:
+            if name != b":status" or status_value is not None or names:
                 raise HTTPError("upstream sent a misplaced or unknown pseudo-header", 502)
             status_value = value
             continue
@@ -143,11 +144,11 @@ def relayed_response(fields: Headers, request_method: bytes) -> tuple[bytes, Res
             if length is not None:
                 raise HTTPError("upstream sent more than one content-length", 502)
             length = value
-        headers.append((name, value))
+        names.append(name)
+        values.append(value)
     if status_value is None or len(status_value) != 3 or status_value.translate(None, _DIGITS) \
             or status_value[:1] == b"0":
         raise HTTPError("upstream sent a malformed :status", 502)
-    names = [name for name, _ in headers]
     if not all(names) or b"".join(names).translate(None, LOWER_TCHAR):
         raise HTTPError("upstream sent a field name that is not a lower-case token", 502)
     content_length = None
@@ -160,10 +161,11 @@ def relayed_response(fields: Headers, request_method: bytes) -> tuple[bytes, Res
     bodiless = status < 200 or status in (204, 304) or request_method == b"HEAD"
     chunked = not bodiless and length is None
     if chunked:
-        headers.append((b"transfer-encoding", b"chunked"))
+        names.append(b"transfer-encoding")
+        values.append(b"chunked")
     reason = _REASONS.get(status, b"Unknown")
-    try:  # checks every value for control characters (and the names again, as tokens)
-        head_bytes = serialize_response_head(status, reason, headers)
+    try:  # checks every value for control characters (the names are checked above)
+        head_bytes = serialize_response_fields(status, reason, names, values)
     except ValueError:
         raise HTTPError("upstream sent a header HTTP/1.1 cannot carry", 502) from None
     return head_bytes, ResponseHead(b"HTTP/1.1", status, reason, [], [], content_length, chunked)

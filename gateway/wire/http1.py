@@ -719,6 +719,21 @@ def serialize_response_head(
     return _head_bytes(b"%s %d %s" % (version, status, reason), headers)
 
 
+def serialize_response_fields(status: int, reason: bytes, names: list[bytes],
+                              values: list[bytes]) -> bytes:
+    """:func:`serialize_response_head` of fields given as two lists whose ``names`` the caller
+    has already checked as tokens (``gateway.wire.h2upstream`` checks them as lower-case
+    HTTP/2 names): the status line and every value are checked here (ValueError), the names
+    not twice. One list and one join, no per-field tuples (a response head per request)."""
+    if not 100 <= status <= 999 or reason.translate(None, _EXT_OK) \
+            or b"".join(values).translate(None, _EXT_OK):
+        raise ValueError("refusing to serialize an invalid status line or header value")
+    lines = [b"HTTP/1.1 %d %s" % (status, reason)]
+    lines += [b"%s: %s" % field for field in zip(names, values, strict=True)]
+    lines.append(_CRLF)  # the join's last CRLF ends the last field, this one the head
+    return _CRLF.join(lines)
+
+
 def _head_bytes(start_line: bytes, headers: Headers) -> bytes:
     if not headers:
         return start_line + b"\r\n\r\n"

@@ -430,7 +430,7 @@ def test_metrics_show_protocols_connections_and_streams() -> None:
 async def test_the_data_frames_of_one_read_reach_the_tunnel_as_one_chunk(
         server: h2server.H2Server, ca_file: str, tmp_path: Path) -> None:
     # 50 watch events, 50 DATA frames written at once: one chunk, one write to the tunnel
-    # stream (they were 50 of each).
+    # stream (they were 50 of each). The head came in the same read: it rides in that write.
     agent = await make_agent(server, ca_file, tmp_path)
     stream = request(agent, "/events?n=50")
     writes: list[bytes] = []
@@ -443,11 +443,33 @@ async def test_the_data_frames_of_one_read_reach_the_tunnel_as_one_chunk(
     stream.write = counting_write  # type: ignore[method-assign]
     events = b"".join(b'{"n":%d}\n' % i for i in range(50))
     await stream.wait(lambda: events in bytes(stream.received))
-    head, body = writes[0], b"".join(writes[1:])
-    assert head.startswith(b"HTTP/1.1 200 ") and head.endswith(b"\r\n\r\n")
-    assert writes[1:] == [b"%x\r\n" % len(events) + events + b"\r\n"]
-    assert body.count(b"\r\n") == 2
+    head_end = writes[0].index(b"\r\n\r\n") + 4
+    head, first_body = writes[0][:head_end], writes[0][head_end:]
+    assert head.startswith(b"HTTP/1.1 200 ")
+    assert [first_body, *writes[1:]] == [b"%x\r\n" % len(events) + events + b"\r\n"]
     stream.client_reset()
+    agent.pool.close()
+
+
+async def test_a_small_responses_head_and_body_reach_the_tunnel_in_one_write(
+        server: h2server.H2Server, ca_file: str, tmp_path: Path) -> None:
+    # HEADERS and DATA(END_STREAM) in one read: one write to the tunnel stream, then EOF (the
+    # head and the body were a write each).
+    agent = await make_agent(server, ca_file, tmp_path)
+    await request(agent, "/small").wait_done()  # the connection is up: the next is one read
+    stream = request(agent, "/small")
+    writes: list[bytes] = []
+    original = stream.write
+
+    def counting_write(data: bytes | bytearray | memoryview) -> None:
+        writes.append(bytes(data))
+        original(data)
+
+    stream.write = counting_write  # type: ignore[method-assign]
+    await stream.wait_done()
+    assert len(writes) == 1
+    assert writes[0].startswith(b"HTTP/1.1 200 ") and writes[0].endswith(b"\r\n\r\nsmall")
+    assert stream.response()[0] == 200 and stream.response()[2] == b"small"
     agent.pool.close()
 
 
