@@ -189,9 +189,15 @@ class TunnelStream:
         if self._lost or self.accepted:
             return
         self.accepted = True
-        self._session._core.accept(self.stream_id)
-        self._session._schedule_flush()
-        self._session._after_core()
+        session = self._session
+        core = session._core
+        core.accept(self.stream_id)
+        if core.has_data():
+            # The OPEN_ACK itself waits for the stream's first frame (Session.accept): an
+            # accept with nothing queued yet -- a request still on its way to the upstream --
+            # needs no flush, and the first write of the answer schedules one.
+            session._schedule_flush()
+        session._after_core()
 
     def refuse(self, code: OpenErrorCode, message: str = "") -> None:
         if self._lost or self.accepted:

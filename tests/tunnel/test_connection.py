@@ -73,6 +73,36 @@ async def test_the_first_open_of_a_loop_turn_is_written_at_once(tls_contexts):
     server.close()
 
 
+async def test_an_accept_with_nothing_to_send_schedules_no_flush(tls_contexts):
+    """The OPEN_ACK waits for the stream's first frame: accepting a stream whose answer is not
+    ready yet costs no loop callback; the answer's first write brings the flush, ack first."""
+    accepted: list[bool] = []
+
+    class Later(Collector):
+        def connection_made(self, stream) -> None:
+            super().connection_made(stream)
+            stream.accept()
+            accepted.append(stream._session._flush_scheduled)
+
+        def eof_received(self) -> None:
+            super().eof_received()
+            asyncio.get_running_loop().call_later(0.01, self.answer)
+
+        def answer(self) -> None:
+            self.stream.write(b"done")
+            self.stream.write_eof()
+
+    hub, _agent, server = await session_pair(tls_contexts, on_open=lambda req: Later())
+    await asyncio.sleep(0.05)  # settled: SETTINGS and the first pings are out
+    client = Collector(keep=True)
+    hub.open_stream(KubeAPITarget(), b"", client, initial_data=b"ask", fin=True)
+    assert await asyncio.wait_for(client.lost, 5) is None
+    assert bytes(client.data) == b"done" and client.eof
+    assert accepted == [False]
+    hub.close()
+    server.close()
+
+
 async def test_refusal_is_typed(tls_contexts):
     class Refuser(Collector):
         def connection_made(self, stream) -> None:
