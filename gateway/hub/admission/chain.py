@@ -238,8 +238,9 @@ class HeaderVerdict:
     is kept; the connection drops it with its last request if that one stays open for hours
     (:meth:`forget`)."""
 
-    __slots__ = ("auth_key", "bearer", "block", "client_ip", "forwarded", "received", "route",
-                 "searchable", "target", "to_service", "token_in_headers")
+    __slots__ = ("auth_key", "bearer", "block", "client_ip", "forwarded", "line", "line_block",
+                 "line_head", "line_kind", "received", "route", "searchable", "target",
+                 "to_service", "token_in_headers")
 
     def __init__(self) -> None:
         self.received: Headers | None = None  # a copy of the list decided on; None: nothing
@@ -259,11 +260,19 @@ class HeaderVerdict:
         # per connection, and only for a target that passed every step: never a token.
         self.target = b""
         self.route: ClusterRoute | None = None
+        # The last admitted request's forwarded head and class (see _admitted), for its
+        # request line (method, target, version, upgrade) and the fields' block it was made
+        # with. Never a passthrough request's: its head carries the caller's own token.
+        self.line: tuple[bytes, bytes, bytes, bool] | None = None
+        self.line_block: bytes | None = None
+        self.line_head = b""
+        self.line_kind = SHORT
 
     def forget(self) -> None:
         self.received, self.bearer, self.forwarded, self.block = None, _NO_TOKEN, [], None
         self.searchable, self.auth_key = b"", None
         self.target, self.route = b"", None
+        self.line, self.line_block, self.line_head = None, None, b""
 
 
 _NO_TOKEN = BearerToken(None, "", [])
@@ -474,14 +483,25 @@ def _admitted(gw: AdmissionContext, head: RequestHead, prepared: Prepared,
         KubeAPITarget() if service is None
         else ServiceTarget(service.namespace, service.name, service.port, service.scheme)
     )
-    try:
-        head_bytes = forwarded_head(head, cluster_route.upstream_target, headers, block)
-    except ValueError:
-        raise Refusal(400, "request cannot be forwarded") from None
+    # The forwarded head and the request's class are pure functions of these and of the
+    # fields' block: a connection's next request that repeats them takes both as they were.
+    line = (head.method, head.target, head.version, prepared.upgrade)
+    verdict = prepared.verdict
+    if (verdict is not None and block is not None and verdict.line == line
+            and verdict.line_block is block):
+        head_bytes, kind = verdict.line_head, verdict.line_kind
+    else:
+        try:
+            head_bytes = forwarded_head(head, cluster_route.upstream_target, headers, block)
+        except ValueError:
+            raise Refusal(400, "request cannot be forwarded") from None
+        kind = front_door_class(head.target, prepared.upgrade, head.method)
+        if verdict is not None and block is not None:  # None: passthrough, its own token
+            verdict.line, verdict.line_block = line, block
+            verdict.line_head, verdict.line_kind = head_bytes, kind
     slot = None
     recheck = None
     flow = ""
-    kind = front_door_class(head.target, prepared.upgrade, head.method)
     if kind == SHORT:
         if gw.seats is not None:
             flow = gw.stream_quota.identity(user.username if user else None, prepared.token)

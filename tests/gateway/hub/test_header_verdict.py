@@ -215,3 +215,29 @@ async def test_rule5_a_connection_keeps_its_tokens_review_key_and_changes_it_wit
     assert macs[made:] == [OTHER_TOKEN.encode(), HUB_TOKEN.encode()]  # one per change
     for _, writer in conns:
         writer.close()
+
+
+async def test_a_kept_request_line_is_taken_only_for_the_same_method_target_and_version(
+        gw: Harness) -> None:
+    """A connection's last forwarded head is reused only for a request with the same request
+    line and fields: every other method, target or version is forwarded as its own."""
+    reader, writer = await gw.open()
+    sent = [("GET", "/c1/api/v1/pods"), ("GET", "/c1/api/v1/pods"), ("DELETE", "/c1/api/v1/pods"),
+            ("GET", "/c1/api/v1/pods"), ("GET", "/c1/api/v1/pods?watch=1"),
+            ("GET", "/c1/api/v1/pods")]
+    for method, target in sent:
+        writer.write(get(target).replace(b"GET", method.encode(), 1))
+        status, _, body = await read_response(reader)
+        assert status == 200
+        seen = json.loads(body)
+        assert (seen["method"], seen["target"]) == (method, target.removeprefix("/c1"))
+    writer.close()
+    # The head as the agent got it, version included: one connection, HTTP/1.0 after 1.1.
+    reader, writer = await gw.open()
+    for version in (b"HTTP/1.1", b"HTTP/1.0"):
+        writer.write(get("/c1/version").replace(b"HTTP/1.1", version, 1)
+                     .replace(b"\r\n\r\n", b"\r\nConnection: keep-alive\r\n\r\n"))
+        status, _, _ = await read_response(reader)
+        assert status == 200
+        assert bytes(gw.streams()[-1].received).startswith(b"GET /version " + version + b"\r\n")
+    writer.close()
