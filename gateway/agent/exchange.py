@@ -55,7 +55,7 @@ from gateway.wire.http1 import (
     Limits,
     RequestHead,
     ResponseHead,
-    check_request_head,
+    check_fields,
     find_head_end,
     framing_for_request,
     framing_for_response,
@@ -100,6 +100,9 @@ class Route:
     # with a context whose ALPN offers h2. Upgrades always use HTTP/1.1.
     protocol: str = "h1"
     h2_ssl_context: Callable[[], ssl.SSLContext] | None = None
+    # The Host value is the same for every request of the route: checked by its first
+    # rewrite_request, not by each (see there).
+    authority_checked: bool = False
 
 
 def rewrite_request_fields(head: RequestHead, route: Route,
@@ -111,6 +114,14 @@ def rewrite_request_fields(head: RequestHead, route: Route,
     kube-apiserver uses it as its audit event's ID and echoes it back as Audit-Id; with
     identity headers, also as the request-id extra (REQUEST_ID_HEADER). b"": leave Audit-ID
     alone."""
+    headers, names, _ = _rewritten_fields(head, route, audit_id)
+    return headers, names
+
+
+def _rewritten_fields(head: RequestHead, route: Route,
+                      audit_id: bytes) -> tuple[Headers, list[bytes], int]:
+    """:func:`rewrite_request_fields`, and how many of the fields (Host first) the head
+    provided: those after them are the ones the agent added."""
     replaced = _HOST_AND_AUDIT_ID if audit_id else _HOST
     headers: Headers = [(b"Host", route.authority)]
     names = [b"host"]
@@ -138,6 +149,7 @@ def rewrite_request_fields(head: RequestHead, route: Route,
             continue
         headers.append((name, value))
         names.append(lowered)
+    kept = len(headers)
     if audit_id:
         headers.append((AUDIT_ID, audit_id))
     if route.passthrough:  # the caller's own Authorization (the loop dropped it)
@@ -153,16 +165,25 @@ def rewrite_request_fields(head: RequestHead, route: Route,
                 headers.append((REQUEST_ID_HEADER, audit_id))
     # What the loop did not name: Audit-ID, the credential and the identity, added above.
     names += [name.lower() for name, _ in headers[len(names):]]
-    return headers, names
+    return headers, names, kept
 
 
 def rewrite_request(head: RequestHead, route: Route, audit_id: bytes = b"") -> RequestHead:
     """The request sent upstream: the fields of :func:`rewrite_request_fields` with the method,
     target and framing of ``head``, every byte checked as its HTTP/1.1 serialisation checks
     them (ValueError), whichever protocol carries it: an HTTP/1.1 connection serialises it
-    (``Upstream.send_head``), an HTTP/2 stream sends it as fields and never needs the bytes."""
-    fields, names = rewrite_request_fields(head, route, audit_id)
-    check_request_head(head.method, head.target, fields)
+    (``Upstream.send_head``), an HTTP/2 stream sends it as fields and never needs the bytes.
+
+    ``head`` must come from :func:`gateway.wire.http1.parse_request_head`, which refused any
+    method, target, name or value these checks would refuse: what the rewrite keeps of it (or
+    narrows, the Connection and WebSocket protocol lists) is not checked again. What the agent
+    adds is: the route's Host value once per route (it never changes), the Audit-ID, the
+    credential (it rotates) and the identity every time."""
+    fields, names, kept = _rewritten_fields(head, route, audit_id)
+    if not route.authority_checked:
+        check_fields(fields[:1])
+        route.authority_checked = True
+    check_fields(fields[kept:])
     return RequestHead(head.method, head.target, head.version, fields, names,
                        head.content_length, head.chunked, head.keep_alive, head.expect_continue,
                        head.connection & _CONNECTION_TOKENS, head.upgrade)

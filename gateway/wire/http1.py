@@ -671,7 +671,9 @@ def framing_for_response(head: ResponseHead, request_method: bytes) -> BodyTrack
 # --- serializing --------------------------------------------------------------------------------
 
 
-def _check_fields(headers: Headers) -> None:
+def check_fields(headers: Headers) -> None:
+    """Names must be tokens and values free of control characters (ValueError otherwise):
+    what every serialisation checks of its fields (see :func:`check_request_head`)."""
     # Two C passes over all names and all values (each byte is judged alone, so joining them
     # changes nothing); the per-field loop only runs to name the culprit.
     if not headers:
@@ -693,7 +695,7 @@ def check_request_head(method: bytes, target: bytes, headers: Headers) -> None:
         raise ValueError("invalid method")
     if not target or target.translate(None, _TARGET_OK):
         raise ValueError("invalid request target")
-    _check_fields(headers)
+    check_fields(headers)
 
 
 def serialize_request_head(
@@ -715,7 +717,7 @@ def serialize_response_head(
     """``version SP status SP reason CRLF *(name: value CRLF) CRLF`` (same checks)."""
     if not 100 <= status <= 999 or reason.translate(None, _EXT_OK):
         raise ValueError("invalid status line")
-    _check_fields(headers)
+    check_fields(headers)
     return _head_bytes(b"%s %d %s" % (version, status, reason), headers)
 
 
