@@ -57,6 +57,7 @@ from gateway.hub.proxyaccept import ProxyProtocolListener
 from gateway.hub.request import FrontDoorConnection, Request
 from gateway.hub.revalidation import StreamRevalidator, period_for
 from gateway.ops import audit, startup
+from gateway.ops.audit import LineMemo
 from gateway.ops.certexpiry import CertificateFiles
 from gateway.ops.health import HealthServer, Readiness, token_review_probe
 from gateway.ops.metrics import OTHER_CLUSTER, GatewayMetrics
@@ -226,7 +227,8 @@ class Gateway:
                      admitted: Admitted | None = None, stream: bool = False,
                      protocol: str = "h1", source_ips: tuple[str, ...] = (),
                      message: str | None = None, started: float = 0.0,
-                     user_info: UserInfo | None = None) -> None:
+                     user_info: UserInfo | None = None,
+                     line_memo: LineMemo | None = None) -> None:
         """A request ended: metrics and its audit trail. ``kind``: short, watch or stream
         (``gateway.wire.requestclass``); ``admitted`` None: refused before admission;
         ``message``: the Status the gateway answered with, if it did; ``started``: when its
@@ -244,7 +246,7 @@ class Gateway:
             request_id=request_id, head=head, admitted=admitted, status=status,
             bytes_in=bytes_in, bytes_out=bytes_out, duration=duration, stream=stream,
             protocol=protocol, source_ips=source_ips, message=message, started=started,
-            user_info=user_info)
+            user_info=user_info, line_memo=line_memo)
 
     def audit_stream_start(self, request: Request) -> None:
         exchange, head = request.exchange, request.head

@@ -187,9 +187,11 @@ class AuditTrail:
                      admitted: Admitted | None, status: int, bytes_in: int, bytes_out: int,
                      duration: float, stream: bool, protocol: str, source_ips: tuple[str, ...],
                      message: str | None, started: float = 0.0,
-                     user_info: UserInfo | None = None) -> None:
+                     user_info: UserInfo | None = None,
+                     line_memo: audit.LineMemo | None = None) -> None:
         """A request ended (``started``: when its head arrived, monotonic; 0 if none did;
-        ``user_info``: the hub user of a request refused after authentication)."""
+        ``user_info``: the hub user of a request refused after authentication;
+        ``line_memo``: its client connection's, see :func:`gateway.ops.audit.request_line`)."""
         if admitted is not None:
             user_info = admitted.user_info
         if self.lines:
@@ -201,7 +203,7 @@ class AuditTrail:
                 method=head.method if head is not None else None,
                 target=head.target if head is not None else None, status=status,
                 bytes_in=bytes_in, bytes_out=bytes_out, duration=duration, protocol=protocol,
-                client=client, proxies=proxies))
+                client=client, proxies=proxies, memo=line_memo))
         if self.kube is not None:
             now = time.time()
             self.kube.event(k8s.RESPONSE_COMPLETE, request_id=request_id, head=head,

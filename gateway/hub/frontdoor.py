@@ -51,6 +51,7 @@ from gateway.hub.admission.chain import Admitted, HeaderVerdict
 from gateway.hub.exchange import Exchange
 from gateway.hub.repeatedhead import RepeatedHead
 from gateway.hub.request import BODY, RAW, UPGRADE, FrontDoorHost, Phase, Request
+from gateway.ops.audit import LineMemo
 from gateway.wire.http1 import (
     NO_BODY,
     BodyTracker,
@@ -101,6 +102,7 @@ class FrontDoor(asyncio.Protocol):
         self._body_seen = -1
         self._write_paused = False  # the client's transport is over its high-water mark
         self.header_verdict = HeaderVerdict()  # admission's, on this connection's last headers
+        self.audit_memo = LineMemo()  # its requests' audit lines repeat most of their fields
         self.heads = RepeatedHead()  # the last head parsed, for a next one with the same fields
 
     # --- asyncio.Protocol --------------------------------------------------------------------

@@ -49,6 +49,7 @@ from typing import Any
 from gateway.hub.admission.chain import Admitted, HeaderVerdict
 from gateway.hub.exchange import Exchange
 from gateway.hub.request import ADMITTING, BODY, DONE, FrontDoorHost, Phase, Request
+from gateway.ops.audit import LineMemo
 from gateway.wire import h2server
 from gateway.wire.h2server import (
     CANCEL,
@@ -114,6 +115,7 @@ class H2FrontDoor(asyncio.Protocol):
         self._backlog_scheduled = False
         self.queued = 0  # DATA payload bytes queued since the last write
         self.header_verdict = HeaderVerdict()  # admission's, on this connection's last headers
+        self.audit_memo = LineMemo()  # its requests' audit lines repeat most of their fields
         self._timer: asyncio.TimerHandle | None = None
 
     # --- asyncio.Protocol --------------------------------------------------------------------
@@ -433,6 +435,10 @@ class H2Stream:
     @property
     def header_verdict(self) -> HeaderVerdict:
         return self.door.header_verdict
+
+    @property
+    def audit_memo(self) -> LineMemo:
+        return self.door.audit_memo
 
     # --- the request's door (gateway.hub.request.Door) ---------------------------------------
 

@@ -52,6 +52,7 @@ from gateway.hub.admission.chain import (
 )
 from gateway.hub.admission.forwarded import client_address, source_ips
 from gateway.hub.exchange import SHUTTING_DOWN, Exchange
+from gateway.ops.audit import LineMemo
 from gateway.ops.metrics import GatewayMetrics
 from gateway.wire.http1 import HTTPError, RequestHead
 from gateway.wire.identity import AUDIT_ID
@@ -113,7 +114,8 @@ class FrontDoorHost(AdmissionContext, Protocol):
                      admitted: Admitted | None = None, stream: bool = False,
                      protocol: str = "h1", source_ips: tuple[str, ...] = (),
                      message: str | None = None, started: float = 0.0,
-                     user_info: UserInfo | None = None) -> None: ...
+                     user_info: UserInfo | None = None,
+                     line_memo: LineMemo | None = None) -> None: ...
 
     def request_released(self) -> None: ...
 
@@ -139,6 +141,11 @@ class Door(Protocol):
     def header_verdict(self) -> HeaderVerdict:
         """What admission decided about the connection's last header list (one per client
         connection: its requests repeat their headers)."""
+
+    @property
+    def audit_memo(self) -> LineMemo | None:
+        """The client connection's :class:`gateway.ops.audit.LineMemo` (its requests' audit
+        lines repeat most of their fields); None: nothing to keep."""
 
     @property
     def closed(self) -> bool:
@@ -186,6 +193,7 @@ class _Gone:
     nothing. Nothing else may be asked of it: that would be a bug."""
 
     protocol = client_ip = peer_ip = ""
+    audit_memo = None  # shared by every request that is over: never a memo
     closed = True
     reads_response_fields = True
     transport = None
@@ -537,6 +545,8 @@ class Request:
             admitted=admitted, stream=stream, protocol=self.door.protocol,
             source_ips=self.source_ips, message=message, started=self.started,
             user_info=user_info,
+            # Only an admitted request's line is kept: a refused one's path may hold a token.
+            line_memo=self.door.audit_memo if admitted is not None else None,
         )
 
     @property

@@ -137,29 +137,59 @@ def format_record(record: dict[str, Any]) -> str:
     return _ENCODER.encode(record)
 
 
+class LineMemo:
+    """What a client connection's requests repeat in their audit lines (user, cluster,
+    method, path, protocol, client, proxies), formatted once for the connection's last
+    request: :func:`request_line` formats it again only when one of them changes. One per
+    client connection, never shared between connections: it holds that connection's last
+    path."""
+
+    __slots__ = ("key", "middle", "tail")
+
+    def __init__(self) -> None:
+        self.key: tuple[Any, ...] | None = None
+        self.middle = ""  # from ``,"user"`` through ``"path"``
+        self.tail = ""  # from ``,"protocol"`` through the closing brace
+
+
 def request_line(event: str, *, request_id: str, user: str | None, cluster: str | None,
                  method: bytes | None, target: bytes | None, status: int, bytes_in: int,
                  bytes_out: int, duration: float, protocol: str, client: str | None = None,
-                 proxies: list[str] | None = None, now: float | None = None) -> str:
+                 proxies: list[str] | None = None, now: float | None = None,
+                 memo: LineMemo | None = None) -> str:
     """The line of a finished request (``request``, ``stream_end``): the same, character for
     character, as :func:`format_record` of :func:`audit_record` with these fields, written
-    in one go (the gateway writes one per request; the generic way costs twice as much)."""
+    in one go (the gateway writes one per request; the generic way costs twice as much).
+    ``memo``: the client connection's :class:`LineMemo`, for the fields its requests repeat."""
     ts = _timestamp(time.time() if now is None else now)
     duration_ms = round(duration * 1000, 3)
-    return "".join((
-        f'{{"event":{_quote(event)},"ts":"{ts}","request_id":{_quote(request_id)}',
-        "" if user is None else f',"user":{_quote(user)}',
-        "" if cluster is None else f',"cluster":{_quote(cluster)}',
-        "" if method is None else f',"method":{_quote(method.decode("ascii", "replace"))}',
-        "" if target is None else f',"path":{_quote(redact_target(target))}',
-        f',"status":{int(status)},"bytes_in":{int(bytes_in)},"bytes_out":{int(bytes_out)}',
-        f',"duration_ms":{duration_ms!r}' if math.isfinite(duration_ms)
-        else f',"duration_ms":{_ENCODER.encode(duration_ms)}',
-        f',"protocol":{_quote(protocol)}',
-        "" if client is None else f',"client":{_quote(client)}',
-        "" if proxies is None else f',"proxies":{_ENCODER.encode(proxies)}',
-        "}",
-    ))
+    # proxies as a tuple: a list the caller changed later must not match its old lines.
+    key = (user, cluster, method, target, protocol, client,
+           None if proxies is None else tuple(proxies))
+    if memo is not None and memo.key == key:
+        middle, tail = memo.middle, memo.tail
+    else:
+        middle = "".join((
+            "" if user is None else f',"user":{_quote(user)}',
+            "" if cluster is None else f',"cluster":{_quote(cluster)}',
+            "" if method is None else f',"method":{_quote(method.decode("ascii", "replace"))}',
+            "" if target is None else f',"path":{_quote(redact_target(target))}',
+        ))
+        tail = "".join((
+            f',"protocol":{_quote(protocol)}',
+            "" if client is None else f',"client":{_quote(client)}',
+            "" if proxies is None else f',"proxies":{_ENCODER.encode(proxies)}',
+            "}",
+        ))
+        if memo is not None:
+            memo.key, memo.middle, memo.tail = key, middle, tail
+    return (
+        f'{{"event":{_quote(event)},"ts":"{ts}","request_id":{_quote(request_id)}{middle}'
+        f',"status":{int(status)},"bytes_in":{int(bytes_in)},"bytes_out":{int(bytes_out)}'
+        + (f',"duration_ms":{duration_ms!r}' if math.isfinite(duration_ms)
+           else f',"duration_ms":{_ENCODER.encode(duration_ms)}')
+        + tail
+    )
 
 
 class AuditWriter:

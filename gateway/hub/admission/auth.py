@@ -96,8 +96,13 @@ class UserInfo:
 class Authenticator(Protocol):
     """What admission needs to turn a bearer token into a hub user."""
 
-    def cached(self, token: str) -> UserInfo | None:
-        """The user of a token reviewed successfully within the TTL; None means "ask"."""
+    def cache_key(self, token: str) -> bytes:
+        """The token's key in the review cache: a MAC, never the token, which a client
+        connection may keep for its next request that brings the same token."""
+
+    def cached(self, token: str, key: bytes | None = None) -> UserInfo | None:
+        """The user of a token reviewed successfully within the TTL; None means "ask".
+        ``key``: ``cache_key(token)``, when the caller kept it."""
 
     async def authenticate(self, token: str) -> UserInfo:
         """The hub user; raises :class:`Unauthenticated` or :class:`AuthUnavailable`."""
@@ -326,11 +331,12 @@ class TokenAuthenticator:
         return hashlib.blake2b(self._key_prefix + token.encode("utf-8"), key=self._mac_key,
                                digest_size=32).digest()
 
-    def cached(self, token: str) -> UserInfo | None:
-        """The user of a token whose review succeeded within the TTL, else None."""
+    def cached(self, token: str, key: bytes | None = None) -> UserInfo | None:
+        """The user of a token whose review succeeded within the TTL, else None. ``key``:
+        :meth:`cache_key` of ``token``, when the caller kept it."""
         if not token or len(token) > MAX_TOKEN_BYTES:
             return None
-        return self.cache.peek(self.cache_key(token))
+        return self.cache.peek(self.cache_key(token) if key is None else key)
 
     async def authenticate(self, token: str) -> UserInfo:
         if not token:

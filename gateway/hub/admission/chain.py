@@ -194,6 +194,9 @@ class Prepared:
     # ``headers`` as they go out, serialised and checked once per header list (see
     # :func:`header_block`); None when they could not be.
     block: bytes | None = None
+    # The client connection's HeaderVerdict, which also keeps the token's review-cache key
+    # (a MAC, never the token) for the connection's next request; None without one.
+    verdict: HeaderVerdict | None = None
 
 
 class _RequestIds:
@@ -235,8 +238,9 @@ class HeaderVerdict:
     is kept; the connection drops it with its last request if that one stays open for hours
     (:meth:`forget`)."""
 
-    __slots__ = ("bearer", "block", "client_ip", "forwarded", "received", "route",
-                 "target", "to_service", "token_in_headers")
+    __slots__ = ("auth_key", "bearer", "block", "client_ip", "forwarded", "line", "line_block",
+                 "line_head", "line_kind", "received", "route", "searchable", "target",
+                 "to_service", "token_in_headers")
 
     def __init__(self) -> None:
         self.received: Headers | None = None  # a copy of the list decided on; None: nothing
@@ -246,15 +250,29 @@ class HeaderVerdict:
         self.forwarded: Headers = []
         self.block: bytes | None = None  # header_block(forwarded)
         self.token_in_headers = False
+        # The token as the bytes carries_token looks for (b"": too short to search), and its
+        # key in the hub review cache once admission asked it (Authenticator.cache_key): one
+        # encode and one MAC per connection and token, not per request.
+        self.searchable = b""
+        self.auth_key: bytes | None = None
         # The last admitted request's target and its route: clients ask for the same path
         # request after request, and a route is a pure function of the target's bytes. Kept
         # per connection, and only for a target that passed every step: never a token.
         self.target = b""
         self.route: ClusterRoute | None = None
+        # The last admitted request's forwarded head and class (see _admitted), for its
+        # request line (method, target, version, upgrade) and the fields' block it was made
+        # with. Never a passthrough request's: its head carries the caller's own token.
+        self.line: tuple[bytes, bytes, bytes, bool] | None = None
+        self.line_block: bytes | None = None
+        self.line_head = b""
+        self.line_kind = SHORT
 
     def forget(self) -> None:
         self.received, self.bearer, self.forwarded, self.block = None, _NO_TOKEN, [], None
+        self.searchable, self.auth_key = b"", None
         self.target, self.route = b"", None
+        self.line, self.line_block, self.line_head = None, None, b""
 
 
 _NO_TOKEN = BearerToken(None, "", [])
@@ -277,7 +295,7 @@ def prepare(head: RequestHead, client_ip: str,
         if (last is not None and last.received == head.headers
                 and last.client_ip == client_ip and last.to_service == to_service):
             bearer, headers, token_in_headers = last.bearer, last.forwarded, last.token_in_headers
-            block = last.block
+            block, searchable = last.block, last.searchable
         else:
             bearer = extract_token(head.headers)
             headers = rewrite_request_headers(
@@ -290,23 +308,25 @@ def prepare(head: RequestHead, client_ip: str,
             # travel.
             headers = [(n, v) for n, v in headers if n.lower() != b"expect"]
             block = header_block(headers)
+            searchable = searchable_token(bearer.token)
             if last is not None:
                 last.received, last.client_ip, last.to_service = (
                     list(head.headers), client_ip, to_service)
                 last.bearer, last.forwarded, last.token_in_headers, last.block = (
                     bearer, headers, token_in_headers, block)
+                last.searchable, last.auth_key = searchable, None  # a new token: a new key
     except (RouteError, BodyTooLarge, UpgradeRefused, BearerError, HeaderRefused) as exc:
         raise Refusal(exc.status, str(exc)) from None
     if bearer.token is None:
         raise Refusal(401, "a bearer token is required")
-    if token_in_headers or carries_token(bearer.token, head.target, ()):
+    if token_in_headers or (searchable and searchable in head.target):
         raise Refusal(400, "the request carries its bearer token outside the Authorization "
                            "header (in its path, query or another header); it would reach the "
                            "managed cluster, so it is refused: send the token only as "
                            "'Authorization: Bearer'")
     if last is not None:
         last.target, last.route = head.target, cluster_route
-    return Prepared(cluster_route, upgrade, bearer, bearer.token, headers, block)
+    return Prepared(cluster_route, upgrade, bearer, bearer.token, headers, block, last)
 
 
 _START_LINE = b"GET / HTTP/1.1\r\n"
@@ -339,14 +359,19 @@ def forwarded_head(head: RequestHead, upstream_target: bytes, headers: Headers,
 MIN_TOKEN_TO_SEARCH = 16  # shorter "tokens" could match by chance; real ones are far longer
 
 
+def searchable_token(token: str | None) -> bytes:
+    """The bytes :func:`carries_token` looks for: b"" for none, or one too short to search."""
+    if token is None or len(token) < MIN_TOKEN_TO_SEARCH:
+        return b""
+    return token.encode()
+
+
 def carries_token(token: str, target: bytes, headers: Iterable[tuple[bytes, bytes]]) -> bool:
     """Whether the hub token also sits where it would be forwarded: the target (a
     ``?access_token=`` or ``?token=`` by mistake) or a header other than the ones stripped.
     Hub tokens never reach managed clusters, whatever the client does with them."""
-    if len(token) < MIN_TOKEN_TO_SEARCH:
-        return False
-    raw = token.encode()
-    return raw in target or any(raw in value for _, value in headers)
+    raw = searchable_token(token)
+    return bool(raw) and (raw in target or any(raw in value for _, value in headers))
 
 
 def admit_cached(gw: AdmissionContext, head: RequestHead, prepared: Prepared, request_id: str
@@ -354,7 +379,15 @@ def admit_cached(gw: AdmissionContext, head: RequestHead, prepared: Prepared, re
     """Steps 6-10 without awaiting, when the token's review and the user's authorization are
     both cached: saves a task and two loop turns per request. None means "not cached": run
     :func:`admit`."""
-    user = gw.authenticator.cached(prepared.token)
+    verdict = prepared.verdict
+    if verdict is None:
+        user = gw.authenticator.cached(prepared.token)
+    else:
+        key = verdict.auth_key
+        if key is None:
+            # Set only after prepare() kept this token in the verdict: the key is its token's.
+            key = verdict.auth_key = gw.authenticator.cache_key(prepared.token)
+        user = gw.authenticator.cached(prepared.token, key)
     if user is None or not gw.authorizer.allowed_cached(user, prepared.route.cluster):
         return None
     gw.metrics.auth_lookups += 1
@@ -450,14 +483,25 @@ def _admitted(gw: AdmissionContext, head: RequestHead, prepared: Prepared,
         KubeAPITarget() if service is None
         else ServiceTarget(service.namespace, service.name, service.port, service.scheme)
     )
-    try:
-        head_bytes = forwarded_head(head, cluster_route.upstream_target, headers, block)
-    except ValueError:
-        raise Refusal(400, "request cannot be forwarded") from None
+    # The forwarded head and the request's class are pure functions of these and of the
+    # fields' block: a connection's next request that repeats them takes both as they were.
+    line = (head.method, head.target, head.version, prepared.upgrade)
+    verdict = prepared.verdict
+    if (verdict is not None and block is not None and verdict.line == line
+            and verdict.line_block is block):
+        head_bytes, kind = verdict.line_head, verdict.line_kind
+    else:
+        try:
+            head_bytes = forwarded_head(head, cluster_route.upstream_target, headers, block)
+        except ValueError:
+            raise Refusal(400, "request cannot be forwarded") from None
+        kind = front_door_class(head.target, prepared.upgrade, head.method)
+        if verdict is not None and block is not None:  # None: passthrough, its own token
+            verdict.line, verdict.line_block = line, block
+            verdict.line_head, verdict.line_kind = head_bytes, kind
     slot = None
     recheck = None
     flow = ""
-    kind = front_door_class(head.target, prepared.upgrade, head.method)
     if kind == SHORT:
         if gw.seats is not None:
             flow = gw.stream_quota.identity(user.username if user else None, prepared.token)

@@ -181,3 +181,63 @@ def test_a_verdict_routes_a_repeated_target_once_and_keeps_no_refused_one(
     assert len(routed) == 3  # the refused target was routed each time, never kept
     verdict.forget()
     assert verdict.route is None and verdict.target == b""
+
+
+async def test_rule5_a_connection_keeps_its_tokens_review_key_and_changes_it_with_the_token(
+        gw: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The token's review-cache key (a MAC, never the token) is made once per connection and
+    token, not per request; another token on the same connection gets its own key (and its
+    own identity), and a new connection makes its own."""
+    authenticator = gw.gateway.authenticator
+    macs: list[bytes] = []
+    real_mac = authenticator._mac  # type: ignore[attr-defined]
+    monkeypatch.setattr(authenticator, "_mac", lambda token: macs.append(token.encode())
+                        or real_mac(token))
+    # Two connections interleaved: a one-entry memo in the authenticator would miss each time.
+    conns = [await gw.open() for _ in range(2)]
+
+    async def send(conn: int, token: str = HUB_TOKEN) -> str:
+        reader, writer = conns[conn]
+        writer.write(get("/c1/api/v1/pods", token=token))
+        status, _, body = await read_response(reader)
+        assert status == 200
+        return str(json.loads(body)["metadata"]["user"])
+
+    for _ in range(3):
+        for conn in (0, 1):
+            assert await send(conn) == "cluster:hub:system:serviceaccount:team:alice"
+    assert macs.count(HUB_TOKEN.encode()) == 2  # once per connection
+    made = len(macs)
+    assert await send(0, OTHER_TOKEN) == "cluster:hub:bob"
+    assert await send(0, OTHER_TOKEN) == "cluster:hub:bob"
+    # The key follows the token back.
+    assert await send(0) == "cluster:hub:system:serviceaccount:team:alice"
+    assert macs[made:] == [OTHER_TOKEN.encode(), HUB_TOKEN.encode()]  # one per change
+    for _, writer in conns:
+        writer.close()
+
+
+async def test_a_kept_request_line_is_taken_only_for_the_same_method_target_and_version(
+        gw: Harness) -> None:
+    """A connection's last forwarded head is reused only for a request with the same request
+    line and fields: every other method, target or version is forwarded as its own."""
+    reader, writer = await gw.open()
+    sent = [("GET", "/c1/api/v1/pods"), ("GET", "/c1/api/v1/pods"), ("DELETE", "/c1/api/v1/pods"),
+            ("GET", "/c1/api/v1/pods"), ("GET", "/c1/api/v1/pods?watch=1"),
+            ("GET", "/c1/api/v1/pods")]
+    for method, target in sent:
+        writer.write(get(target).replace(b"GET", method.encode(), 1))
+        status, _, body = await read_response(reader)
+        assert status == 200
+        seen = json.loads(body)
+        assert (seen["method"], seen["target"]) == (method, target.removeprefix("/c1"))
+    writer.close()
+    # The head as the agent got it, version included: one connection, HTTP/1.0 after 1.1.
+    reader, writer = await gw.open()
+    for version in (b"HTTP/1.1", b"HTTP/1.0"):
+        writer.write(get("/c1/version").replace(b"HTTP/1.1", version, 1)
+                     .replace(b"\r\n\r\n", b"\r\nConnection: keep-alive\r\n\r\n"))
+        status, _, _ = await read_response(reader)
+        assert status == 200
+        assert bytes(gw.streams()[-1].received).startswith(b"GET /version " + version + b"\r\n")
+    writer.close()

@@ -218,3 +218,39 @@ def test_request_line_is_the_record_formatted(event: str, request_id: str, user:
                               **fields)
     assert line == expected
     json.loads(line)
+    # With a connection's memo: the same line the first time and when repeated, and after
+    # a line of other fields was kept.
+    memo = audit.LineMemo()
+    for _ in range(2):
+        assert audit.request_line(event, protocol=protocol, client=client, proxies=proxies,
+                                  memo=memo, **fields) == expected
+    other = audit.request_line(event, protocol="h2", client="x", proxies=None, memo=memo,
+                               **{**fields, "user": "other", "target": b"/other"})
+    assert '"user":"other"' in other and '"path":"/other"' in other
+    assert audit.request_line(event, protocol=protocol, client=client, proxies=proxies,
+                              memo=memo, **fields) == expected
+
+
+def test_rule5_a_line_memo_is_formatted_again_for_each_field_that_changes() -> None:
+    """A connection's memo is used only for equal fields: another user, cluster, method,
+    path, protocol, client or proxy list (even the same list changed afterwards) gets its own
+    line, with its path redacted."""
+    base = dict(request_id="r", user="alice", cluster="c1", method=b"GET", target=b"/c1/api",
+                status=200, bytes_in=0, bytes_out=5, duration=0.001, protocol="h1",
+                client="10.0.0.1", now=1.0e9)
+    memo = audit.LineMemo()
+    proxies = ["10.0.0.9"]
+    audit.request_line("request", proxies=proxies, memo=memo, **base)
+    changes = [dict(user="bob"), dict(cluster="c2"), dict(method=b"PUT"),
+               dict(target=b"/c1/api?access_token=abc"), dict(protocol="h2"),
+               dict(client="10.0.0.2")]
+    for change in changes:
+        fields = {**base, **change}
+        assert audit.request_line("request", proxies=proxies, memo=memo, **fields) == \
+            audit.request_line("request", proxies=proxies, **fields)
+    audit.request_line("request", proxies=proxies, memo=memo, **base)
+    proxies.append("10.0.0.8")  # the caller's list changed: its line changes with it
+    line = audit.request_line("request", proxies=proxies, memo=memo, **base)
+    assert json.loads(line)["proxies"] == ["10.0.0.9", "10.0.0.8"]
+    assert "abc" not in audit.request_line(
+        "request", proxies=None, memo=memo, **{**base, "target": b"/c1/api?token=abc"})
