@@ -203,7 +203,7 @@ def start_aiohttp_proxy(lab: Lab) -> Config:
 def start_hop_floor(lab: Lab) -> Config:
     """``bench.hopfloor`` twice in series: the floor of hubproxy's two TLS-terminating hops."""
     gw = lab.pki / "gateway"
-    upstream = f"{LOOPBACK}:{lab.upstream_port}"
+    upstream = f"https://{LOOPBACK}:{lab.upstream_port}"
     procs, ca = [], lab.upstream_ca
     for name in ("floor-hop2", "floor-hop1"):  # the apiserver's side first
         port = free_port()
@@ -213,8 +213,8 @@ def start_hop_floor(lab: Lab) -> Config:
             "--upstream", upstream, "--upstream-ca", ca])
         proc.wait_for_line("hopfloor ready", 30)
         procs.append(proc)
-        upstream, ca = f"{LOOPBACK}:{port}", str(gw / "ca.crt")
-    cfg = Config("floor-2hop", Target(f"https://{upstream}", ca),
+        upstream, ca = f"https://{LOOPBACK}:{port}", str(gw / "ca.crt")
+    cfg = Config("floor-2hop", Target(upstream, ca),
                  "two bench.hopfloor processes in series, each terminating TLS on both sides "
                  "and relaying HTTP/1.1 messages by their framing only: the least hubproxy's "
                  "two hops cost in Python", {"hop1": [procs[1].pid], "hop2": [procs[0].pid]},

@@ -1,7 +1,7 @@
 """The least a hop of hubproxy's design can cost in Python: issue 26's floor, measured.
 
     python -m bench.hopfloor --listen HOST:PORT --cert FILE --key FILE
-                             --upstream HOST:PORT --upstream-ca FILE
+                             --upstream https://HOST:PORT --upstream-ca FILE
 
 hubproxy puts two Python processes between a client and the apiserver (the gateway and the
 agent), and each of them terminates TLS on both of its sides: the client's and the tunnel's, the
@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import ssl
 import sys
 from typing import Any
+from urllib.parse import urlsplit
 
-import uvloop
+from bench.proxycli import proxy_arguments, run_until_interrupted
 
 HEAD_END = b"\r\n\r\n"
 CONTENT_LENGTH = b"\r\ncontent-length:"
@@ -183,26 +183,18 @@ async def start(listen: tuple[str, int], cert: str, key: str, upstream: tuple[st
 
 async def serve(args: argparse.Namespace) -> None:
     host, _, port = args.listen.rpartition(":")
-    up_host, _, up_port = args.upstream.rpartition(":")
-    server = await start((host, int(port)), args.cert, args.key, (up_host, int(up_port)),
-                         args.upstream_ca)
+    upstream = urlsplit(args.upstream)
+    assert upstream.hostname is not None and upstream.port is not None
+    server = await start((host, int(port)), args.cert, args.key,
+                         (upstream.hostname, upstream.port), args.upstream_ca)
     print(f"hopfloor ready on {args.listen}", flush=True)
     async with server:
         await server.serve_forever()
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.hopfloor", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--listen", required=True, help="HOST:PORT to serve TLS on")
-    parser.add_argument("--cert", required=True, help="server certificate (PEM)")
-    parser.add_argument("--key", required=True, help="its private key (PEM)")
-    parser.add_argument("--upstream", required=True, help="HOST:PORT of the TLS upstream")
-    parser.add_argument("--upstream-ca", required=True, help="CA bundle for the upstream")
-    args = parser.parse_args(argv)
-    with contextlib.suppress(KeyboardInterrupt):
-        uvloop.run(serve(args))
-    return 0
+    args = proxy_arguments("python -m bench.hopfloor", __doc__ or "", argv)
+    return run_until_interrupted(serve(args))
 
 
 if __name__ == "__main__":

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import ssl
 import sys
 
 from aiohttp import ClientSession, TCPConnector, web
 from yarl import URL
+
+from bench.proxycli import proxy_arguments, run_until_interrupted
 
 # Hop-by-hop fields (RFC 9110 7.6.1) plus the ones aiohttp computes itself.
 DROPPED = frozenset({"connection", "keep-alive", "proxy-connection", "te", "trailer",
@@ -84,19 +85,8 @@ async def serve(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.naiveproxy",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("--listen", required=True, help="HOST:PORT (TLS)")
-    parser.add_argument("--cert", required=True, help="server certificate (PEM)")
-    parser.add_argument("--key", required=True, help="server key (PEM)")
-    parser.add_argument("--upstream", required=True, help="https://HOST:PORT")
-    parser.add_argument("--upstream-ca", required=True, help="CA bundle for the upstream")
-    args = parser.parse_args(argv)
-    import uvloop
-
-    with contextlib.suppress(KeyboardInterrupt):
-        uvloop.run(serve(args))
-    return 0
+    args = proxy_arguments("python -m bench.naiveproxy", __doc__.split("\n\n")[0], argv)
+    return run_until_interrupted(serve(args))
 
 
 if __name__ == "__main__":

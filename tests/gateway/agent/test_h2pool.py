@@ -427,20 +427,26 @@ def test_metrics_show_protocols_connections_and_streams() -> None:
     assert 'hubproxy_agent_upstream_h2_streams_max{of="limit"} 100' in text
 
 
+def recorded_writes(stream: Any) -> list[bytes]:
+    """What the agent writes to ``stream`` from now on, one item per write."""
+    writes: list[bytes] = []
+    original = stream.write
+
+    def recording_write(data: bytes | bytearray | memoryview) -> None:
+        writes.append(bytes(data))
+        original(data)
+
+    stream.write = recording_write
+    return writes
+
+
 async def test_the_data_frames_of_one_read_reach_the_tunnel_as_one_chunk(
         server: h2server.H2Server, ca_file: str, tmp_path: Path) -> None:
     # 50 watch events, 50 DATA frames written at once: one chunk, one write to the tunnel
     # stream (they were 50 of each). The head came in the same read: it rides in that write.
     agent = await make_agent(server, ca_file, tmp_path)
     stream = request(agent, "/events?n=50")
-    writes: list[bytes] = []
-    original = stream.write
-
-    def counting_write(data: bytes | bytearray | memoryview) -> None:
-        writes.append(bytes(data))
-        original(data)
-
-    stream.write = counting_write  # type: ignore[method-assign]
+    writes = recorded_writes(stream)
     events = b"".join(b'{"n":%d}\n' % i for i in range(50))
     await stream.wait(lambda: events in bytes(stream.received))
     head_end = writes[0].index(b"\r\n\r\n") + 4
@@ -458,14 +464,7 @@ async def test_a_small_responses_head_and_body_reach_the_tunnel_in_one_write(
     agent = await make_agent(server, ca_file, tmp_path)
     await request(agent, "/small").wait_done()  # the connection is up: the next is one read
     stream = request(agent, "/small")
-    writes: list[bytes] = []
-    original = stream.write
-
-    def counting_write(data: bytes | bytearray | memoryview) -> None:
-        writes.append(bytes(data))
-        original(data)
-
-    stream.write = counting_write  # type: ignore[method-assign]
+    writes = recorded_writes(stream)
     await stream.wait_done()
     assert len(writes) == 1
     assert writes[0].startswith(b"HTTP/1.1 200 ") and writes[0].endswith(b"\r\n\r\nsmall")
