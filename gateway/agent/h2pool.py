@@ -202,9 +202,16 @@ class H2Stream:
         self.conn.stream_closed(self, reset=not (self.request_ended and self.response_ended))
 
     # --- from the connection -----------------------------------------------------------------
-    def _send_head(self, head: RequestHead) -> None:
+    def send_request(self, head: RequestHead, fields: bytes) -> None:
+        """The request: its header fields already HPACK-encoded
+        (``gateway.agent.exchange.rewrite_request_block``, the fields :func:`request_fields`
+        would make of ``rewrite_request``'s head), its method and body framing from ``head``."""
+        if not self.ended and self._body is None:
+            self._send_head(head, fields)
+
+    def _send_head(self, head: RequestHead, block: bytes | None = None) -> None:
         try:
-            fields = request_fields(head)
+            fields = request_fields(head) if block is None else None
             self._body = RequestBody(head)
         except (HTTPError, ValueError) as exc:
             self.fail(exc)
@@ -212,7 +219,8 @@ class H2Stream:
         self._method = head.method
         end = self._body.complete
         try:
-            self.stream_id = self.conn.send_headers(self, fields, end, head.method == b"HEAD")
+            self.stream_id = self.conn.send_headers(self, fields, block, end,
+                                                    head.method == b"HEAD")
         except NoNewStreams as exc:  # a GOAWAY came since the pool handed this stream out
             self.fail(StreamRefused(f"the connection takes no new stream ({exc})"))
             return
@@ -510,11 +518,16 @@ class H2Upstream(asyncio.BufferedProtocol):
         self.on_change(self)
 
     # --- used by streams -----------------------------------------------------------------------
-    def send_headers(self, stream: H2Stream, fields: list[tuple[bytes, bytes]],
-                     end: bool, head_request: bool) -> int:
+    def send_headers(self, stream: H2Stream, fields: list[tuple[bytes, bytes]] | None,
+                     block: bytes | None, end: bool, head_request: bool) -> int:
+        """Open ``stream`` with ``fields``, or with their encoding ``block`` if they are None."""
         if self.draining or not self.usable:
             raise NoNewStreams("the connection is closing")
-        stream_id = self.h2.send_headers(fields, end, head_request=head_request)
+        if fields is not None:
+            stream_id = self.h2.send_headers(fields, end, head_request=head_request)
+        else:
+            assert block is not None
+            stream_id = self.h2.send_header_block(block, end, head_request=head_request)
         self.by_id[stream_id] = stream
         self._unflushed_heads += 1
         if self._unflushed_heads >= MAX_BATCHED_HEADS:
