@@ -27,7 +27,8 @@ Extensions beyond contracts.md:
   (from the agent's SETTINGS), ``.on_settings`` (callbacks after each peer SETTINGS),
   ``.bytes_received``/``.bytes_sent`` (TLS payload bytes, frames included), ``.streams_opened``,
   ``.close(reason="closed")``, ``.get_extra_info(name)`` (of the TLS transport).
-- ``TunnelStream.accepted``, ``.is_reading()``, ``.get_extra_info(name)``, ``.close()``
+- ``TunnelStream.accepted``, ``.open_data_follows`` (during ``connection_made``: the OPEN's data
+  or FIN is delivered right after it), ``.is_reading()``, ``.get_extra_info(name)``, ``.close()``
   (= write_eof), ``.abort()`` (= reset CANCEL).
 - ``open_stream`` raises ``ValueError`` for metadata over the peer's MAX_METADATA_SIZE (a
   programming error); on a closed/draining session it still returns a stream and reports
@@ -90,7 +91,7 @@ class TunnelStream:
     """Transport-like handle of one stream."""
 
     __slots__ = ("_eof_pending", "_lost", "_paused", "_pending", "_session", "accepted",
-                 "metadata", "protocol", "stream_id", "target")
+                 "metadata", "open_data_follows", "protocol", "stream_id", "target")
 
     def __init__(self, session: TunnelSession, stream_id: int, target: Target, metadata: bytes,
                  protocol: StreamProtocol, accepted: bool) -> None:
@@ -104,6 +105,10 @@ class TunnelStream:
         self._pending: deque[bytes] | None = None  # delivered later (paused), lazily created
         self._eof_pending = False
         self._lost = False
+        # True only while ``protocol.connection_made`` runs for a peer's OPEN that carries data
+        # or its FIN: they reach the protocol as soon as that call returns (unless it paused
+        # reading), so it need not wait a loop turn to see whether they came.
+        self.open_data_follows = False
 
     def __repr__(self) -> str:
         return f"<TunnelStream {self.stream_id} {self.target!r}>"
@@ -563,7 +568,9 @@ class TunnelSession(asyncio.BufferedProtocol):
             return
         stream = TunnelStream(self, ev.stream_id, ev.target, ev.metadata, protocol, False)
         self._streams[ev.stream_id] = stream
+        stream.open_data_follows = bool(ev.data) or ev.fin
         protocol.connection_made(stream)
+        stream.open_data_follows = False
         self._on_data(ev.stream_id, ev.data, ev.fin)
 
     def _finish_if_closed(self, stream: TunnelStream) -> None:

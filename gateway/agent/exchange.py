@@ -341,8 +341,11 @@ class HttpExchange:
     def connection_made(self, stream: Any) -> None:
         self.stream = stream
         # The head normally rides in the OPEN and arrives right after this call; the setup
-        # task starts only if it cannot be finished synchronously by then (see _setup_now).
-        asyncio.get_running_loop().call_soon(self._start_setup_task)
+        # task starts only if it cannot be finished synchronously by then (see _setup_now):
+        # at once when the stream says the OPEN's bytes follow this call (the common case: no
+        # loop turn, no callback), else on the next loop turn, when they would have come.
+        if not getattr(stream, "open_data_follows", False):
+            asyncio.get_running_loop().call_soon(self._start_setup_task)
 
     def _start_setup_task(self) -> None:
         if self._task is None and self.state == self.SETUP and not self._closed:
@@ -356,6 +359,8 @@ class HttpExchange:
                 self._take_head_bytes(bytes(data))
             else:
                 self._buffer_early(bytes(data))
+            if self._task is None:
+                self._start_setup_task()  # unless the request went upstream synchronously
             return
         if self.state == self.UPGRADED:
             self._to_upstream(data)
@@ -367,6 +372,8 @@ class HttpExchange:
         if self.state == self.SETUP:
             if self.request is None:
                 self._head_failed(HTTPError("stream ended before the request head"))
+            if self._task is None:
+                self._start_setup_task()
             return
         if self.state == self.UPGRADED:
             if self.conn is not None:

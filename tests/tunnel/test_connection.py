@@ -315,3 +315,41 @@ async def test_two_drains_of_one_session_both_end_when_its_streams_do(tls_contex
     assert asyncio.get_running_loop().time() - started < 2, "a drain waited for its deadline"
     assert agent.closed
     server.close()
+
+
+async def test_connection_made_knows_whether_the_opens_bytes_follow_it(tls_contexts):
+    """During connection_made, ``open_data_follows`` says whether the OPEN carried data or its
+    FIN, which reach the protocol right after the call: a protocol that needs the first bytes
+    (the agent's exchange: the request head) need not wait a loop turn to learn they came."""
+    seen: list[tuple[bool, bytes, bool]] = []  # (during connection_made, data then, eof then)
+
+    class Watcher(Collector):
+        def connection_made(self, stream) -> None:
+            super().connection_made(stream)
+            seen.append((stream.open_data_follows, bytes(self.data), self.eof))
+            stream.accept()
+
+        def data_received(self, data) -> None:
+            super().data_received(data)
+            assert not self.stream.open_data_follows
+            self.stream.write(b"ok")
+            self.stream.write_eof()
+
+        def eof_received(self) -> None:
+            super().eof_received()
+            if not self.data:
+                self.stream.write_eof()
+
+    hub, _agent, server = await session_pair(tls_contexts, on_open=lambda req: Watcher())
+    for data, fin in ((b"head", False), (b"", True), (b"", False)):
+        client = Collector(keep=True)
+        stream = hub.open_stream(KubeAPITarget(), b"", client, initial_data=data, fin=fin)
+        if not data and not fin:
+            await asyncio.sleep(0.05)  # the OPEN alone arrived: nothing followed it
+            stream.write(b"later")
+        if not fin:
+            stream.write_eof()
+        assert await asyncio.wait_for(client.lost, 5) is None
+    assert seen == [(True, b"", False), (True, b"", False), (False, b"", False)]
+    hub.close()
+    server.close()
