@@ -54,14 +54,19 @@ def encode_field(name: bytes, value: bytes) -> bytes:
     full match, else a literal "without indexing" (never indexed for credentials, cookies and
     ``impersonate-*``), never Huffman-coded. For fields whose bytes a client chose: nothing of
     them outlives the call."""
+    n = len(value)
     entry = _STATIC_NAMES.get(name)
-    if entry is None:
+    if entry is None:  # a literal name (one byte of length: names are short)
+        if len(name) < 127 and n < 127 and not name.startswith(_NEVER_INDEXED_PREFIX):
+            return b"\x00%c%s%c%s" % (len(name), name, n, value)
         entry = _name_entry(name)
     indexed, prefix, _ = entry
     if indexed is not None and (index := indexed.get(value)) is not None:
         out = encode_integer(index, 7)  # indexed field (RFC 7541 §6.1)
         out[0] |= 0x80
         return bytes(out)
+    if n < 127:
+        return b"%s%c%s" % (prefix, n, value)
     return prefix + _length(value) + value
 
 
