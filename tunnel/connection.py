@@ -44,8 +44,7 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from tunnel import session_state as ss
 from tunnel.errors import (
@@ -80,8 +79,11 @@ class StreamProtocol(Protocol):
     def resume_writing(self) -> None: ...
 
 
-@dataclass(frozen=True, slots=True)
-class OpenRequest:
+class OpenRequest(NamedTuple):
+    """A peer's OPEN, as ``on_open`` sees it. A named tuple, not a frozen dataclass: one is
+    made per stream, and a frozen dataclass's constructor sets each field through
+    object.__setattr__ (three times as long)."""
+
     stream_id: int
     target: Target
     metadata: bytes
