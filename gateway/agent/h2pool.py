@@ -8,9 +8,10 @@ sans-IO client core (:class:`gateway.wire.h2client.ClientConnection`) and the pu
 of ``gateway.wire.h2upstream``.
 
 :class:`H2Stream` looks to :class:`gateway.agent.exchange.HttpExchange` like an
-``UpstreamConnection``: the exchange gives it the rewritten head (parsed and checked, never
-serialised for a stream) and then writes the body bytes as framed by the client; the stream
-sends HEADERS and DATA. The response comes back to the
+``UpstreamConnection``: the exchange gives it the request's header fields already encoded
+(``send_request``: ``gateway.agent.exchange.rewrite_request_block``, one pass from the parsed
+head) or the rewritten head (``send_head``), and then writes the body bytes as framed by the
+client; the stream sends HEADERS and DATA. The response comes back to the
 exchange as HTTP/1.1 bytes (a synthesised head, the body chunked when it has no length), so the
 exchange's checks and its relay to the tunnel are the same for both protocols. The DATA of one
 stream that one read brought (a hundred watch events, say) is one delivery: one chunk, one
@@ -42,8 +43,8 @@ Contracts:
   with a 502 if nothing of the response was relayed yet.
 * What the core queues is written once per event-loop turn (every ``MAX_BATCHED_HEADS`` new
   streams in a burst), not per frame; request fields are HPACK-encoded by
-  :class:`gateway.wire.hpackfields.FieldEncoder` (no dynamic table; credentials and
-  ``impersonate-*`` never indexed).
+  :mod:`gateway.wire.hpackfields` (no dynamic table; credentials and ``impersonate-*`` never
+  indexed; nothing of a client's fields retained after its request).
 """
 
 from __future__ import annotations
