@@ -16,7 +16,6 @@ what is protocol-specific to its front door).
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Protocol
 
 from gateway.hub.admission.chain import Admitted
@@ -137,7 +136,6 @@ class Exchange:
         "response",
         "spdy_in",
         "spdy_out",
-        "started",
         "status",
         "stream",
         "streaming",
@@ -148,15 +146,17 @@ class Exchange:
     )
 
     def __init__(self, door: ClientConnection, method: bytes, admitted: Admitted,
-                 request_id: str, *, fields: bool = True) -> None:
+                 request_id: str, *, fields: bool = True, keeps_views: bool = True) -> None:
         """``fields``: the door reads the response head's fields (else it writes the head
-        as its bytes, and only its framing is read: ``gateway.hub.relayhead``)."""
+        as its bytes, and only its framing is read: ``gateway.hub.relayhead``).
+        ``keeps_views``: the client's transport may keep a reference to what it is given
+        (non-TLS transports, uvloop TCP: TLS ones encrypt during write()); the tunnel forbids
+        keeping its memoryviews, so they are copied first. A fact of the connection, which
+        its door knows (asking the transport for every request cost a call into it)."""
         self.door = door
         self._fields = fields
         self.transport = door.transport
-        # Non-TLS transports (uvloop TCP) may keep a reference to what they were given; the
-        # tunnel forbids keeping its memoryviews. TLS transports encrypt during write().
-        self._copy_views = door.transport.get_extra_info("sslcontext") is None
+        self._copy_views = keeps_views
         self.method = method
         self.admitted = admitted
         self.request_id = request_id
@@ -172,7 +172,6 @@ class Exchange:
         self.streaming = False  # a watch, follow or upgrade: audited as stream_start/_end
         self.bytes_in = 0
         self.bytes_out = 0
-        self.started = time.monotonic()
         # The whole request as it rode in the OPEN, kept until the response starts when the
         # client sent all of it before the OPEN (see _reopen); None otherwise.
         self.replay: bytes | None = None

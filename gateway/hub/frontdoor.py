@@ -84,6 +84,7 @@ class FrontDoor(asyncio.Protocol):
         self.h2 = h2  # the door for a connection that chose ALPN h2
         self.limits = gw.config.limits
         self.transport: Any = None
+        self.keeps_views = True  # see connection_made
         # The connection's client: its peer, or what a trusted balancer's PROXY header said
         # (gateway.hub.proxyaccept).
         self.client_ip = client_ip or "unknown"
@@ -109,6 +110,8 @@ class FrontDoor(asyncio.Protocol):
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
+        # Non-TLS transports (uvloop TCP) may keep a reference to what they are given.
+        self.keeps_views = transport.get_extra_info("sslcontext") is None
         peer = transport.get_extra_info("peername")
         if peer:
             self.peer_ip = str(peer[0])
@@ -295,7 +298,8 @@ class FrontDoor(asyncio.Protocol):
         self.tracker = tracker
         self.keep_alive = head.keep_alive
         request = self.request = Request(self.gw, self)
-        self._check_buffer()
+        if buf:  # a pipelined request, or body bytes: bounded while this one is admitted
+            self._check_buffer()
         request.start(head)
 
     def _refuse_head(self, status: int, message: str) -> None:
@@ -346,7 +350,8 @@ class FrontDoor(asyncio.Protocol):
             return
         if self.tracker.complete:
             request.body_sent()
-            self._check_buffer()
+            if self.buf:
+                self._check_buffer()
             return
         self._body_seen = -1
         self.arm(self.limits.idle_timeout, self._body_timeout)
@@ -432,8 +437,9 @@ class FrontDoor(asyncio.Protocol):
     def _next_request(self) -> None:
         self.request = None
         self.tracker = NO_BODY
-        self.resume_reading("buffer")
-        self.resume_reading("stream")
+        if self._paused:  # rarely: reading resumes only if the last request paused it
+            self.resume_reading("buffer")
+            self.resume_reading("stream")
         self.arm(self.limits.idle_timeout, self._idle_timeout)
         if self.buf:
             # Later, not now: a buffer of pipelined requests that are all refused at once would

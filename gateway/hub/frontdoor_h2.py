@@ -380,6 +380,7 @@ class H2Stream:
 
     protocol = "h2"
     reads_response_fields = True  # the head becomes HTTP/2 fields
+    keeps_views = True  # this stream is the Exchange's transport, and it keeps what it gets
 
     __slots__ = (
         "_data_ended",
@@ -571,7 +572,7 @@ class H2Stream:
         return self
 
     def get_extra_info(self, name: str, default: object = None) -> object:
-        return default  # no "sslcontext": the Exchange copies tunnel memoryviews for us
+        return default  # no "sslcontext": not TLS (and keeps_views says so to the Exchange)
 
     def pause_reading(self, reason: str) -> None:
         self._stream_write_paused = True  # the tunnel's send window is full: stop acking

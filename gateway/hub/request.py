@@ -72,6 +72,10 @@ class Phase(enum.Enum):
     RAW = "raw"  # after the 101: raw bytes both ways
     DONE = "done"  # finished, answered by the gateway, or abandoned by the client
 
+    # Members are singletons compared by identity: hash them as objects do, in C. Enum's own
+    # __hash__ is Python code, and every move looks a phase up twice (TRANSITIONS and its set).
+    __hash__ = object.__hash__
+
 
 ADMITTING, BODY, WAITING = Phase.ADMITTING, Phase.BODY, Phase.WAITING
 UPGRADE, RAW, DONE = Phase.UPGRADE, Phase.RAW, Phase.DONE
@@ -117,7 +121,9 @@ class FrontDoorHost(AdmissionContext, Protocol):
                      user_info: UserInfo | None = None,
                      line_memo: LineMemo | None = None) -> None: ...
 
-    def request_released(self) -> None: ...
+    def request_released(self) -> None:
+        """The last request in flight was released (``inflight`` is 0): a shutdown may be
+        waiting for it."""
 
 
 class Door(Protocol):
@@ -128,6 +134,9 @@ class Door(Protocol):
     # False: the door writes the response head as the bytes it came in (HTTP/1.1), so the
     # exchange only needs its framing (gateway.hub.relayhead); True: it needs the fields.
     reads_response_fields: bool
+    # The client's transport may keep a reference to what it is given (not TLS): the exchange
+    # copies the tunnel's memoryviews before writing them (see Exchange).
+    keeps_views: bool
 
     @property
     def client_ip(self) -> str:
@@ -195,7 +204,7 @@ class _Gone:
     protocol = client_ip = peer_ip = ""
     audit_memo = None  # shared by every request that is over: never a memo
     closed = True
-    reads_response_fields = True
+    reads_response_fields = keeps_views = True
     transport = None
     header_verdict = HeaderVerdict()  # never used: a request that is over admits nothing
 
@@ -349,8 +358,9 @@ class Request:
             admitted.release()
             self.refuse(exc.status, str(exc), close=True)
             return
+        door = self.door
         exchange = Exchange(self, head.method, admitted, self.request_id,
-                            fields=self.door.reads_response_fields)
+                            fields=door.reads_response_fields, keeps_views=door.keeps_views)
         self.exchange = exchange
         initial = admitted.head + early if early else admitted.head
         exchange.bytes_in = len(early)
@@ -527,8 +537,10 @@ class Request:
     def _release(self) -> None:
         if self._counted:
             self._counted = False
-            self.gw.inflight -= 1
-            self.gw.request_released()
+            gw = self.gw
+            gw.inflight -= 1
+            if gw.inflight <= 0:
+                gw.request_released()
 
     def _record(self, status: int, bytes_in: int, bytes_out: int, *, stream: bool = False,
                 message: str | None = None, user_info: UserInfo | None = None) -> None:
