@@ -163,7 +163,7 @@ class Exchange:
         self.stream: TunnelStream | None = None
         self._lost = False  # the tunnel ended the stream (connection_lost)
         self._state = _HEAD
-        self._resp_buf = bytearray()
+        self._resp_buf: bytearray | None = None  # a response head that came in pieces
         self.response: ResponseHead | None = None
         self.tracker: BodyTracker = NO_BODY
         self.head_sent = False  # any response byte reached the client
@@ -237,8 +237,12 @@ class Exchange:
                 # Bytes after the end of the response: the agent broke the stream contract.
                 self._fail(502, "the cluster sent more than one response")
         elif state == _HEAD:
-            self._resp_buf += data
-            self._parse_head()
+            pending = self._resp_buf
+            if pending is None:  # the common case: the whole head in one piece
+                self._parse_head(data if type(data) is bytes else bytes(data))
+            else:
+                pending += data
+                self._parse_head(pending)
 
     def eof_received(self) -> None:
         state = self._state
@@ -250,9 +254,9 @@ class Exchange:
             except HTTPError:
                 self._finish(keep_alive=False)  # truncated: the client must not reuse it
                 return
-            assert self.response is not None
-            self._finish(keep_alive=self.response.keep_alive
-                         and not self.response_was_close_delimited())
+            response = self.response
+            assert response is not None
+            self._finish(keep_alive=response.keep_alive and not response.close_delimited)
         elif state == _HEAD:
             self._fail(502, "the cluster closed the request without a response")
 
@@ -315,15 +319,22 @@ class Exchange:
     def response_was_close_delimited(self) -> bool:
         return self.response is not None and self.response.close_delimited
 
-    def _parse_head(self) -> None:
-        buf = self._resp_buf
+    def _parse_head(self, received: bytes | bytearray) -> None:
+        """Relay the response head that ``received`` starts with, and the body bytes after
+        it; keep what arrived while the head is incomplete (``_resp_buf``, made only then). A
+        head and body that came in one piece leave as that piece, not copied again."""
         while self._state == _HEAD:
             try:
-                end = find_head_end(buf, max_head_bytes=RESPONSE_LIMITS.max_head_bytes,
+                end = find_head_end(received, max_head_bytes=RESPONSE_LIMITS.max_head_bytes,
                                     max_request_line=RESPONSE_LIMITS.max_request_line)
                 if end < 0:
+                    if self._resp_buf is None:
+                        self._resp_buf = bytearray(received)
                     return
-                raw = bytes(buf[:end])
+                # Complete: bytes from here on (a head that came in pieces: copied once).
+                data = received if isinstance(received, bytes) else bytes(received)
+                self._resp_buf = None
+                raw = data[:end]  # all of data (the same object) for a head without body
                 head = None if self._fields else relayed_head(raw)
                 if head is None:
                     head = parse_response_head(raw, RESPONSE_LIMITS)
@@ -332,7 +343,7 @@ class Exchange:
                 return
             if head.is_interim:  # 100 Continue, 103 Early Hints: relay, the real head follows
                 self.transport.write(raw)
-                del buf[:end]
+                received = data[end:]
                 continue
             self.response = head
             self.replay = None  # answered: never sent again
@@ -359,8 +370,7 @@ class Exchange:
                     self._fail(502, "the cluster sent a malformed response")
                     return
                 self._state = _BODY
-            rest = bytes(buf[end:])
-            buf.clear()
+            rest = data[end:]
             self.head_sent = True
             closing = self.door.response_started(self)
             if self.streaming:
@@ -381,9 +391,14 @@ class Exchange:
             if closing:
                 raw = with_connection_close(raw)
             # Head and the body bytes that came with it leave in one write (one TLS record
-            # for a small response instead of two).
+            # for a small response instead of two): as they came when that is all of them.
             self.bytes_out += taken
-            self.transport.write(raw + rest[:taken] if taken else raw)
+            if not taken:
+                self.transport.write(raw)
+            elif taken == len(rest) and not closing:
+                self.transport.write(data)
+            else:
+                self.transport.write(raw + rest[:taken])
             if taken < len(rest):
                 self._fail(502, "the cluster sent more than one response")
                 return
@@ -451,7 +466,8 @@ class Exchange:
         if self._state == _DONE:
             return
         self._state = _DONE
-        self._cancel_end_timer()
+        if self._end_timer is not None:
+            self._cancel_end_timer()
         self.admitted.release()
         if not self.eof_sent:  # request body not finished (or an upgrade): nothing more to send
             self._reset_stream()

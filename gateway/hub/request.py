@@ -368,12 +368,13 @@ class Request:
             exchange.replay = initial + rest  # all of the request rides in the OPEN
         metrics = self.gw.metrics
         metrics.stream_opened()
+        # A request complete in the OPEN carries its FIN there: the agent learns it has the
+        # whole request from one frame, and this side makes one write, not two (nor asks the
+        # stream for an end it already has when the door says the body is sent).
+        fin = exchange.eof_sent = rest == b"" and not admitted.upgrade
         try:
-            # A request complete in the OPEN carries its FIN there: the agent learns it has the
-            # whole request from one frame, and this side makes one write, not two.
             admitted.session.open_stream(admitted.target, admitted.metadata, exchange,
-                                         initial_data=initial,
-                                         fin=rest == b"" and not admitted.upgrade)
+                                         initial_data=initial, fin=fin)
         except Exception as exc:  # session closing or at its stream limit
             log.info("request %s: cannot open a stream to %s: %s", self.request_id,
                      admitted.cluster, type(exc).__name__)
