@@ -50,7 +50,7 @@ from typing import Any
 from gateway.hub.admission.chain import Admitted, HeaderVerdict
 from gateway.hub.exchange import Exchange
 from gateway.hub.repeatedhead import RepeatedHead
-from gateway.hub.request import BODY, RAW, UPGRADE, FrontDoorHost, Phase, Request
+from gateway.hub.request import BODY, RAW, TIMER_SLACK, UPGRADE, FrontDoorHost, Phase, Request
 from gateway.ops.audit import LineMemo
 from gateway.wire.http1 import (
     NO_BODY,
@@ -63,9 +63,6 @@ from gateway.wire.http1 import (
 from gateway.wire.status import error_response
 
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-# A loop timer may fire a little before its time (uvloop counts in milliseconds): a deadline
-# this close is due.
-TIMER_SLACK = 0.002
 
 # The HTTP/2 door for a connection that chose ALPN h2: (gateway, client_ip, peer_ip).
 H2Door = Callable[[FrontDoorHost, str, str], asyncio.Protocol]
