@@ -56,7 +56,7 @@ from gateway.ops.audit import LineMemo
 from gateway.ops.metrics import GatewayMetrics
 from gateway.wire.http1 import HTTPError, RequestHead
 from gateway.wire.identity import AUDIT_ID
-from gateway.wire.requestclass import SHORT, front_door_class
+from gateway.wire.requestclass import SHORT
 from tunnel.connection import TunnelSession
 
 log = logging.getLogger("hubproxy.gateway")
@@ -116,13 +116,10 @@ class FrontDoorHost(AdmissionContext, Protocol):
 
     def audit_stream_start(self, request: Request) -> None: ...
 
-    def request_done(self, *, request_id: str, head: RequestHead | None, status: int,
-                     bytes_in: int, bytes_out: int, duration: float, kind: str,
-                     admitted: Admitted | None = None, stream: bool = False,
-                     protocol: str = "h1", source_ips: tuple[str, ...] = (),
-                     message: str | None = None, started: float = 0.0,
-                     user_info: UserInfo | None = None,
-                     line_memo: LineMemo | None = None) -> None: ...
+    def request_done(self, request: Request, status: int, bytes_in: int, bytes_out: int,
+                     stream: bool = False, message: str | None = None,
+                     user_info: UserInfo | None = None) -> None:
+        """``request`` ended (its door not let go yet): its metrics and audit trail."""
 
     def request_released(self) -> None:
         """The last request in flight was released (``inflight`` is 0): a shutdown may be
@@ -470,8 +467,8 @@ class Request:
         self.gw.metrics.stream_closed()
         phase = self.phase
         self._to(DONE)
-        self._record(exchange.status, exchange.bytes_in, exchange.bytes_out,
-                     stream=exchange.streaming)
+        self.gw.request_done(self, exchange.status, exchange.bytes_in, exchange.bytes_out,
+                             exchange.streaming)
         self._release()
         self.door.finished(self, phase, keep_alive)
         self._let_go()
@@ -510,7 +507,7 @@ class Request:
             extra_headers = (*extra_headers, WWW_AUTHENTICATE)
         sent = self.door.answer(self, phase, status, message, retry_after=retry_after,
                                 extra_headers=extra_headers, close=close)
-        self._record(status, 0, sent, message=message, user_info=user_info)
+        self.gw.request_done(self, status, 0, sent, False, message, user_info)
         self._release()
         self._let_go()
 
@@ -525,8 +522,8 @@ class Request:
             self.exchange = None
             exchange.client_gone()
             self.gw.metrics.stream_closed()
-            self._record(exchange.status or 499, exchange.bytes_in, exchange.bytes_out,
-                         stream=exchange.streaming)
+            self.gw.request_done(self, exchange.status or 499, exchange.bytes_in,
+                                 exchange.bytes_out, exchange.streaming)
         if self.phase is not DONE:
             self._to(DONE)
         self._release()
@@ -545,25 +542,6 @@ class Request:
             gw.inflight -= 1
             if gw.inflight <= 0:
                 gw.request_released()
-
-    def _record(self, status: int, bytes_in: int, bytes_out: int, *, stream: bool = False,
-                message: str | None = None, user_info: UserInfo | None = None) -> None:
-        head, admitted = self.head, self.admitted
-        if admitted is not None:
-            kind = admitted.kind
-        elif head is not None:  # refused before admission said: for the latency histograms
-            kind = front_door_class(head.target, method=head.method)
-        else:
-            kind = SHORT
-        self.gw.request_done(
-            request_id=self.request_id, head=head, status=status, bytes_in=bytes_in,
-            bytes_out=bytes_out, duration=time.monotonic() - self.started, kind=kind,
-            admitted=admitted, stream=stream, protocol=self.door.protocol,
-            source_ips=self.source_ips, message=message, started=self.started,
-            user_info=user_info,
-            # Only an admitted request's line is kept: a refused one's path may hold a token.
-            line_memo=self.door.audit_memo if admitted is not None else None,
-        )
 
     @property
     def source_ips(self) -> tuple[str, ...]:
