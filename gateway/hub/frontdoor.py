@@ -144,8 +144,11 @@ class FrontDoor(asyncio.Protocol):
                 request.exchange.send(data)
                 return
         if not self.closed:
-            self.buf += data
-            self._process()
+            if request is None and not self.buf:
+                self._read_head(data)  # a read that starts a head: not copied to the buffer
+            else:
+                self.buf += data
+                self._process()
 
     def eof_received(self) -> bool | None:
         request = self.request
@@ -273,23 +276,34 @@ class FrontDoor(asyncio.Protocol):
         else:
             self._check_buffer()
 
-    def _read_head(self) -> None:
+    def _read_head(self, data: bytes | None = None) -> None:
+        """Find, parse and start the next request's head: in ``data``, a read that came with
+        nothing buffered (the common case: the head is parsed from the read itself, and only
+        what follows it is buffered), else in the buffer."""
         limits = self.limits.head
         buf = self.buf
         try:
-            end = find_head_end(buf, self._searched, max_head_bytes=limits.max_head_bytes,
+            end = find_head_end(buf if data is None else data, self._searched,
+                                max_head_bytes=limits.max_head_bytes,
                                 max_request_line=limits.max_request_line)
             if end < 0:
+                if data is not None:
+                    buf += data
                 if not self._searched:  # its first bytes: the head's time starts now
                     self.arm(self.limits.header_timeout, self._header_timeout)
                 self._searched = len(buf)
                 return
-            head = self.heads.parse(bytes(buf[:end]), limits)
+            # A read that is one whole head is parsed as it is (bytes: slicing all is no copy).
+            raw = bytes(buf[:end]) if data is None else data[:end]
+            head = self.heads.parse(raw, limits)
             tracker = framing_for_request(head, self.limits.max_request_body)
         except HTTPError as exc:
             self._refuse_head(exc.status, str(exc))
             return
-        del buf[:end]
+        if data is None:
+            del buf[:end]
+        elif end < len(data):
+            buf += memoryview(data)[end:]  # its body, or the next pipelined request
         self._searched = 0
         self._disarm()
         self.tracker = tracker
