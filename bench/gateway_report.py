@@ -393,6 +393,14 @@ def table(result: dict[str, Any]) -> str:
                 cost = f", {per_op} CPU us per {unit}" if per_op is not None else ""
                 hot = "; ".join(f"{f} {pct}%" for f, pct in top["self_pct"][:6])
                 lines.append(f"  {label} {role} ({top['samples']} samples{cost}) self: {hot}")
+                native = (p.get("native") or {}).get(role) or {}
+                if "us" in native:
+                    lines.append("    by binary (perf): " + "; ".join(
+                        f"{group} {us:g} us" for group, us in native["us"]))
+                layer_us = dict(top.get("layer_us") or [])
+                if layer_us:
+                    lines.append("    by layer: " + "; ".join(
+                        f"{layer} {us:g} us" for layer, us in layer_us.items()))
     m = result.get("machine", {})
     if m:
         lines.append("")

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench import nativeprof
 from bench.procstats import CpuMeter
 
 PY_SPY = shutil.which("py-spy")
@@ -30,10 +31,11 @@ INSTALL_HINT = "pip install py-spy"
 
 def record(pids: dict[str, int], seconds: float, outdir: Path, label: str,
            workload: Callable[[], Any], rate: int = 200) -> dict[str, Any]:
-    """Run ``workload()`` while py-spy samples every PID; returns file names, top functions and
-    each process's CPU seconds (``cpu_s``). A workload that returns ``{"ops": N, ...}`` also
-    gets CPU µs per operation per process (``us_per_op``) and its top functions in µs per
-    operation (``top.<role>.self_us``)."""
+    """Run ``workload()`` while py-spy samples every PID (and perf, where it can: ``native``,
+    the CPU by binary, :mod:`bench.nativeprof`); returns file names, top functions and each
+    process's CPU seconds (``cpu_s``). A workload that returns ``{"ops": N, ...}`` also gets
+    CPU µs per operation per process (``us_per_op``), its top functions in µs per operation
+    (``top.<role>.self_us``) and its CPU by binary in µs (``native.<role>.us``)."""
     if PY_SPY is None:
         return {"skipped": f"py-spy not installed ({INSTALL_HINT})"}
     outdir.mkdir(parents=True, exist_ok=True)
@@ -48,12 +50,28 @@ def record(pids: dict[str, int], seconds: float, outdir: Path, label: str,
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
             log.close()
             samplers.append((role, fmt, proc, out))
-    result: dict[str, Any] = {"workload": None, "files": {}, "top": {}}
+    result: dict[str, Any] = {"workload": None, "files": {}, "top": {}, "native": {}}
+    why_not = nativeprof.unavailable()
+    perfs: list[tuple[str, subprocess.Popen[bytes], Path]] = []
+    for role, pid in pids.items():
+        if why_not is None:
+            data = outdir / f"{label}-{role}.perf.data"
+            perfs.append((role, nativeprof.start(pid, seconds, data), data))
+        else:
+            result["native"][role] = {"skipped": why_not}
     meter = CpuMeter({role: [pid] for role, pid in pids.items()}).start()
     try:
         result["workload"] = workload()
     finally:
         result["cpu_s"] = meter.stop()
+        for role, proc, data in perfs:
+            try:
+                proc.wait(seconds + 30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+            result["native"][role] = (nativeprof.result(data) if data.exists() else
+                                      {"skipped": data.with_suffix(".log").read_text()[-300:]})
         for role, fmt, proc, out in samplers:
             try:
                 proc.wait(seconds + 30)
@@ -73,19 +91,49 @@ def record(pids: dict[str, int], seconds: float, outdir: Path, label: str,
                                for role, cpu in result["cpu_s"].items()}
         for role, top in result["top"].items():
             per_op = result["us_per_op"].get(role, 0.0)
-            for key in ("self", "self_fn", "inclusive"):
+            for key in ("self", "self_fn", "inclusive", "layer"):
                 top[f"{key}_us"] = [(f, round(pct * per_op / 100, 2))
                                     for f, pct in top[f"{key}_pct"]]
+        for role, native in result["native"].items():
+            per_op = result["us_per_op"].get(role, 0.0)
+            if "pct" in native:
+                native["us"] = [(g, round(pct * per_op / 100, 2)) for g, pct in native["pct"]]
     return result
+
+
+# Where a sample's innermost frame is, as a layer of the program: checked in order, the first
+# prefix of the frame's file (as :func:`_short` writes it) that matches names the layer.
+LAYERS: tuple[tuple[str, str], ...] = (
+    ("runners.py", "event loop (uvloop: epoll, socket reads, callbacks)"),
+    ("ssl.py", "TLS (OpenSSL)"),
+    ("tunnel/", "tunnel (framing, flow control, streams)"),
+    ("gateway/wire/", "HTTP wire (HTTP/1.1, HTTP/2, HPACK)"),
+    ("gateway/hub/admission/", "admission (routing, auth, identity, seats)"),
+    ("gateway/ops/", "audit, metrics, logs"),
+    ("gateway/hub/", "gateway request handling"),
+    ("gateway/agent/", "agent request handling"),
+)
+OTHER_LAYER = "other Python (stdlib, libraries)"
+
+
+def layer_of(frame: str) -> str:
+    """The layer (:data:`LAYERS`) of a frame written by :func:`_short`."""
+    _, _, where = frame.partition(" (")
+    for prefix, layer in LAYERS:
+        if where.startswith(prefix):
+            return layer
+    return OTHER_LAYER
 
 
 def top_functions(collapsed: Path, n: int = 25) -> dict[str, Any]:
     """Sample shares of the hottest code in a collapsed-stack file: ``self_pct`` per line (a
     C call such as a TLS write shows as the line that made it), ``self_fn_pct`` per function,
-    ``inclusive_pct`` per function (its calls included; recursion counted once)."""
+    ``inclusive_pct`` per function (its calls included; recursion counted once), and
+    ``layer_pct``: every sample's innermost frame by layer (:data:`LAYERS`)."""
     self_counts: Counter[str] = Counter()
     self_fn: Counter[str] = Counter()
     total_counts: Counter[str] = Counter()
+    layers: Counter[str] = Counter()
     samples = 0
     for line in collapsed.read_text(errors="replace").splitlines():
         stack, _, count = line.rpartition(" ")
@@ -97,13 +145,16 @@ def top_functions(collapsed: Path, n: int = 25) -> dict[str, Any]:
         if frames:
             self_counts[frames[-1]] += k
             self_fn[_function(frames[-1])] += k
+            layers[layer_of(frames[-1])] += k
         for function in {_function(f) for f in frames}:
             total_counts[function] += k
 
     def share(c: Counter[str]) -> list[tuple[str, float]]:
         return [(f, round(100 * v / samples, 1)) for f, v in c.most_common(n)] if samples else []
     return {"samples": samples, "self_pct": share(self_counts), "self_fn_pct": share(self_fn),
-            "inclusive_pct": share(total_counts)}
+            "inclusive_pct": share(total_counts),
+            "layer_pct": [(layer, round(100 * v / samples, 1)) for layer, v in
+                          layers.most_common()] if samples else []}
 
 
 def _function(frame: str) -> str:
@@ -126,8 +177,8 @@ def _short(frame: str) -> str:
 def summary(profile: dict[str, Any], n: int = 8) -> str:
     """The ``profile`` part of ``bench gateway --profile --json`` as text: per workload and
     process, CPU µs per operation, then the functions with the most self time (in µs per
-    operation) and the most inclusive time (functions on nearly every sample, the event loop
-    and the program's entry, left out)."""
+    operation), every layer's share of the time (and its µs), and the most inclusive time
+    (functions on nearly every sample, the event loop and the program's entry, left out)."""
     lines = []
     for label, p in profile.items():
         if not isinstance(p, dict) or "top" not in p:
@@ -144,6 +195,15 @@ def summary(profile: dict[str, Any], n: int = 8) -> str:
             lines.append("    self: " + "; ".join(
                 f"{f} {pct}%" + (f" {fn_us[f]} us" if f in fn_us else "")
                 for f, pct in top["self_fn_pct"][:n]))
+            native = (p.get("native") or {}).get(role) or {}
+            if "pct" in native:
+                lines.append("    by binary (perf): "
+                             + nativeprof.summary_line(native["pct"], per_op))
+            layer_us = dict(top.get("layer_us") or [])
+            if top.get("layer_pct"):
+                lines.append("    by layer: " + "; ".join(
+                    f"{layer} {pct}%" + (f" {layer_us[layer]} us" if layer in layer_us else "")
+                    for layer, pct in top["layer_pct"]))
             lines.append("    inclusive: " + "; ".join(
                 f"{f} {pct}%" for f, pct in top["inclusive_pct"] if pct < 95)[:1000])
     return "\n".join(lines)
