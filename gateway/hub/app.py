@@ -40,7 +40,6 @@ from typing import Any, Protocol
 from gateway.hub import fleet, revalidation
 from gateway.hub.admission.auth import Authenticator, TokenAuthenticator, UserInfo
 from gateway.hub.admission.authorize import Authorizer, SarAuthorizer
-from gateway.hub.admission.chain import Admitted
 from gateway.hub.admission.hubload import FailedAuthLimiter
 from gateway.hub.admission.identity import IdentityCache
 from gateway.hub.admission.seats import Seats
@@ -57,11 +56,10 @@ from gateway.hub.proxyaccept import ProxyProtocolListener
 from gateway.hub.request import FrontDoorConnection, Request
 from gateway.hub.revalidation import StreamRevalidator, period_for
 from gateway.ops import audit, startup
-from gateway.ops.audit import LineMemo
 from gateway.ops.certexpiry import CertificateFiles
 from gateway.ops.health import HealthServer, Readiness, token_review_probe
 from gateway.ops.metrics import OTHER_CLUSTER, GatewayMetrics
-from gateway.wire.http1 import RequestHead
+from gateway.wire.requestclass import SHORT, front_door_class
 from tunnel.connection import ALPN, SessionConfig
 from tunnel.join import JOIN_ALPN, JoinHandler
 from tunnel.listener import RefuseHook, start_tunnel_listener
@@ -222,31 +220,36 @@ class Gateway:
             if exchange.admitted.session is session:
                 exchange.end_follow(AGENT_LEAVING)
 
-    def request_done(self, *, request_id: str, head: RequestHead | None, status: int,
-                     bytes_in: int, bytes_out: int, duration: float, kind: str,
-                     admitted: Admitted | None = None, stream: bool = False,
-                     protocol: str = "h1", source_ips: tuple[str, ...] = (),
-                     message: str | None = None, started: float = 0.0,
-                     user_info: UserInfo | None = None,
-                     line_memo: LineMemo | None = None) -> None:
-        """A request ended: metrics and its audit trail. ``kind``: short, watch or stream
-        (``gateway.wire.requestclass``); ``admitted`` None: refused before admission;
-        ``message``: the Status the gateway answered with, if it did; ``started``: when its
-        head arrived (monotonic); ``user_info``: the hub user of a request refused after
-        authentication."""
-        cluster = admitted.cluster if admitted is not None else None
-        label = cluster if cluster in self.known_clusters else OTHER_CLUSTER
+    def request_done(self, request: Request, status: int, bytes_in: int, bytes_out: int,
+                     stream: bool = False, message: str | None = None,
+                     user_info: UserInfo | None = None) -> None:
+        """``request`` ended, however (its door not let go yet): its metrics and its audit
+        trail, in one pass. ``stream``: audited as a stream's end; ``message``: the Status the
+        gateway answered with, if it did; ``user_info``: the hub user of a request refused
+        after authentication."""
+        head, admitted, started = request.head, request.admitted, request.started
+        duration = time.monotonic() - started
+        if admitted is not None:
+            kind = admitted.kind
+            cluster = admitted.cluster
+            label = cluster if cluster in self.known_clusters else OTHER_CLUSTER
+        else:
+            # Refused before admission said (kind: for the latency histograms).
+            kind = SHORT if head is None else front_door_class(head.target, method=head.method)
+            label = OTHER_CLUSTER
         metrics = self.metrics
         metrics.request(label, status, bytes_in, bytes_out, duration, kind)
+        door = request.door
+        protocol = door.protocol
         if protocol == "h2":
             metrics.requests_h2 += 1
         else:
             metrics.requests_h1 += 1
         self.audit_trail.request_done(
-            request_id=request_id, head=head, admitted=admitted, status=status,
-            bytes_in=bytes_in, bytes_out=bytes_out, duration=duration, stream=stream,
-            protocol=protocol, source_ips=source_ips, message=message, started=started,
-            user_info=user_info, line_memo=line_memo)
+            request.request_id, head, admitted, status, bytes_in, bytes_out, duration, stream,
+            protocol, request.source_ips, message, started, user_info,
+            # Only an admitted request's line is kept: a refused one's path may hold a token.
+            door.audit_memo if admitted is not None else None)
 
     def audit_stream_start(self, request: Request) -> None:
         exchange, head = request.exchange, request.head

@@ -183,7 +183,7 @@ class AuditTrail:
         return {f"{b.name}/{reason}": count for b in (self.kube.backends if self.kube else ())
                 for reason, count in b.dropped().items()}
 
-    def request_done(self, *, request_id: str, head: RequestHead | None,
+    def request_done(self, request_id: str, head: RequestHead | None,
                      admitted: Admitted | None, status: int, bytes_in: int, bytes_out: int,
                      duration: float, stream: bool, protocol: str, source_ips: tuple[str, ...],
                      message: str | None, started: float = 0.0,
@@ -191,12 +191,17 @@ class AuditTrail:
                      line_memo: audit.LineMemo | None = None) -> None:
         """A request ended (``started``: when its head arrived, monotonic; 0 if none did;
         ``user_info``: the hub user of a request refused after authentication;
-        ``line_memo``: its client connection's, see :func:`gateway.ops.audit.request_line`)."""
+        ``line_memo``: its client connection's, see :func:`gateway.ops.audit.request_line`).
+        Positional arguments welcome: the gateway calls this once per request."""
         if admitted is not None:
             user_info = admitted.user_info
         if self.lines:
             user = admitted.user if admitted else (user_info.username if user_info else "")
-            client, proxies = _addresses(source_ips)
+            client: str | None
+            if len(source_ips) == 1:  # no proxy: the common case (see _addresses)
+                client, proxies = source_ips[0], None
+            else:
+                client, proxies = _addresses(source_ips)
             audit.write(audit.request_line(
                 "stream_end" if stream else "request", request_id=request_id,
                 user=user or None, cluster=admitted.cluster if admitted else None,

@@ -16,7 +16,6 @@ what is protocol-specific to its front door).
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Protocol
 
 from gateway.hub.admission.chain import Admitted
@@ -137,7 +136,6 @@ class Exchange:
         "response",
         "spdy_in",
         "spdy_out",
-        "started",
         "status",
         "stream",
         "streaming",
@@ -148,22 +146,24 @@ class Exchange:
     )
 
     def __init__(self, door: ClientConnection, method: bytes, admitted: Admitted,
-                 request_id: str, *, fields: bool = True) -> None:
+                 request_id: str, *, fields: bool = True, keeps_views: bool = True) -> None:
         """``fields``: the door reads the response head's fields (else it writes the head
-        as its bytes, and only its framing is read: ``gateway.hub.relayhead``)."""
+        as its bytes, and only its framing is read: ``gateway.hub.relayhead``).
+        ``keeps_views``: the client's transport may keep a reference to what it is given
+        (non-TLS transports, uvloop TCP: TLS ones encrypt during write()); the tunnel forbids
+        keeping its memoryviews, so they are copied first. A fact of the connection, which
+        its door knows (asking the transport for every request cost a call into it)."""
         self.door = door
         self._fields = fields
         self.transport = door.transport
-        # Non-TLS transports (uvloop TCP) may keep a reference to what they were given; the
-        # tunnel forbids keeping its memoryviews. TLS transports encrypt during write().
-        self._copy_views = door.transport.get_extra_info("sslcontext") is None
+        self._copy_views = keeps_views
         self.method = method
         self.admitted = admitted
         self.request_id = request_id
         self.stream: TunnelStream | None = None
         self._lost = False  # the tunnel ended the stream (connection_lost)
         self._state = _HEAD
-        self._resp_buf = bytearray()
+        self._resp_buf: bytearray | None = None  # a response head that came in pieces
         self.response: ResponseHead | None = None
         self.tracker: BodyTracker = NO_BODY
         self.head_sent = False  # any response byte reached the client
@@ -172,7 +172,6 @@ class Exchange:
         self.streaming = False  # a watch, follow or upgrade: audited as stream_start/_end
         self.bytes_in = 0
         self.bytes_out = 0
-        self.started = time.monotonic()
         # The whole request as it rode in the OPEN, kept until the response starts when the
         # client sent all of it before the OPEN (see _reopen); None otherwise.
         self.replay: bytes | None = None
@@ -238,8 +237,12 @@ class Exchange:
                 # Bytes after the end of the response: the agent broke the stream contract.
                 self._fail(502, "the cluster sent more than one response")
         elif state == _HEAD:
-            self._resp_buf += data
-            self._parse_head()
+            pending = self._resp_buf
+            if pending is None:  # the common case: the whole head in one piece
+                self._parse_head(data if type(data) is bytes else bytes(data))
+            else:
+                pending += data
+                self._parse_head(pending)
 
     def eof_received(self) -> None:
         state = self._state
@@ -251,9 +254,9 @@ class Exchange:
             except HTTPError:
                 self._finish(keep_alive=False)  # truncated: the client must not reuse it
                 return
-            assert self.response is not None
-            self._finish(keep_alive=self.response.keep_alive
-                         and not self.response_was_close_delimited())
+            response = self.response
+            assert response is not None
+            self._finish(keep_alive=response.keep_alive and not response.close_delimited)
         elif state == _HEAD:
             self._fail(502, "the cluster closed the request without a response")
 
@@ -316,15 +319,22 @@ class Exchange:
     def response_was_close_delimited(self) -> bool:
         return self.response is not None and self.response.close_delimited
 
-    def _parse_head(self) -> None:
-        buf = self._resp_buf
+    def _parse_head(self, received: bytes | bytearray) -> None:
+        """Relay the response head that ``received`` starts with, and the body bytes after
+        it; keep what arrived while the head is incomplete (``_resp_buf``, made only then). A
+        head and body that came in one piece leave as that piece, not copied again."""
         while self._state == _HEAD:
             try:
-                end = find_head_end(buf, max_head_bytes=RESPONSE_LIMITS.max_head_bytes,
+                end = find_head_end(received, max_head_bytes=RESPONSE_LIMITS.max_head_bytes,
                                     max_request_line=RESPONSE_LIMITS.max_request_line)
                 if end < 0:
+                    if self._resp_buf is None:
+                        self._resp_buf = bytearray(received)
                     return
-                raw = bytes(buf[:end])
+                # Complete: bytes from here on (a head that came in pieces: copied once).
+                data = received if isinstance(received, bytes) else bytes(received)
+                self._resp_buf = None
+                raw = data[:end]  # all of data (the same object) for a head without body
                 head = None if self._fields else relayed_head(raw)
                 if head is None:
                     head = parse_response_head(raw, RESPONSE_LIMITS)
@@ -333,7 +343,7 @@ class Exchange:
                 return
             if head.is_interim:  # 100 Continue, 103 Early Hints: relay, the real head follows
                 self.transport.write(raw)
-                del buf[:end]
+                received = data[end:]
                 continue
             self.response = head
             self.replay = None  # answered: never sent again
@@ -360,8 +370,7 @@ class Exchange:
                     self._fail(502, "the cluster sent a malformed response")
                     return
                 self._state = _BODY
-            rest = bytes(buf[end:])
-            buf.clear()
+            rest = data[end:]
             self.head_sent = True
             closing = self.door.response_started(self)
             if self.streaming:
@@ -382,9 +391,14 @@ class Exchange:
             if closing:
                 raw = with_connection_close(raw)
             # Head and the body bytes that came with it leave in one write (one TLS record
-            # for a small response instead of two).
+            # for a small response instead of two): as they came when that is all of them.
             self.bytes_out += taken
-            self.transport.write(raw + rest[:taken] if taken else raw)
+            if not taken:
+                self.transport.write(raw)
+            elif taken == len(rest) and not closing:
+                self.transport.write(data)
+            else:
+                self.transport.write(raw + rest[:taken])
             if taken < len(rest):
                 self._fail(502, "the cluster sent more than one response")
                 return
@@ -452,7 +466,8 @@ class Exchange:
         if self._state == _DONE:
             return
         self._state = _DONE
-        self._cancel_end_timer()
+        if self._end_timer is not None:
+            self._cancel_end_timer()
         self.admitted.release()
         if not self.eof_sent:  # request body not finished (or an upgrade): nothing more to send
             self._reset_stream()

@@ -50,7 +50,7 @@ from typing import Any
 from gateway.hub.admission.chain import Admitted, HeaderVerdict
 from gateway.hub.exchange import Exchange
 from gateway.hub.repeatedhead import RepeatedHead
-from gateway.hub.request import BODY, RAW, UPGRADE, FrontDoorHost, Phase, Request
+from gateway.hub.request import BODY, RAW, TIMER_SLACK, UPGRADE, FrontDoorHost, Phase, Request
 from gateway.ops.audit import LineMemo
 from gateway.wire.http1 import (
     NO_BODY,
@@ -63,9 +63,6 @@ from gateway.wire.http1 import (
 from gateway.wire.status import error_response
 
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-# A loop timer may fire a little before its time (uvloop counts in milliseconds): a deadline
-# this close is due.
-TIMER_SLACK = 0.002
 
 # The HTTP/2 door for a connection that chose ALPN h2: (gateway, client_ip, peer_ip).
 H2Door = Callable[[FrontDoorHost, str, str], asyncio.Protocol]
@@ -84,6 +81,7 @@ class FrontDoor(asyncio.Protocol):
         self.h2 = h2  # the door for a connection that chose ALPN h2
         self.limits = gw.config.limits
         self.transport: Any = None
+        self.keeps_views = True  # see connection_made
         # The connection's client: its peer, or what a trusted balancer's PROXY header said
         # (gateway.hub.proxyaccept).
         self.client_ip = client_ip or "unknown"
@@ -109,6 +107,8 @@ class FrontDoor(asyncio.Protocol):
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
+        # Non-TLS transports (uvloop TCP) may keep a reference to what they are given.
+        self.keeps_views = transport.get_extra_info("sslcontext") is None
         peer = transport.get_extra_info("peername")
         if peer:
             self.peer_ip = str(peer[0])
@@ -144,8 +144,11 @@ class FrontDoor(asyncio.Protocol):
                 request.exchange.send(data)
                 return
         if not self.closed:
-            self.buf += data
-            self._process()
+            if request is None and not self.buf:
+                self._read_head(data)  # a read that starts a head: not copied to the buffer
+            else:
+                self.buf += data
+                self._process()
 
     def eof_received(self) -> bool | None:
         request = self.request
@@ -273,29 +276,41 @@ class FrontDoor(asyncio.Protocol):
         else:
             self._check_buffer()
 
-    def _read_head(self) -> None:
+    def _read_head(self, data: bytes | None = None) -> None:
+        """Find, parse and start the next request's head: in ``data``, a read that came with
+        nothing buffered (the common case: the head is parsed from the read itself, and only
+        what follows it is buffered), else in the buffer."""
         limits = self.limits.head
         buf = self.buf
         try:
-            end = find_head_end(buf, self._searched, max_head_bytes=limits.max_head_bytes,
+            end = find_head_end(buf if data is None else data, self._searched,
+                                max_head_bytes=limits.max_head_bytes,
                                 max_request_line=limits.max_request_line)
             if end < 0:
+                if data is not None:
+                    buf += data
                 if not self._searched:  # its first bytes: the head's time starts now
                     self.arm(self.limits.header_timeout, self._header_timeout)
                 self._searched = len(buf)
                 return
-            head = self.heads.parse(bytes(buf[:end]), limits)
+            # A read that is one whole head is parsed as it is (bytes: slicing all is no copy).
+            raw = bytes(buf[:end]) if data is None else data[:end]
+            head = self.heads.parse(raw, limits)
             tracker = framing_for_request(head, self.limits.max_request_body)
         except HTTPError as exc:
             self._refuse_head(exc.status, str(exc))
             return
-        del buf[:end]
+        if data is None:
+            del buf[:end]
+        elif end < len(data):
+            buf += memoryview(data)[end:]  # its body, or the next pipelined request
         self._searched = 0
         self._disarm()
         self.tracker = tracker
         self.keep_alive = head.keep_alive
         request = self.request = Request(self.gw, self)
-        self._check_buffer()
+        if buf:  # a pipelined request, or body bytes: bounded while this one is admitted
+            self._check_buffer()
         request.start(head)
 
     def _refuse_head(self, status: int, message: str) -> None:
@@ -346,7 +361,8 @@ class FrontDoor(asyncio.Protocol):
             return
         if self.tracker.complete:
             request.body_sent()
-            self._check_buffer()
+            if self.buf:
+                self._check_buffer()
             return
         self._body_seen = -1
         self.arm(self.limits.idle_timeout, self._body_timeout)
@@ -432,8 +448,9 @@ class FrontDoor(asyncio.Protocol):
     def _next_request(self) -> None:
         self.request = None
         self.tracker = NO_BODY
-        self.resume_reading("buffer")
-        self.resume_reading("stream")
+        if self._paused:  # rarely: reading resumes only if the last request paused it
+            self.resume_reading("buffer")
+            self.resume_reading("stream")
         self.arm(self.limits.idle_timeout, self._idle_timeout)
         if self.buf:
             # Later, not now: a buffer of pipelined requests that are all refused at once would

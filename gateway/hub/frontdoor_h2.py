@@ -48,7 +48,7 @@ from typing import Any
 
 from gateway.hub.admission.chain import Admitted, HeaderVerdict
 from gateway.hub.exchange import Exchange
-from gateway.hub.request import ADMITTING, BODY, DONE, FrontDoorHost, Phase, Request
+from gateway.hub.request import ADMITTING, BODY, DONE, TIMER_SLACK, FrontDoorHost, Phase, Request
 from gateway.ops.audit import LineMemo
 from gateway.wire import h2server
 from gateway.wire.h2server import (
@@ -116,7 +116,11 @@ class H2FrontDoor(asyncio.Protocol):
         self.queued = 0  # DATA payload bytes queued since the last write
         self.header_verdict = HeaderVerdict()  # admission's, on this connection's last headers
         self.audit_memo = LineMemo()  # its requests' audit lines repeat most of their fields
+        # The connection's one loop timer (see wake_at) and when it fires; the connection's
+        # idle deadline (None: busy, or no idle timeout).
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+        self._idle_at: float | None = None
 
     # --- asyncio.Protocol --------------------------------------------------------------------
 
@@ -247,7 +251,7 @@ class H2FrontDoor(asyncio.Protocol):
             # came before this request's turn: nothing of it may be forwarded.
             return
         self.streams_total += 1
-        self._disarm()
+        self._idle_at = None  # busy: the timer, if pending, finds nothing to do for it
         ended = event.stream_ended
         stream = H2Stream(self, sid)
         self.requests[sid] = stream
@@ -301,20 +305,62 @@ class H2FrontDoor(asyncio.Protocol):
         else:
             self._arm_idle()
 
+    # --- timers: the connection's idle deadline and each stream's, on one loop timer --------
+    #
+    # A timer per stream (the response head's, a stalled body's) and one per idle spell cost a
+    # loop timer made and cancelled for every request. Instead each deadline is a number, and
+    # the connection's one timer is moved only when a deadline comes earlier than it; when it
+    # fires, it runs what is due (rechecking each deadline: it may have been cleared or moved
+    # later meanwhile) and is set again for the earliest one left. Steady traffic makes no
+    # timer per request, and every deadline still fires on time.
+
+    def wake_at(self, deadline: float) -> None:
+        """Have the connection's timer fire by ``deadline`` (loop time)."""
+        if self._timer is not None:
+            if self._timer_at <= deadline:
+                return  # fires first, and looks again then
+            self._timer.cancel()
+        self._timer = asyncio.get_running_loop().call_at(deadline, self._timer_fired)
+        self._timer_at = deadline
+
+    def _timer_fired(self) -> None:
+        self._timer = None
+        if self.closed:
+            return
+        now = asyncio.get_running_loop().time() + TIMER_SLACK
+        earliest = self._idle_at
+        if earliest is not None and earliest <= now:
+            self._idle_at = earliest = None
+            if not self.requests:
+                self.close()
+                return
+        # What a stream runs may close the connection: that abandons every stream, which
+        # clears its deadline, so the rest of this loop finds nothing due.
+        for stream in list(self.requests.values()):
+            due = stream.due
+            if due is None:
+                continue
+            if due <= now:
+                stream.deadline_passed()
+                due = stream.due  # set again by what it ran
+                if due is None:
+                    continue
+            if earliest is None or due < earliest:
+                earliest = due
+        if earliest is not None and not self.closed:
+            self.wake_at(earliest)
+
     def _arm_idle(self) -> None:
-        self._disarm()
         if self.limits.idle_timeout > 0:
-            self._timer = asyncio.get_running_loop().call_later(self.limits.idle_timeout,
-                                                                self._idle_timeout)
+            self._idle_at = asyncio.get_running_loop().time() + self.limits.idle_timeout
+            self.wake_at(self._idle_at)
 
     def _disarm(self) -> None:
+        """The connection is closing: no timer may keep it alive."""
+        self._idle_at = None
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-
-    def _idle_timeout(self) -> None:
-        if not self.requests:
-            self.close()
 
     def start_drain(self) -> None:
         """The gateway is shutting down: GOAWAY now (no new streams), close when idle."""
@@ -380,16 +426,18 @@ class H2Stream:
 
     protocol = "h2"
     reads_response_fields = True  # the head becomes HTTP/2 fields
+    keeps_views = True  # this stream is the Exchange's transport, and it keeps what it gets
 
     __slots__ = (
         "_data_ended",
         "_finished",
+        "_on_deadline",
         "_stream_write_paused",
-        "_timer",
         "_tunnel_paused",
         "body_bytes",
         "client_ended",
         "door",
+        "due",
         "early",
         "pending",
         "request",
@@ -414,7 +462,10 @@ class H2Stream:
         self._data_ended = False  # the last DATA frame carried END_STREAM
         self._tunnel_paused = 0  # _PAUSE_BITS: why the tunnel stream is not read
         self._stream_write_paused = False  # the tunnel's send window is full
-        self._timer: asyncio.TimerHandle | None = None
+        # The stream's deadline (loop time; None: none) and what runs then, on the
+        # connection's timer (H2FrontDoor.wake_at).
+        self.due: float | None = None
+        self._on_deadline: Callable[[], None] | None = None
 
     def start(self, head: RequestHead, ended: bool) -> None:
         self.client_ended = ended
@@ -571,7 +622,7 @@ class H2Stream:
         return self
 
     def get_extra_info(self, name: str, default: object = None) -> object:
-        return default  # no "sslcontext": the Exchange copies tunnel memoryviews for us
+        return default  # no "sslcontext": not TLS (and keeps_views says so to the Exchange)
 
     def pause_reading(self, reason: str) -> None:
         self._stream_write_paused = True  # the tunnel's send window is full: stop acking
@@ -697,11 +748,19 @@ class H2Stream:
         self.request.abandon()
 
     def arm(self, delay: float, callback: Callable[[], None]) -> None:
-        self._disarm()
-        if delay > 0:
-            self._timer = asyncio.get_running_loop().call_later(delay, callback)
+        if delay <= 0:
+            self._disarm()
+            return
+        self.due = asyncio.get_running_loop().time() + delay
+        self._on_deadline = callback
+        self.door.wake_at(self.due)
 
     def _disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self.due = self._on_deadline = None
+
+    def deadline_passed(self) -> None:
+        """The connection's timer found this stream's deadline due: run what was armed."""
+        callback = self._on_deadline
+        self.due = self._on_deadline = None
+        if callback is not None:
+            callback()

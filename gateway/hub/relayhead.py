@@ -30,7 +30,10 @@ _PLAIN_HEAD = re.compile(
     + rb"\r\n)*\r\n")
 
 _CONTENT_LENGTH = b"\r\ncontent-length:"
-_OTHER_FRAMING = (b"\r\ntransfer-encoding:", b"\r\nconnection:")
+# The fields that decide the framing, found in one pass over the lowered head (a field line
+# starts after a CRLF, and no value holds one): the plain case has exactly one, Content-Length.
+_FRAMING_FIELDS = re.compile(rb"\r\n(?:content-length|transfer-encoding|connection):")
+_PLAIN_FRAMING = [_CONTENT_LENGTH]
 
 
 def relayed_head(raw: bytes) -> ResponseHead | None:
@@ -39,14 +42,9 @@ def relayed_head(raw: bytes) -> ResponseHead | None:
     if len(raw) > MAX_RELAYED_HEAD or _PLAIN_HEAD.fullmatch(raw) is None:
         return None
     lower = raw.lower()
-    if _OTHER_FRAMING[0] in lower or _OTHER_FRAMING[1] in lower:
+    if _FRAMING_FIELDS.findall(lower) != _PLAIN_FRAMING:
         return None
-    at = lower.find(_CONTENT_LENGTH)
-    if at < 0:
-        return None
-    value_at = at + len(_CONTENT_LENGTH)
-    if lower.find(_CONTENT_LENGTH, value_at) >= 0:
-        return None
+    value_at = lower.find(_CONTENT_LENGTH) + len(_CONTENT_LENGTH)
     length = plain_content_length(raw[value_at:raw.index(b"\r\n", value_at)].strip(b" \t"))
     if length is None:
         return None

@@ -56,12 +56,15 @@ from gateway.ops.audit import LineMemo
 from gateway.ops.metrics import GatewayMetrics
 from gateway.wire.http1 import HTTPError, RequestHead
 from gateway.wire.identity import AUDIT_ID
-from gateway.wire.requestclass import SHORT, front_door_class
+from gateway.wire.requestclass import SHORT
 from tunnel.connection import TunnelSession
 
 log = logging.getLogger("hubproxy.gateway")
 
 WWW_AUTHENTICATE = (b"WWW-Authenticate", b'Bearer realm="hubproxy"')
+# A loop timer may fire a little before its time (uvloop counts in milliseconds): a deadline
+# this close is due. Both doors keep their deadlines on one timer per connection.
+TIMER_SLACK = 0.002
 
 
 class Phase(enum.Enum):
@@ -71,6 +74,10 @@ class Phase(enum.Enum):
     UPGRADE = "upgrade"  # an upgrade request sent; waiting for the 101
     RAW = "raw"  # after the 101: raw bytes both ways
     DONE = "done"  # finished, answered by the gateway, or abandoned by the client
+
+    # Members are singletons compared by identity: hash them as objects do, in C. Enum's own
+    # __hash__ is Python code, and every move looks a phase up twice (TRANSITIONS and its set).
+    __hash__ = object.__hash__
 
 
 ADMITTING, BODY, WAITING = Phase.ADMITTING, Phase.BODY, Phase.WAITING
@@ -109,15 +116,14 @@ class FrontDoorHost(AdmissionContext, Protocol):
 
     def audit_stream_start(self, request: Request) -> None: ...
 
-    def request_done(self, *, request_id: str, head: RequestHead | None, status: int,
-                     bytes_in: int, bytes_out: int, duration: float, kind: str,
-                     admitted: Admitted | None = None, stream: bool = False,
-                     protocol: str = "h1", source_ips: tuple[str, ...] = (),
-                     message: str | None = None, started: float = 0.0,
-                     user_info: UserInfo | None = None,
-                     line_memo: LineMemo | None = None) -> None: ...
+    def request_done(self, request: Request, status: int, bytes_in: int, bytes_out: int,
+                     stream: bool = False, message: str | None = None,
+                     user_info: UserInfo | None = None) -> None:
+        """``request`` ended (its door not let go yet): its metrics and audit trail."""
 
-    def request_released(self) -> None: ...
+    def request_released(self) -> None:
+        """The last request in flight was released (``inflight`` is 0): a shutdown may be
+        waiting for it."""
 
 
 class Door(Protocol):
@@ -128,6 +134,9 @@ class Door(Protocol):
     # False: the door writes the response head as the bytes it came in (HTTP/1.1), so the
     # exchange only needs its framing (gateway.hub.relayhead); True: it needs the fields.
     reads_response_fields: bool
+    # The client's transport may keep a reference to what it is given (not TLS): the exchange
+    # copies the tunnel's memoryviews before writing them (see Exchange).
+    keeps_views: bool
 
     @property
     def client_ip(self) -> str:
@@ -195,7 +204,7 @@ class _Gone:
     protocol = client_ip = peer_ip = ""
     audit_memo = None  # shared by every request that is over: never a memo
     closed = True
-    reads_response_fields = True
+    reads_response_fields = keeps_views = True
     transport = None
     header_verdict = HeaderVerdict()  # never used: a request that is over admits nothing
 
@@ -349,8 +358,9 @@ class Request:
             admitted.release()
             self.refuse(exc.status, str(exc), close=True)
             return
+        door = self.door
         exchange = Exchange(self, head.method, admitted, self.request_id,
-                            fields=self.door.reads_response_fields)
+                            fields=door.reads_response_fields, keeps_views=door.keeps_views)
         self.exchange = exchange
         initial = admitted.head + early if early else admitted.head
         exchange.bytes_in = len(early)
@@ -358,12 +368,13 @@ class Request:
             exchange.replay = initial + rest  # all of the request rides in the OPEN
         metrics = self.gw.metrics
         metrics.stream_opened()
+        # A request complete in the OPEN carries its FIN there: the agent learns it has the
+        # whole request from one frame, and this side makes one write, not two (nor asks the
+        # stream for an end it already has when the door says the body is sent).
+        fin = exchange.eof_sent = rest == b"" and not admitted.upgrade
         try:
-            # A request complete in the OPEN carries its FIN there: the agent learns it has the
-            # whole request from one frame, and this side makes one write, not two.
             admitted.session.open_stream(admitted.target, admitted.metadata, exchange,
-                                         initial_data=initial,
-                                         fin=rest == b"" and not admitted.upgrade)
+                                         initial_data=initial, fin=fin)
         except Exception as exc:  # session closing or at its stream limit
             log.info("request %s: cannot open a stream to %s: %s", self.request_id,
                      admitted.cluster, type(exc).__name__)
@@ -456,8 +467,8 @@ class Request:
         self.gw.metrics.stream_closed()
         phase = self.phase
         self._to(DONE)
-        self._record(exchange.status, exchange.bytes_in, exchange.bytes_out,
-                     stream=exchange.streaming)
+        self.gw.request_done(self, exchange.status, exchange.bytes_in, exchange.bytes_out,
+                             exchange.streaming)
         self._release()
         self.door.finished(self, phase, keep_alive)
         self._let_go()
@@ -496,7 +507,7 @@ class Request:
             extra_headers = (*extra_headers, WWW_AUTHENTICATE)
         sent = self.door.answer(self, phase, status, message, retry_after=retry_after,
                                 extra_headers=extra_headers, close=close)
-        self._record(status, 0, sent, message=message, user_info=user_info)
+        self.gw.request_done(self, status, 0, sent, False, message, user_info)
         self._release()
         self._let_go()
 
@@ -511,8 +522,8 @@ class Request:
             self.exchange = None
             exchange.client_gone()
             self.gw.metrics.stream_closed()
-            self._record(exchange.status or 499, exchange.bytes_in, exchange.bytes_out,
-                         stream=exchange.streaming)
+            self.gw.request_done(self, exchange.status or 499, exchange.bytes_in,
+                                 exchange.bytes_out, exchange.streaming)
         if self.phase is not DONE:
             self._to(DONE)
         self._release()
@@ -527,27 +538,10 @@ class Request:
     def _release(self) -> None:
         if self._counted:
             self._counted = False
-            self.gw.inflight -= 1
-            self.gw.request_released()
-
-    def _record(self, status: int, bytes_in: int, bytes_out: int, *, stream: bool = False,
-                message: str | None = None, user_info: UserInfo | None = None) -> None:
-        head, admitted = self.head, self.admitted
-        if admitted is not None:
-            kind = admitted.kind
-        elif head is not None:  # refused before admission said: for the latency histograms
-            kind = front_door_class(head.target, method=head.method)
-        else:
-            kind = SHORT
-        self.gw.request_done(
-            request_id=self.request_id, head=head, status=status, bytes_in=bytes_in,
-            bytes_out=bytes_out, duration=time.monotonic() - self.started, kind=kind,
-            admitted=admitted, stream=stream, protocol=self.door.protocol,
-            source_ips=self.source_ips, message=message, started=self.started,
-            user_info=user_info,
-            # Only an admitted request's line is kept: a refused one's path may hold a token.
-            line_memo=self.door.audit_memo if admitted is not None else None,
-        )
+            gw = self.gw
+            gw.inflight -= 1
+            if gw.inflight <= 0:
+                gw.request_released()
 
     @property
     def source_ips(self) -> tuple[str, ...]:

@@ -64,6 +64,10 @@ def code_class(code: int) -> int:
     return min(max(code // 100 - 1, 0), len(CODE_CLASSES) - 1) if code >= 100 else 4
 
 
+# code_class of every three-digit status, looked up per request instead of computed.
+_CODE_CLASS_OF = tuple(code_class(code) for code in range(1000))
+
+
 class Histogram:
     """Counts per bucket (not cumulative; the last one is +Inf), their sum and count.
 
@@ -253,7 +257,7 @@ class GatewayMetrics:
         counts = self.cluster_requests.get(cluster)
         if counts is None:
             counts = self.cluster_requests[cluster] = [0] * len(CODE_CLASSES)
-        counts[code_class(code)] += 1
+        counts[_CODE_CLASS_OF[code] if 0 <= code < 1000 else code_class(code)] += 1
         self.codes[code] += 1
         self.bytes_in += bytes_in
         self.bytes_out += bytes_out

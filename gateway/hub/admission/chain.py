@@ -197,6 +197,7 @@ class Prepared:
     # The client connection's HeaderVerdict, which also keeps the token's review-cache key
     # (a MAC, never the token) for the connection's next request; None without one.
     verdict: HeaderVerdict | None = None
+    user_agent: bytes = b""  # the head's User-Agent (b"" for none), read once per header list
 
 
 class _RequestIds:
@@ -240,7 +241,7 @@ class HeaderVerdict:
 
     __slots__ = ("auth_key", "bearer", "block", "client_ip", "forwarded", "line", "line_block",
                  "line_head", "line_kind", "received", "route", "searchable", "target",
-                 "to_service", "token_in_headers")
+                 "to_service", "token_in_headers", "user_agent")
 
     def __init__(self) -> None:
         self.received: Headers | None = None  # a copy of the list decided on; None: nothing
@@ -250,6 +251,7 @@ class HeaderVerdict:
         self.forwarded: Headers = []
         self.block: bytes | None = None  # header_block(forwarded)
         self.token_in_headers = False
+        self.user_agent = b""  # the list's User-Agent, for the audit trail
         # The token as the bytes carries_token looks for (b"": too short to search), and its
         # key in the hub review cache once admission asked it (Authenticator.cache_key): one
         # encode and one MAC per connection and token, not per request.
@@ -270,7 +272,7 @@ class HeaderVerdict:
 
     def forget(self) -> None:
         self.received, self.bearer, self.forwarded, self.block = None, _NO_TOKEN, [], None
-        self.searchable, self.auth_key = b"", None
+        self.searchable, self.auth_key, self.user_agent = b"", None, b""
         self.target, self.route = b"", None
         self.line, self.line_block, self.line_head = None, None, b""
 
@@ -295,7 +297,7 @@ def prepare(head: RequestHead, client_ip: str,
         if (last is not None and last.received == head.headers
                 and last.client_ip == client_ip and last.to_service == to_service):
             bearer, headers, token_in_headers = last.bearer, last.forwarded, last.token_in_headers
-            block, searchable = last.block, last.searchable
+            block, searchable, user_agent = last.block, last.searchable, last.user_agent
         else:
             bearer = extract_token(head.headers)
             headers = rewrite_request_headers(
@@ -309,12 +311,14 @@ def prepare(head: RequestHead, client_ip: str,
             headers = [(n, v) for n, v in headers if n.lower() != b"expect"]
             block = header_block(headers)
             searchable = searchable_token(bearer.token)
+            user_agent = head.get(b"user-agent") or b""
             if last is not None:
                 last.received, last.client_ip, last.to_service = (
                     list(head.headers), client_ip, to_service)
                 last.bearer, last.forwarded, last.token_in_headers, last.block = (
                     bearer, headers, token_in_headers, block)
                 last.searchable, last.auth_key = searchable, None  # a new token: a new key
+                last.user_agent = user_agent
     except (RouteError, BodyTooLarge, UpgradeRefused, BearerError, HeaderRefused) as exc:
         raise Refusal(exc.status, str(exc)) from None
     if bearer.token is None:
@@ -326,7 +330,8 @@ def prepare(head: RequestHead, client_ip: str,
                            "'Authorization: Bearer'")
     if last is not None:
         last.target, last.route = head.target, cluster_route
-    return Prepared(cluster_route, upgrade, bearer, bearer.token, headers, block, last)
+    return Prepared(cluster_route, upgrade, bearer, bearer.token, headers, block, last,
+                    user_agent)
 
 
 _START_LINE = b"GET / HTTP/1.1\r\n"
@@ -455,6 +460,9 @@ API_ROOTS = frozenset({"api", "apis", "version", "openapi", "healthz", "livez", 
                        "metrics", "logs"})
 
 
+KUBE_API = KubeAPITarget()  # frozen and without fields: one for every request
+
+
 def _admitted(gw: AdmissionContext, head: RequestHead, prepared: Prepared,
               user: UserInfo | None, request_id: str) -> Admitted:
     """Steps 8-10 once the hub has spoken; ``user`` None means token passthrough."""
@@ -480,7 +488,7 @@ def _admitted(gw: AdmissionContext, head: RequestHead, prepared: Prepared,
 
     service = cluster_route.service
     target: Target = (
-        KubeAPITarget() if service is None
+        KUBE_API if service is None
         else ServiceTarget(service.namespace, service.name, service.port, service.scheme)
     )
     # The forwarded head and the request's class are pure functions of these and of the
@@ -518,7 +526,7 @@ def _admitted(gw: AdmissionContext, head: RequestHead, prepared: Prepared,
                               exec_like=path.endswith((b"/exec", b"/attach")))
     return Admitted(cluster, session, target, metadata, head_bytes,
                     "" if user is None else user.username, prepared.upgrade, kind, slot, recheck,
-                    flow, user_info=user, user_agent=head.get(b"user-agent") or b"")
+                    flow, user_info=user, user_agent=prepared.user_agent)
 
 
 def start_admission(gw: AdmissionContext, head: RequestHead, client_ip: str, request_id: str,

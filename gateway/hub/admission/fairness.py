@@ -171,9 +171,10 @@ class FairQueues:
             hand = self._hands[flow] = deal_hand(flow, len(self._queues), self.hand_size)
         return hand
 
-    def arrive(self, flow: str, now: float) -> Ticket:
-        """A short request of ``flow`` arrives: the ticket is EXECUTING (a seat was free and
-        nobody waits) or WAITING. Raises :class:`QueueFull`."""
+    def arrive(self, flow: str, now: float, make: type[Ticket] = Ticket) -> Ticket:
+        """A short request of ``flow`` arrives: the ticket (a ``make``, the adapter's
+        subclass or a plain :class:`Ticket`) is EXECUTING (a seat was free and nobody waits)
+        or WAITING. Raises :class:`QueueFull`."""
         self._advance(now)
         placed = self._placed.get(flow)
         queue = placed.queue if placed is not None else self._shortest(self.hand(flow))
@@ -181,7 +182,7 @@ class FairQueues:
         if not seated and len(queue.waiting) >= self.queue_length:
             raise QueueFull(self.queue_length)
         self._seq += 1
-        ticket = Ticket(flow, queue, self._seq, now)
+        ticket = make(flow, queue, self._seq, now)
         if placed is None:
             self._placed[flow] = _Placement(queue)
         else:
@@ -209,7 +210,7 @@ class FairQueues:
         queue.next_start -= self.estimate - used
         self._deactivate(queue)
         self._unplace(ticket.flow)
-        return self._dispatch(now)
+        return self._dispatch(now) if self.waiting else []
 
     def cancel(self, ticket: Ticket, now: float) -> None:
         """A waiting request leaves its queue (its client went, or it waited too long)."""
@@ -229,8 +230,9 @@ class FairQueues:
 
     # --- internals -----------------------------------------------------------------------------
 
+    # _activate and _deactivate run for every short request: queue.active, spelled out.
     def _activate(self, queue: _Queue) -> None:
-        if not queue.active:
+        if not queue.waiting and not queue.executing:
             self._active += 1
             queue.next_start = self._r  # no credit for the time it was idle
 
@@ -262,7 +264,7 @@ class FairQueues:
         return len(self._placed)
 
     def _deactivate(self, queue: _Queue) -> None:
-        if not queue.active:
+        if not queue.waiting and not queue.executing:
             self._active -= 1
 
     def _start(self, ticket: Ticket, queue: _Queue, now: float) -> None:

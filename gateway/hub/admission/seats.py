@@ -55,19 +55,19 @@ class SeatRefused(Exception):
     retry_after = RETRY_AFTER
 
 
-class Seat:
-    """One executing short request; :meth:`release` frees the seat (once)."""
+class Seat(Ticket):
+    """One short request's ticket, which knows its :class:`Seats`: once it is executing (a
+    seat), :meth:`release` frees the seat (once). One object per request, not a ticket and
+    a seat wrapping it."""
 
-    __slots__ = ("_seats", "_ticket")
+    __slots__ = ("_seats",)
+    _seats: Seats | None  # set by Seats.take as it arrives
 
-    def __init__(self, seats: Seats, ticket: Ticket) -> None:
-        self._seats: Seats | None = seats
-        self._ticket = ticket
 
     def release(self) -> None:
         seats, self._seats = self._seats, None
         if seats is not None:
-            seats._finish(self._ticket)
+            seats._finish(self)
 
 
 class Seats:
@@ -103,12 +103,14 @@ class Seats:
         """A seat now, or a future of one; raises :class:`SeatRefused` (queue full). The
         future fails with :class:`SeatRefused` after ``max_wait``; cancel it to leave."""
         try:
-            ticket = self.scheduler.arrive(flow, self.clock())
+            ticket = self.scheduler.arrive(flow, self.clock(), Seat)
         except QueueFull as exc:
             self._count_refusal("queue_full", flow)
             raise SeatRefused(str(exc)) from None
+        assert isinstance(ticket, Seat)
+        ticket._seats = self
         if ticket.state == Ticket.EXECUTING:
-            return Seat(self, ticket)
+            return ticket
         self.queued_total += 1
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Seat] = loop.create_future()
@@ -148,7 +150,8 @@ class Seats:
                 pending += self.scheduler.finish(started, self.clock())
                 continue
             self.waits.observe(started.waited)
-            waiter[0].set_result(Seat(self, started))
+            assert isinstance(started, Seat)
+            waiter[0].set_result(started)
 
     def _count_refusal(self, reason: str, flow: str) -> None:
         self.refused[reason] += 1

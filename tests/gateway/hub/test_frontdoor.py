@@ -319,3 +319,34 @@ async def test_many_pipelined_refusals_do_not_recurse(gw: Harness) -> None:
             status, _, _ = await read_response(reader)
             assert status == 401
     writer.close()
+
+
+async def test_a_response_head_in_pieces_is_relayed_as_the_agent_sent_it(tls) -> None:  # noqa: F811
+    """The exchange relays a head that arrives whole from that piece; one that arrives in
+    pieces (an interim head, then the final one byte by byte, as memoryviews like the
+    tunnel's) is gathered and relayed byte for byte all the same, and the connection lives
+    on."""
+    interim = b"HTTP/1.1 103 Early Hints\r\nLink: </a>; rel=preload\r\n\r\n"
+    final = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 5\r\n\r\nhello"
+
+    async def agent(stream: FakeStream) -> None:
+        await stream.request()
+        if b"/whole" in bytes(stream.received):
+            stream.send(final)
+        else:
+            pieces = [interim[:7], interim[7:] + final[:3],
+                      *(final[i:i + 1] for i in range(3, len(final)))]
+            for piece in pieces:
+                stream.send(memoryview(bytearray(piece)))  # type: ignore[arg-type]
+        stream.send_eof()
+
+    async with running(tls) as h:
+        h.connect_cluster("c1", agent)
+        reader, writer = await h.open()
+        for path, expected in (("/c1/pieces", interim + final), ("/c1/whole", final),
+                               ("/c1/pieces", interim + final)):
+            writer.write(get(path))
+            async with asyncio.timeout(5):
+                got = await reader.readexactly(len(expected))
+            assert got == expected, path
+        writer.close()
