@@ -17,6 +17,7 @@ import trustme
 from gateway.agent.agent import Agent
 from gateway.agent.kubeapi import from_kubeconfig
 from gateway.agent.pool import UpstreamPool
+from gateway.wire.hpackfields import FieldEncoder
 from tests.gateway.agent import h2server
 from tests.gateway.agent.conftest import FakeStream, Upstream
 from tests.gateway.agent.test_exchange import (
@@ -276,6 +277,24 @@ async def test_credentials_and_impersonation_are_never_indexed(
         assert dict(fields)[b"authorization"] == b"Bearer agent-token"
     decoder = server.h2_connections[0].conn.decoder
     assert decoder.header_table_size == 0 and not decoder.header_table.dynamic_entries
+    agent.pool.close()
+
+
+async def test_a_clients_header_value_is_not_kept_after_its_request(
+        server: h2server.H2Server, ca_file: str, tmp_path: Path) -> None:
+    # A value a client sent through the gateway may carry a secret: the agent's HPACK encoding
+    # keeps nothing of it (no process-wide cache keyed by client bytes); its own fields (the
+    # identity, the credential) are kept per hub user, with the user's route.
+    agent = await make_agent(server, ca_file, tmp_path)
+    secret = "s3cret-6b1d0c"
+    for _ in range(2):
+        small = request(agent, "/small", f"X-Client-Token-6b1d0c: {secret}")
+        await small.wait_done()
+        assert small.response()[0] == 200
+    assert all(dict(fields)[b"x-client-token-6b1d0c"] == secret.encode()
+               for fields in server.fields.values())
+    kept = repr(FieldEncoder._cache) + repr(FieldEncoder._names)
+    assert "6b1d0c" not in kept
     agent.pool.close()
 
 
