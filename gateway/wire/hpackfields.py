@@ -19,6 +19,16 @@ from hpack.table import HeaderTable
 # also never cached here.
 _SECRET_FIELDS = frozenset((b"authorization", b"proxy-authorization", b"cookie", b"set-cookie"))
 _NEVER_INDEXED_PREFIX = b"impersonate-"
+# The response fields a retaining encoder keeps: what kube-apiserver puts on every response,
+# whose values say nothing private (types, lengths, dates, its priority-and-fairness uids).
+# Any other field (a Service's own headers through proxy-service, or a pod's through the
+# apiserver's proxy subresource, may hold a session or a secret) is encoded per block and
+# kept nowhere.
+RETAINED_NAMES = frozenset((
+    b":status", b"content-type", b"content-length", b"content-encoding", b"cache-control",
+    b"date", b"vary", b"x-content-type-options", b"strict-transport-security",
+    b"x-kubernetes-pf-flowschema-uid", b"x-kubernetes-pf-prioritylevel-uid",
+))
 _STATIC = HeaderTable.STATIC_TABLE_MAPPING  # name -> (name index, {value: full index})
 
 
@@ -91,8 +101,9 @@ class FieldEncoder:
     decoder least (no Huffman decoding).
 
     ``retain``: whether encodings are kept for the next block (a bounded cache, one per
-    process: however many connections, it costs at most ``MAX_CACHED`` fields and names). Only
-    for fields no client chose: the front door's responses (the apiserver's fields) retain;
+    process: however many connections, it costs at most ``MAX_CACHED`` fields and names), and
+    then only of the fields in :data:`RETAINED_NAMES` and the static table's full entries
+    (constants of RFC 7541). Only for fields no client chose: the front door's responses retain;
     the agent's requests (``gateway.wire.h2client``) carry a client's header values through
     the gateway, which must not outlive their request (a value may hold a secret), so its
     encoder retains nothing (:func:`encode_field`), and the agent keeps its own fields'
@@ -155,6 +166,8 @@ class FieldEncoder:
             encoded = prefix + _length(value) + value
             if secret:
                 self._secret = ((name, value), encoded)
+                return encoded
+            if name not in RETAINED_NAMES:
                 return encoded
         cache = FieldEncoder._cache
         if len(cache) >= self.MAX_CACHED:

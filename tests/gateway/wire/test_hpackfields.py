@@ -58,9 +58,23 @@ def test_field_encoder_keeps_no_old_credential() -> None:
 def test_field_encoder_cache_is_bounded() -> None:
     encoder, decoder = FieldEncoder(), hpack.Decoder()
     for i in range(3 * FieldEncoder.MAX_CACHED):
-        field = (b"x-request-id", b"%d" % i)
+        field = (b"content-length", b"%d" % i)
         assert decoded(decoder, encoder.encode([field])) == [field]
         assert len(encoder._cache) <= FieldEncoder.MAX_CACHED
+
+
+def test_a_retaining_encoder_keeps_only_the_apiservers_own_response_fields() -> None:
+    # A Service's response through proxy-service (or a pod's through the apiserver's proxy
+    # subresource) may carry a session in a header of its own: encoded, never kept.
+    FieldEncoder._cache.clear()
+    encoder, decoder = FieldEncoder(), hpack.Decoder()
+    fields = [(b":status", b"200"), (b"content-type", b"application/json"),
+              (b"x-session-token", b"sess-5ecret-value"), (b"location", b"/login?t=5ecret")]
+    for _ in range(2):
+        assert decoded(decoder, encoder.encode(fields)) == fields
+    kept = repr(FieldEncoder._cache)
+    assert "5ecret" not in kept and "x-session-token" not in kept
+    assert (b"content-type", b"application/json") in FieldEncoder._cache
 
 
 def test_field_encoder_name_cache_is_bounded_and_holds_no_value() -> None:
