@@ -568,8 +568,9 @@ class HttpExchange:
             self._req_tracker = framing_for_request(self.request)
         assert self._req_tracker is not None
         self._req_done = self._req_tracker.complete
-        # Body-less: can be retried on a fresh connection.
-        self._retryable = self._req_done and not self.request.upgrade
+        # Body-less: can be retried on a fresh connection, once (a server that refuses the
+        # retry too gets no third try: that would be a loop of new connections).
+        self._retryable = self._req_done and not self.request.upgrade and not retry
         if type(outgoing) is bytes:
             assert type(conn) is H2Stream
             conn.send_request(self.request, outgoing)

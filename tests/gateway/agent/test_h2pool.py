@@ -307,6 +307,19 @@ async def test_a_refused_stream_is_sent_again_if_it_had_no_body(
     agent.pool.close()
 
 
+async def test_a_stream_refused_again_is_sent_only_once_more(
+        server: h2server.H2Server, ca_file: str, tmp_path: Path) -> None:
+    # An apiserver that refuses every stream (overloaded, or going away on each connection):
+    # one retry on a fresh connection, then a 503 to retry, not a loop of new connections.
+    agent = await make_agent(server, ca_file, tmp_path)
+    stream = request(agent, "/refuse")
+    await stream.wait_done()
+    status, headers, _ = stream.response()
+    assert status == 503 and headers["retry-after"] == "1"
+    assert sum(c.refused for c in server.connections) == 2
+    agent.pool.close()
+
+
 async def test_a_refused_stream_with_a_body_is_a_503_to_retry(
         server: h2server.H2Server, ca_file: str, tmp_path: Path) -> None:
     agent = await make_agent(server, ca_file, tmp_path)
