@@ -93,6 +93,9 @@ class FrontDoor(asyncio.Protocol):
         self.keep_alive = True
         self._paused: set[str] = set()
         self._timer: asyncio.TimerHandle | None = None  # see arm()
+        # Kept at the first arm(): asyncio.get_running_loop() is a getpid() system call on
+        # Python 3.11, and a keep-alive connection arms twice per request.
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._timer_at = 0.0  # when it fires (loop time)
         self._deadline = 0.0
         self._on_deadline: Callable[[], None] | None = None
@@ -207,7 +210,9 @@ class FrontDoor(asyncio.Protocol):
         if delay <= 0:
             self._on_deadline = None
             return
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
         deadline = loop.time() + delay
         self._deadline, self._on_deadline = deadline, callback
         if self._timer is not None:
@@ -231,7 +236,8 @@ class FrontDoor(asyncio.Protocol):
         callback = self._on_deadline
         if callback is None:
             return
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        assert loop is not None  # a timer fired: arm() kept the loop that runs it
         if loop.time() + TIMER_SLACK < self._deadline:  # the deadline moved later meanwhile
             self._timer, self._timer_at = loop.call_at(self._deadline, self._timer_fired), \
                 self._deadline

@@ -207,16 +207,23 @@ class AuditWriter:
         self._pending: list[str] = []
         self._scheduled = False
         self.lost = 0  # lines a failed write lost
+        # The loop the last batch was flushed on, while it runs: asyncio.get_running_loop()
+        # is a getpid() system call on Python 3.11, and at one request in flight every request
+        # starts a batch.
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def write(self, line: str) -> None:
         self._pending.append(line)
         if self._scheduled:
             return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            self.flush()
-            return
+        loop = self._loop
+        if loop is None or not loop.is_running():
+            try:
+                loop = self._loop = asyncio.get_running_loop()
+            except RuntimeError:
+                self._loop = None
+                self.flush()
+                return
         self._scheduled = True
         loop.call_soon(self.flush)
 
