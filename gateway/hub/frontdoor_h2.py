@@ -64,6 +64,7 @@ from gateway.wire.hpackfields import FieldEncoder
 from gateway.wire.http1 import HTTPError, RequestHead
 from gateway.wire.http2 import (
     LAST_CHUNK,
+    FieldsMemo,
     H2RequestError,
     ResponseStart,
     ResponseTranslator,
@@ -115,6 +116,7 @@ class H2FrontDoor(asyncio.Protocol):
         self._backlog_scheduled = False
         self.queued = 0  # DATA payload bytes queued since the last write
         self.header_verdict = HeaderVerdict()  # admission's, on this connection's last headers
+        self.fields_memo = FieldsMemo()  # RFC 9113 §8.2's, on this connection's last fields
         self.audit_memo = LineMemo()  # its requests' audit lines repeat most of their fields
         # The connection's one loop timer (see wake_at) and when it fires; the connection's
         # idle deadline (None: busy, or no idle timeout).
@@ -256,7 +258,8 @@ class H2FrontDoor(asyncio.Protocol):
         stream = H2Stream(self, sid)
         self.requests[sid] = stream
         try:
-            head = request_head_from_h2(event.headers, self.limits.head, end_stream=ended)
+            head = request_head_from_h2(event.headers, self.limits.head, end_stream=ended,
+                                        memo=self.fields_memo)
         except H2RequestError as exc:
             stream.request.refuse(exc.status, str(exc))
             return
@@ -522,6 +525,8 @@ class H2Stream:
 
     def response_started(self, request: Request, exchange: Exchange) -> bool:
         self._disarm()
+        if request.long_running:  # as the header verdict: the connection may stay for hours
+            self.door.fields_memo.forget()
         if exchange.response is not None and self.translator is not None:
             self.translator.expect(exchange.response)  # parsed once, not again
         return False

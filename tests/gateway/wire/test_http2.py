@@ -7,6 +7,7 @@ import pytest
 
 from gateway.wire.http1 import DEFAULT_LIMITS, HTTPError, Limits, parse_request_head
 from gateway.wire.http2 import (
+    FieldsMemo,
     H2RequestError,
     ResponseStart,
     ResponseTranslator,
@@ -175,6 +176,86 @@ def test_connect_is_refused() -> None:
     with pytest.raises(H2RequestError) as err:
         head(fields=[(b":method", b"CONNECT"), (b":authority", b"x:443")])
     assert err.value.status == 405
+
+
+_REGULAR = [(b"accept", b"application/json"), (b"authorization", b"Bearer t"),
+            (b"user-agent", b"kubectl/v1.36"), (b"cookie", b"a=1"), (b"cookie", b"b=2")]
+
+
+def _shape(h):  # type: ignore[no-untyped-def]
+    return (h.method, h.target, h.headers, h.names, h.content_length, h.chunked)
+
+
+def test_fields_memo_gives_the_heads_it_would_without() -> None:
+    """A connection's memo (its last regular fields, checked) reused across streams whose
+    pseudo-headers and framing differ: every head is what the memo-less path builds, and each
+    is its own (changing one head's lists never reaches the next)."""
+    memo = FieldsMemo()
+    post = [(b":method", b"POST"), *BASE[1:]]
+    other = [BASE[0], BASE[1], (b":authority", b"other:1"), (b":path", b"/c2/version")]
+    no_authority = [BASE[0], BASE[1], BASE[3]]
+    cases = [(BASE, _REGULAR, True), (other, _REGULAR, True), (post, _REGULAR, False),
+             (no_authority, [*_REGULAR, (b"host", b"h.example")], True),
+             (post, [*_REGULAR, (b"content-length", b"3")], False), (BASE, _REGULAR, True)]
+    for pseudo, regular, end_stream in cases:
+        plain = request_head_from_h2(pseudo + regular, DEFAULT_LIMITS, end_stream=end_stream)
+        first = request_head_from_h2(pseudo + regular, DEFAULT_LIMITS, end_stream=end_stream,
+                                     memo=memo)
+        again = request_head_from_h2(pseudo + regular, DEFAULT_LIMITS, end_stream=end_stream,
+                                     memo=memo)
+        assert _shape(first) == _shape(again) == _shape(plain)
+        first.headers.append((b"x-added", b"1"))
+        first.names.append(b"x-added")
+        assert _shape(again) == _shape(plain)
+
+
+@pytest.mark.parametrize("bad", [
+    [(b"authorization", b"Bearer t\r\nimpersonate-user: admin")],
+    [(b"Authorization", b"Bearer t")],
+    [(b"connection", b"keep-alive")],
+    [(b"te", b"gzip")],
+    [(b"x-a", b" v")],
+    [BASE[3]],
+    [(b"host", b"a"), (b"host", b"b")],
+    [(b"host", b"other")],
+    [(b"expect", b"something")],
+    [(b"content-length", b"1x")],
+    [(b"x-big", b"v" * 70000)],
+], ids=["crlf-in-value", "upper-case-name", "connection", "te-gzip", "space-before-value",
+        "pseudo-after-regular", "two-hosts", "host-not-authority", "expect", "cl-not-digits",
+        "big-field"])
+def test_fields_memo_never_keeps_a_refusal(bad: list[tuple[bytes, bytes]]) -> None:
+    """After a good request the memo holds its fields; a block that differs from them in any
+    field is checked in full, refused as it is without a memo, every time it comes."""
+    memo = FieldsMemo()
+    good = BASE + _REGULAR
+    request_head_from_h2(good, DEFAULT_LIMITS, end_stream=True, memo=memo)
+    with pytest.raises(H2RequestError) as plain:
+        request_head_from_h2(BASE + _REGULAR + bad, DEFAULT_LIMITS, end_stream=True)
+    for _ in range(2):
+        with pytest.raises(H2RequestError) as err:
+            request_head_from_h2(BASE + _REGULAR + bad, DEFAULT_LIMITS, end_stream=True,
+                                 memo=memo)
+        assert (err.value.status, str(err.value)) == (plain.value.status, str(plain.value))
+    changed = [(n, v + b"\x00" if n == b"user-agent" else v) for n, v in good]
+    with pytest.raises(H2RequestError):  # one value differs from the memo's: checked again
+        request_head_from_h2(changed, DEFAULT_LIMITS, end_stream=True, memo=memo)
+    assert request_head_from_h2(good, DEFAULT_LIMITS, end_stream=True, memo=memo).get(
+        b"authorization") == b"Bearer t"
+
+
+def test_fields_memo_is_per_limits_and_forgets() -> None:
+    memo = FieldsMemo()
+    fields = [*BASE, (b"x-a", b"v" * 100)]
+    request_head_from_h2(fields, DEFAULT_LIMITS, end_stream=True, memo=memo)
+    tight = Limits(max_head_bytes=DEFAULT_LIMITS.max_head_bytes, max_field_line=64,
+                   max_request_line=DEFAULT_LIMITS.max_request_line,
+                   max_headers=DEFAULT_LIMITS.max_headers)
+    with pytest.raises(H2RequestError) as err:
+        request_head_from_h2(fields, tight, end_stream=True, memo=memo)
+    assert err.value.status == 431
+    memo.forget()
+    assert memo.last is None
 
 
 def test_response_translated() -> None:
