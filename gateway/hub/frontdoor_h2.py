@@ -428,7 +428,9 @@ class H2Stream:
     request's header fields go once its tunnel stream is open)."""
 
     protocol = "h2"
-    reads_response_fields = True  # the head becomes HTTP/2 fields
+    # The Exchange reads a plain response head for its framing only (gateway.hub.relayhead);
+    # the translator takes its fields from its bytes (gateway.wire.http2.relayed_fields).
+    reads_response_fields = False
     keeps_views = True  # this stream is the Exchange's transport, and it keeps what it gets
 
     __slots__ = (

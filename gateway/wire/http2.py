@@ -273,6 +273,22 @@ def response_fields(head: ResponseHead) -> Headers:
     return out
 
 
+def relayed_fields(raw: bytes, status: int) -> Headers:
+    """``:status`` and the fields of a response head that met the rules of
+    :func:`gateway.hub.relayhead.relayed_head` (an HTTP/1.1 status line, then ``token:value``
+    lines whose values hold no control character but HTAB, none of them ``Connection`` or
+    ``Transfer-Encoding``), as HTTP/2 allows them: the same list :func:`response_fields` makes
+    from the full parse of those bytes, without that parse."""
+    out: Headers = [(b":status", b"%d" % status)]
+    lines = raw[raw.index(b"\r\n") + 2:-4]  # between the status line and the empty line
+    for line in lines.split(b"\r\n") if lines else ():
+        name, _, value = line.partition(b":")
+        name = name.lower()
+        if name not in CONNECTION_SPECIFIC:
+            out.append((name, value.strip(b" \t")))
+    return out
+
+
 @dataclass(slots=True)
 class ResponseStart:
     status: int
@@ -313,48 +329,55 @@ class ResponseTranslator:
         self.tracker: BodyTracker = NO_BODY
         self._chunks: ChunkedBody | None = None  # the tracker, when it is the de-chunker
         self.complete = False
-        self._primed: tuple[ResponseStart, BodyTracker] | None = None
+        self._primed: tuple[int, Headers | None, BodyTracker] | None = None
 
     def expect(self, head: ResponseHead) -> None:
         """The next head in the bytes is ``head``, already parsed (and checked) by the
         Exchange: skip it instead of parsing it again (a small GET's response head was
-        parsed twice per request)."""
-        self._primed = (ResponseStart(head.status, response_fields(head)),
-                        framing_for_response(head, self.method))
+        parsed twice per request). A head without fields is a plain one the Exchange read for
+        its framing only (``gateway.hub.relayhead``, whose rules it has met): its fields are
+        taken from its bytes as they pass (:func:`relayed_fields`)."""
+        fields = response_fields(head) if head.names else None
+        self._primed = (head.status, fields, framing_for_response(head, self.method))
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[ResponseStart | bytes]:
         out: list[ResponseStart | bytes] = []
         if self._state == _HEAD:
-            self._buf += data
+            buf = self._buf
+            if buf:  # a head that came in pieces
+                buf += data
+                data = bytes(buf)
+                del buf[:]
+            elif not isinstance(data, bytes):
+                data = bytes(data)
             while self._state == _HEAD:
-                end = find_head_end(self._buf, max_head_bytes=256 * 1024,
+                end = find_head_end(data, max_head_bytes=256 * 1024,
                                     max_request_line=64 * 1024)
                 if end < 0:
+                    buf += data
                     return out
                 primed = self._primed
                 if primed is not None:
                     self._primed = None
-                    start, self.tracker = primed
-                    rest = bytes(self._buf[end:])
-                    del self._buf[:]
+                    status, fields, self.tracker = primed
+                    start = ResponseStart(status, fields if fields is not None
+                                          else relayed_fields(data[:end], status))
                 else:
-                    head = parse_response_head(bytes(self._buf[:end]), _RESPONSE_LIMITS)
-                    rest = bytes(self._buf[end:])
-                    del self._buf[:]
+                    head = parse_response_head(data[:end], _RESPONSE_LIMITS)
                     if head.is_interim or head.is_switching:
-                        self._buf += rest
+                        data = data[end:]
                         continue  # 1xx: HTTP/2 clients do without them here; 101 never comes
                     self.tracker = framing_for_response(head, self.method)
                     # The head goes out with the ResponseStart and is not kept: a watch keeps
                     # its translator for hours.
                     start = ResponseStart(head.status, response_fields(head))
+                data = data[end:]
                 out.append(start)
                 self._state = _BODY
                 tracker = self.tracker
                 self._chunks = tracker if isinstance(tracker, ChunkedBody) else None
                 if tracker is NO_BODY:
                     self._state, self.complete = _DONE, True
-                data = rest
         if self._state != _BODY or not data:
             return out
         tracker = self.tracker
@@ -365,7 +388,9 @@ class ResponseTranslator:
             out += map(bytes, pieces)
         else:
             n = tracker.feed(data)
-            if n:
+            if n == len(data) and isinstance(data, bytes):
+                out.append(data)  # immutable: kept as it is
+            elif n:
                 out.append(bytes(memoryview(data)[:n]))
         if tracker.complete:
             self._state, self.complete = _DONE, True
