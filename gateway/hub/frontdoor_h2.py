@@ -272,10 +272,12 @@ class H2FrontDoor(asyncio.Protocol):
         the streams answered in one turn (one tunnel read often carries several) and the
         frames of one client read go out as one TLS write, not one each. Past
         ``FLUSH_AT`` bytes of DATA at once: bodies must reach the transport as they come, so that
-        its pause_writing holds the tunnel back before the buffer grows."""
+        its pause_writing holds the tunnel back before the buffer grows. Nothing queued:
+        no turn is scheduled (whatever queues frames later calls this again), so a read that
+        only started requests, or a stream that ended after its response left, costs none."""
         if self.queued >= FLUSH_AT:
             self.flush_now()
-        elif not self._flush_pending:
+        elif not self._flush_pending and self.conn.has_data_to_send:
             self._flush_pending = True
             asyncio.get_running_loop().call_soon(self._flush_turn)
 
