@@ -541,8 +541,8 @@ class H2Stream:
     def finished(self, request: Request, phase: Phase, keep_alive: bool) -> None:
         self._disarm()
         translator = self.translator
-        if translator is not None:
-            with contextlib.suppress(HTTPError):
+        if translator is not None and not translator.complete:  # a close-delimited body ends
+            with contextlib.suppress(HTTPError):  # truncated: reset below
                 translator.feed_eof()
         if translator is None or not translator.complete:
             self._reset(INTERNAL_ERROR)  # truncated: never end it cleanly

@@ -53,6 +53,7 @@ Headers = list[tuple[bytes, bytes]]
 _TCHAR = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 LOWER_TCHAR = b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz"  # HTTP/2 field names
 _TARGET_OK = bytes(range(0x21, 0x7F))
+_HOST_OK = _TARGET_OK.translate(None, b",/@")  # visible ASCII but a list, a path, userinfo
 _VALUE_OK = bytes(b for b in range(256) if b == 9 or (b >= 0x20 and b != 0x7F))
 
 # RFC 9113 §8.2.2: never in HTTP/2 (h2 refuses them inbound; we drop them outbound), plus the
@@ -233,7 +234,7 @@ def request_head_from_h2(fields: Headers, limits: Limits, *, end_stream: bool,
         raise H2RequestError("a request needs :authority or Host", 400)
     else:
         host = checked.host
-    if not host or host.translate(None, _TARGET_OK) or any(c in host for c in b",/@"):
+    if not host or host.translate(None, _HOST_OK):
         raise H2RequestError("invalid Host header", 400)
     head = RequestHead(method, path, b"HTTP/1.1", headers, names)
     lengths = checked.lengths
