@@ -80,13 +80,20 @@ class TargetPolicy:
         default_factory=dict
     )
     cluster_domain: str = "cluster.local"
+    _kube_resolved: tuple[tuple[str, int], ResolvedTarget] | None = field(
+        default=None, init=False, repr=False, compare=False)
 
     def resolve_now(self, target: Target) -> ResolvedTarget | None:
         """What :meth:`resolve` answers when that needs no lookup (the kube-apiserver, dialled as
         configured); None when it may (Services, TCP targets) or would refuse."""
         if isinstance(target, KubeAPITarget) and self.kube_api is not None:
-            host, port = self.kube_api
-            return ResolvedTarget(host, port, host, True)
+            # Asked per apiserver request: the same (immutable) answer while kube_api is.
+            known = self._kube_resolved
+            if known is None or known[0] is not self.kube_api:
+                host, port = self.kube_api
+                known = (self.kube_api, ResolvedTarget(host, port, host, True))
+                self._kube_resolved = known
+            return known[1]
         return None
 
     async def resolve(self, target: Target) -> ResolvedTarget:

@@ -38,7 +38,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.agent.h2pool import StreamRefused
+from gateway.agent.h2pool import H2Stream, StreamRefused
 from gateway.agent.pool import (
     PoolExhausted,
     Upstream,
@@ -47,6 +47,7 @@ from gateway.agent.pool import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
+from gateway.wire.hpackfields import encode_field, encode_fields
 from gateway.wire.http1 import (
     BodyTracker,
     CloseDelimitedBody,
@@ -56,12 +57,14 @@ from gateway.wire.http1 import (
     RequestHead,
     ResponseHead,
     check_fields,
+    check_value,
     find_head_end,
     framing_for_request,
     framing_for_response,
     parse_request_head,
     parse_response_head,
 )
+from gateway.wire.http2 import CONNECTION_SPECIFIC
 from gateway.wire.identity import AUDIT_ID, REQUEST_ID_HEADER, is_identity_header
 from gateway.wire.status import error_response
 from gateway.wire.websocket import BEARER_PROTOCOL_PREFIX
@@ -81,6 +84,9 @@ UPGRADE_LINGER = 30.0  # after the upstream of an upgrade closed, wait this long
 _CONNECTION_TOKENS = frozenset((b"upgrade", b"keep-alive", b"close"))
 _HOST = frozenset((b"host",))
 _HOST_AND_AUDIT_ID = frozenset((b"host", AUDIT_ID.lower()))
+_AUDIT_ID_NAME = AUDIT_ID.lower()
+_REQUEST_ID_NAME = REQUEST_ID_HEADER.lower()
+_TE_TRAILERS = encode_field(b"te", b"trailers")
 
 
 @dataclass(slots=True)
@@ -103,6 +109,12 @@ class Route:
     # The Host value is the same for every request of the route: checked by its first
     # rewrite_request, not by each (see there).
     authority_checked: bool = False
+    # What rewrite_request_block sends for every request of the route, encoded and checked
+    # once: :scheme and :authority, the identity headers, the credential (with its value: it
+    # rotates). The agent's own fields and the verified identity's, nothing a client chose.
+    h2_authority: bytes = b""
+    h2_identity: bytes = b""
+    h2_credential: tuple[bytes, bytes] | None = None
 
 
 def rewrite_request_fields(head: RequestHead, route: Route,
@@ -140,11 +152,9 @@ def _rewritten_fields(head: RequestHead, route: Route,
                 names.append(lowered)
             continue
         if lowered == b"sec-websocket-protocol":
-            protocols = [p.strip() for p in value.split(b",")]
-            kept_protocols = [p for p in protocols
-                              if p and not p.startswith(BEARER_PROTOCOL_PREFIX)]
+            kept_protocols = _kept_protocols(value)
             if kept_protocols:
-                headers.append((name, b", ".join(kept_protocols)))
+                headers.append((name, kept_protocols))
                 names.append(lowered)
             continue
         headers.append((name, value))
@@ -189,6 +199,71 @@ def rewrite_request(head: RequestHead, route: Route, audit_id: bytes = b"") -> R
                        head.connection & _CONNECTION_TOKENS, head.upgrade)
 
 
+def rewrite_request_block(head: RequestHead, route: Route, audit_id: bytes = b"") -> bytes:
+    """The HTTP/2 request of :func:`rewrite_request`'s head
+    (``gateway.wire.h2upstream.request_fields`` of it), HPACK-encoded
+    (``gateway.wire.hpackfields.encode_fields``) in one pass over ``head``'s fields: the same
+    fields in the same order, the same checks of what the agent adds (ValueError). The
+    route's own fields (:authority, the identity, the credential) are encoded and checked once
+    per route; nothing of the head's fields is kept. Upgrades and CONNECT stay on HTTP/1.1
+    (ValueError)."""
+    if head.upgrade is not None or head.method == b"CONNECT":
+        raise ValueError("upgrades and CONNECT stay on HTTP/1.1")
+    if not route.h2_authority:
+        check_fields([(b"Host", route.authority)])
+        route.h2_authority = encode_fields([(b":scheme", b"https"),
+                                            (b":authority", route.authority)])
+    parts = [encode_field(b":method", head.method), route.h2_authority,
+             encode_field(b":path", head.target)]
+    replaced = _HOST_AND_AUDIT_ID if audit_id else _HOST
+    # rewrite_request keeps only these Connection tokens, request_fields drops what they name.
+    nominated = head.connection & _CONNECTION_TOKENS if head.connection else head.connection
+    for (_, value), lowered in zip(head.headers, head.names, strict=True):
+        if lowered in replaced or is_identity_header(lowered) or lowered in nominated:
+            continue
+        if lowered in CONNECTION_SPECIFIC:  # Connection among them: its rewrite goes too
+            if lowered == b"te" and value.strip().lower() == b"trailers":
+                parts.append(_TE_TRAILERS)
+            continue
+        if lowered == b"sec-websocket-protocol":
+            value = _kept_protocols(value)
+            if not value:
+                continue
+        parts.append(encode_field(lowered, value))
+    if audit_id:
+        check_value(audit_id)
+        parts.append(encode_field(_AUDIT_ID_NAME, audit_id))
+    if route.passthrough:  # the caller's own Authorization (the loop dropped it)
+        for (_, value), lowered in zip(head.headers, head.names, strict=True):
+            if lowered == b"authorization":
+                parts.append(encode_field(lowered, value))
+                break
+    else:
+        credential = route.credential()
+        if credential is not None:
+            kept = route.h2_credential
+            if kept is None or credential != kept[0]:
+                check_value(credential)
+                kept = route.h2_credential = (credential,
+                                              encode_field(b"authorization", credential))
+            parts.append(kept[1])
+        identity = route.identity_headers
+        if identity:  # identity last: the user's (kept with the route), then this request's
+            if not route.h2_identity:
+                check_fields(identity)
+                route.h2_identity = encode_fields([(n.lower(), v) for n, v in identity])
+            parts.append(route.h2_identity)
+            if audit_id:
+                parts.append(encode_field(_REQUEST_ID_NAME, audit_id))
+    return b"".join(parts)
+
+
+def _kept_protocols(value: bytes) -> bytes:
+    """A Sec-WebSocket-Protocol value without the bearer-token subprotocols (b"": none left)."""
+    protocols = [p.strip() for p in value.split(b",")]
+    return b", ".join([p for p in protocols if p and not p.startswith(BEARER_PROTOCOL_PREFIX)])
+
+
 RouteFactory = Callable[[], Awaitable[Route]]
 
 
@@ -202,7 +277,7 @@ class HttpExchange:
     __slots__ = ("_closed", "_conn_reusable", "_conn_reused", "_discard_input", "_early",
                  "_early_size", "_head_buf", "_head_ready", "_known_route", "_linger",
                  "_req_done", "_req_tracker", "_resp_buf", "_resp_done", "_resp_started",
-                 "_resp_tracker", "_retry_head", "_route_factory", "_stream_eof",
+                 "_resp_tracker", "_retryable", "_route_factory", "_stream_eof",
                  "_stream_pauses", "_task", "audit_id", "bytes_down", "bytes_up", "conn",
                  "head_timeout", "on_done", "outcome", "pool", "request", "request_id",
                  "response", "response_at", "route", "started", "state", "status", "stream")
@@ -245,7 +320,7 @@ class HttpExchange:
         self._head_ready: asyncio.Future[None] | None = None
         self._early: list[bytes] = []  # request bytes waiting for the upstream (or a 101)
         self._early_size = 0
-        self._retry_head: RequestHead | None = None  # kept for one retry of a body-less request
+        self._retryable = False  # a body-less request, not answered yet: one retry allowed
         self._req_tracker: BodyTracker | None = None
         self._req_done = False
         self._stream_eof = False
@@ -266,8 +341,11 @@ class HttpExchange:
     def connection_made(self, stream: Any) -> None:
         self.stream = stream
         # The head normally rides in the OPEN and arrives right after this call; the setup
-        # task starts only if it cannot be finished synchronously by then (see _setup_now).
-        asyncio.get_running_loop().call_soon(self._start_setup_task)
+        # task starts only if it cannot be finished synchronously by then (see _setup_now):
+        # at once when the stream says the OPEN's bytes follow this call (the common case: no
+        # loop turn, no callback), else on the next loop turn, when they would have come.
+        if not getattr(stream, "open_data_follows", False):
+            asyncio.get_running_loop().call_soon(self._start_setup_task)
 
     def _start_setup_task(self) -> None:
         if self._task is None and self.state == self.SETUP and not self._closed:
@@ -281,6 +359,8 @@ class HttpExchange:
                 self._take_head_bytes(bytes(data))
             else:
                 self._buffer_early(bytes(data))
+            if self._task is None:
+                self._start_setup_task()  # unless the request went upstream synchronously
             return
         if self.state == self.UPGRADED:
             self._to_upstream(data)
@@ -292,6 +372,8 @@ class HttpExchange:
         if self.state == self.SETUP:
             if self.request is None:
                 self._head_failed(HTTPError("stream ended before the request head"))
+            if self._task is None:
+                self._start_setup_task()
             return
         if self.state == self.UPGRADED:
             if self.conn is not None:
@@ -373,13 +455,16 @@ class HttpExchange:
         route = self._known_route
         if route is None or self.request is None or self._closed or self.state != self.SETUP:
             return
-        try:
-            rewritten = rewrite_request(self.request, route, self.audit_id)
-        except Exception:
-            return  # the setup task meets the same problem and refuses the stream, typed
         conn = self.pool.acquire_idle(route.key, self, self._protocol(route))
         if conn is None:
             return  # a dial is needed: the setup task does it
+        try:
+            rewritten = self._outgoing(conn, route)
+        except Exception:
+            # Never for a head that parsed and the agent's own valid fields: the setup task
+            # meets the same problem and refuses the stream, typed.
+            self.pool.discard(conn)
+            return
         self.route = route
         self.conn = conn
         self._conn_reused = conn.requests > 0
@@ -434,7 +519,22 @@ class HttpExchange:
         self.conn = conn
         self._conn_reused = conn.requests > 0
         self.stream.accept()
-        self._start_request(rewritten)
+        self._start_request(self._outgoing(conn, self.route, rewritten))
+
+    def _outgoing(self, conn: Upstream, route: Route,
+                  rewritten: RequestHead | None = None) -> RequestHead | bytes:
+        """What goes upstream on ``conn``: for an HTTP/2 stream the request's fields encoded
+        (:func:`rewrite_request_block`), else :func:`rewrite_request`'s head (``rewritten``,
+        if made already). Raises ValueError (see there)."""
+        assert self.request is not None
+        if type(conn) is H2Stream:
+            try:
+                return rewrite_request_block(self.request, route, self.audit_id)
+            except ValueError:
+                if rewritten is None:
+                    raise
+                # (A CONNECT: the stream refuses the head and the client gets a 502, as ever.)
+        return rewritten or rewrite_request(self.request, route, self.audit_id)
 
     def _protocol(self, route: Route) -> str:
         """HTTP/1.1 for upgrades (WebSocket, SPDY) and routes without HTTP/2; else the route's
@@ -459,17 +559,24 @@ class HttpExchange:
             self.stream.refuse(code, message)
         self.state = self.DONE
 
-    def _start_request(self, rewritten: RequestHead, *, retry: bool = False) -> None:
-        """Send the head (:func:`rewrite_request`'s), then the body bytes held so far."""
-        assert self.conn is not None and self.request is not None
+    def _start_request(self, outgoing: RequestHead | bytes, *, retry: bool = False) -> None:
+        """Send the head (:meth:`_outgoing`'s), then the body bytes held so far."""
+        conn = self.conn
+        assert conn is not None and self.request is not None
         self.state = self.OPEN
         if retry:
             self._req_tracker = framing_for_request(self.request)
         assert self._req_tracker is not None
         self._req_done = self._req_tracker.complete
-        if self._req_done and not self.request.upgrade:
-            self._retry_head = rewritten  # body-less: can be retried on a fresh connection
-        self.conn.send_head(rewritten)
+        # Body-less: can be retried on a fresh connection, once (a server that refuses the
+        # retry too gets no third try: that would be a loop of new connections).
+        self._retryable = self._req_done and not self.request.upgrade and not retry
+        if type(outgoing) is bytes:
+            assert type(conn) is H2Stream
+            conn.send_request(self.request, outgoing)
+        else:
+            assert isinstance(outgoing, RequestHead)
+            conn.send_head(outgoing)
         early, self._early, self._early_size = self._early, [], 0
         for chunk in early:
             if self.state != self.OPEN:
@@ -563,7 +670,7 @@ class HttpExchange:
         self.status = response.status
         # A watch or logs -f may stay open for hours: keep only the parsed flags of both heads.
         # The request was kept for one retry, which is only possible before this point.
-        self._retry_head = None
+        self._retryable = False
         self.request.headers, self.request.names = [], []
         response.headers, response.names = [], []
 
@@ -670,7 +777,7 @@ class HttpExchange:
         if self._closed or self.state == self.DONE:
             return
         if not self._resp_started:
-            if (self._conn_reused or refused) and self._retry_head is not None \
+            if (self._conn_reused or refused) and self._retryable \
                     and not self._resp_buf:
                 # A pooled connection the server had just closed, or a request it did not
                 # take: retry once, fresh.
@@ -697,8 +804,8 @@ class HttpExchange:
         self._fail(reason, ResetCode.INTERNAL)
 
     def _retry(self) -> None:
-        assert self.route is not None and self._retry_head is not None
-        retry_head, self._retry_head = self._retry_head, None  # only once
+        assert self.route is not None and self._retryable
+        self._retryable = False
         self._resp_buf.clear()
         self.state = self.SETUP
 
@@ -708,7 +815,6 @@ class HttpExchange:
                 conn = await self._acquire(self.route, fresh=True)
             except Exception as exc:  # any dial failure ends as a 502
                 self.state = self.OPEN
-                self._retry_head = None
                 self._upstream_failed(f"retry failed: {type(exc).__name__}")
                 return
             if self._closed:
@@ -716,7 +822,13 @@ class HttpExchange:
                 return
             self.conn = conn
             self._conn_reused = False
-            self._start_request(retry_head, retry=True)
+            try:
+                outgoing = self._outgoing(conn, self.route)
+            except ValueError as exc:  # it went out once: it cannot fail now
+                self.state = self.OPEN
+                self._upstream_failed(f"retry failed: {exc}")
+                return
+            self._start_request(outgoing, retry=True)
 
         self._task = asyncio.get_running_loop().create_task(again())
 

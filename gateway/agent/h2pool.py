@@ -8,9 +8,10 @@ sans-IO client core (:class:`gateway.wire.h2client.ClientConnection`) and the pu
 of ``gateway.wire.h2upstream``.
 
 :class:`H2Stream` looks to :class:`gateway.agent.exchange.HttpExchange` like an
-``UpstreamConnection``: the exchange gives it the rewritten head (parsed and checked, never
-serialised for a stream) and then writes the body bytes as framed by the client; the stream
-sends HEADERS and DATA. The response comes back to the
+``UpstreamConnection``: the exchange gives it the request's header fields already encoded
+(``send_request``: ``gateway.agent.exchange.rewrite_request_block``, one pass from the parsed
+head) or the rewritten head (``send_head``), and then writes the body bytes as framed by the
+client; the stream sends HEADERS and DATA. The response comes back to the
 exchange as HTTP/1.1 bytes (a synthesised head, the body chunked when it has no length), so the
 exchange's checks and its relay to the tunnel are the same for both protocols. The DATA of one
 stream that one read brought (a hundred watch events, say) is one delivery: one chunk, one
@@ -42,8 +43,8 @@ Contracts:
   with a 502 if nothing of the response was relayed yet.
 * What the core queues is written once per event-loop turn (every ``MAX_BATCHED_HEADS`` new
   streams in a burst), not per frame; request fields are HPACK-encoded by
-  :class:`gateway.wire.hpackfields.FieldEncoder` (no dynamic table; credentials and
-  ``impersonate-*`` never indexed).
+  :mod:`gateway.wire.hpackfields` (no dynamic table; credentials and ``impersonate-*`` never
+  indexed; nothing of a client's fields retained after its request).
 """
 
 from __future__ import annotations
@@ -202,9 +203,16 @@ class H2Stream:
         self.conn.stream_closed(self, reset=not (self.request_ended and self.response_ended))
 
     # --- from the connection -----------------------------------------------------------------
-    def _send_head(self, head: RequestHead) -> None:
+    def send_request(self, head: RequestHead, fields: bytes) -> None:
+        """The request: its header fields already HPACK-encoded
+        (``gateway.agent.exchange.rewrite_request_block``, the fields :func:`request_fields`
+        would make of ``rewrite_request``'s head), its method and body framing from ``head``."""
+        if not self.ended and self._body is None:
+            self._send_head(head, fields)
+
+    def _send_head(self, head: RequestHead, block: bytes | None = None) -> None:
         try:
-            fields = request_fields(head)
+            fields = request_fields(head) if block is None else None
             self._body = RequestBody(head)
         except (HTTPError, ValueError) as exc:
             self.fail(exc)
@@ -212,7 +220,8 @@ class H2Stream:
         self._method = head.method
         end = self._body.complete
         try:
-            self.stream_id = self.conn.send_headers(self, fields, end, head.method == b"HEAD")
+            self.stream_id = self.conn.send_headers(self, fields, block, end,
+                                                    head.method == b"HEAD")
         except NoNewStreams as exc:  # a GOAWAY came since the pool handed this stream out
             self.fail(StreamRefused(f"the connection takes no new stream ({exc})"))
             return
@@ -510,11 +519,16 @@ class H2Upstream(asyncio.BufferedProtocol):
         self.on_change(self)
 
     # --- used by streams -----------------------------------------------------------------------
-    def send_headers(self, stream: H2Stream, fields: list[tuple[bytes, bytes]],
-                     end: bool, head_request: bool) -> int:
+    def send_headers(self, stream: H2Stream, fields: list[tuple[bytes, bytes]] | None,
+                     block: bytes | None, end: bool, head_request: bool) -> int:
+        """Open ``stream`` with ``fields``, or with their encoding ``block`` if they are None."""
         if self.draining or not self.usable:
             raise NoNewStreams("the connection is closing")
-        stream_id = self.h2.send_headers(fields, end, head_request=head_request)
+        if fields is not None:
+            stream_id = self.h2.send_headers(fields, end, head_request=head_request)
+        else:
+            assert block is not None
+            stream_id = self.h2.send_header_block(block, end, head_request=head_request)
         self.by_id[stream_id] = stream
         self._unflushed_heads += 1
         if self._unflushed_heads >= MAX_BATCHED_HEADS:

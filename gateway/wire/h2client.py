@@ -363,7 +363,8 @@ class ClientConnection:
         self.max_header_list_size = max_header_list_size
         self.streams: dict[int, _Stream] = {}  # open or half-closed: they count as concurrent
         self.next_stream_id = 1
-        self.encoder = encoder if encoder is not None else FieldEncoder()
+        # Requests carry header values a client chose: encoded, never retained (FieldEncoder).
+        self.encoder = encoder if encoder is not None else FieldEncoder(retain=False)
         self.decoder = Decoder(max_header_list_size)
         # The server's settings (RFC 9113 §6.5.2 initial values until its SETTINGS arrive).
         self.peer_max_concurrent_streams = MAX_STREAM_ID
@@ -961,10 +962,22 @@ class ClientConnection:
         :attr:`can_open`."""
         if not self.can_open:
             raise NoNewStreams("no new stream on this connection")
+        return self._open(self.encoder.encode(fields), end_stream, head_request)
+
+    def send_header_block(self, fields: bytes, end_stream: bool = False,
+                          *, head_request: bool = False) -> int:
+        """:meth:`send_headers` of fields already HPACK-encoded by
+        :func:`gateway.wire.hpackfields.encode_fields` (no dynamic table: the encoder adds the
+        table size update the first block carries)."""
+        if not self.can_open:
+            raise NoNewStreams("no new stream on this connection")
+        return self._open(self.encoder.block(fields), end_stream, head_request)
+
+    def _open(self, block: bytes, end_stream: bool, head_request: bool) -> int:
         stream_id = self.next_stream_id
         self.next_stream_id += 2
-        self._out.extend(header_block_frames(stream_id, self.encoder.encode(fields),
-                                             self.max_outbound_frame_size, end_stream))
+        self._out.extend(header_block_frames(stream_id, block, self.max_outbound_frame_size,
+                                             end_stream))
         self.streams[stream_id] = _Stream(self._peer_initial_window, self._initial_window,
                                           not end_stream, head_request, self._clock())
         return stream_id

@@ -687,6 +687,13 @@ def check_fields(headers: Headers) -> None:
             raise ValueError(f"refusing to serialize an invalid header {name[:64]!r}")
 
 
+def check_value(value: bytes) -> None:
+    """A field value free of control characters (ValueError otherwise): what
+    :func:`check_fields` checks of each value."""
+    if value.translate(None, _EXT_OK):
+        raise ValueError("refusing to serialize an invalid header value")
+
+
 def check_request_head(method: bytes, target: bytes, headers: Headers) -> None:
     """What :func:`serialize_request_head` checks, without making the bytes (a head that goes
     out as HTTP/2 fields): names must be tokens, values free of control characters, the method

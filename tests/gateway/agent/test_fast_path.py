@@ -158,7 +158,7 @@ async def test_an_open_watch_keeps_only_the_parsed_flags_of_its_heads(agent: Age
     exchange = exchange_of(stream)
     await stream.wait(lambda: stream.received.count(b"ADDED") >= 2, 10)
     assert exchange.request.headers == [] and exchange.response.headers == []
-    assert exchange._retry_head is None
+    assert not exchange._retryable  # (no rewritten head is kept to retry with)
     assert exchange.request.method == b"GET" and exchange.response.status == 200
     stream.client_reset()  # the client leaves: the upstream watch is cancelled as before
     await stream.wait(lambda: agent.pool.in_use == 0, 10)

@@ -17,6 +17,7 @@ import trustme
 from gateway.agent.agent import Agent
 from gateway.agent.kubeapi import from_kubeconfig
 from gateway.agent.pool import UpstreamPool
+from gateway.wire.hpackfields import FieldEncoder
 from tests.gateway.agent import h2server
 from tests.gateway.agent.conftest import FakeStream, Upstream
 from tests.gateway.agent.test_exchange import (
@@ -279,12 +280,43 @@ async def test_credentials_and_impersonation_are_never_indexed(
     agent.pool.close()
 
 
+async def test_a_clients_header_value_is_not_kept_after_its_request(
+        server: h2server.H2Server, ca_file: str, tmp_path: Path) -> None:
+    # A value a client sent through the gateway may carry a secret: the agent's HPACK encoding
+    # keeps nothing of it (no process-wide cache keyed by client bytes); its own fields (the
+    # identity, the credential) are kept per hub user, with the user's route.
+    agent = await make_agent(server, ca_file, tmp_path)
+    secret = "s3cret-6b1d0c"
+    for _ in range(2):
+        small = request(agent, "/small", f"X-Client-Token-6b1d0c: {secret}")
+        await small.wait_done()
+        assert small.response()[0] == 200
+    assert all(dict(fields)[b"x-client-token-6b1d0c"] == secret.encode()
+               for fields in server.fields.values())
+    kept = repr(FieldEncoder._cache) + repr(FieldEncoder._names)
+    assert "6b1d0c" not in kept
+    agent.pool.close()
+
+
 async def test_a_refused_stream_is_sent_again_if_it_had_no_body(
         server: h2server.H2Server, ca_file: str, tmp_path: Path) -> None:
     agent = await make_agent(server, ca_file, tmp_path)
     stream = request(agent, "/refuse-first")  # the first stream of a fresh connection
     await stream.wait_done()
     assert stream.response() == (200, {"content-length": "5"}, b"again")
+    agent.pool.close()
+
+
+async def test_a_stream_refused_again_is_sent_only_once_more(
+        server: h2server.H2Server, ca_file: str, tmp_path: Path) -> None:
+    # An apiserver that refuses every stream (overloaded, or going away on each connection):
+    # one retry on a fresh connection, then a 503 to retry, not a loop of new connections.
+    agent = await make_agent(server, ca_file, tmp_path)
+    stream = request(agent, "/refuse")
+    await stream.wait_done()
+    status, headers, _ = stream.response()
+    assert status == 503 and headers["retry-after"] == "1"
+    assert sum(c.refused for c in server.connections) == 2
     agent.pool.close()
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hpack
 
-from gateway.wire.hpackfields import FieldEncoder
+from gateway.wire.hpackfields import FieldEncoder, encode_field, encode_fields
 
 REQUEST = [(b":method", b"GET"), (b":scheme", b"https"), (b":authority", b"10.0.0.1:6443"),
            (b":path", b"/api/v1/namespaces/team/pods?limit=500"),
@@ -58,9 +58,23 @@ def test_field_encoder_keeps_no_old_credential() -> None:
 def test_field_encoder_cache_is_bounded() -> None:
     encoder, decoder = FieldEncoder(), hpack.Decoder()
     for i in range(3 * FieldEncoder.MAX_CACHED):
-        field = (b"x-request-id", b"%d" % i)
+        field = (b"content-length", b"%d" % i)
         assert decoded(decoder, encoder.encode([field])) == [field]
         assert len(encoder._cache) <= FieldEncoder.MAX_CACHED
+
+
+def test_a_retaining_encoder_keeps_only_the_apiservers_own_response_fields() -> None:
+    # A Service's response through proxy-service (or a pod's through the apiserver's proxy
+    # subresource) may carry a session in a header of its own: encoded, never kept.
+    FieldEncoder._cache.clear()
+    encoder, decoder = FieldEncoder(), hpack.Decoder()
+    fields = [(b":status", b"200"), (b"content-type", b"application/json"),
+              (b"x-session-token", b"sess-5ecret-value"), (b"location", b"/login?t=5ecret")]
+    for _ in range(2):
+        assert decoded(decoder, encoder.encode(fields)) == fields
+    kept = repr(FieldEncoder._cache)
+    assert "5ecret" not in kept and "x-session-token" not in kept
+    assert (b"content-type", b"application/json") in FieldEncoder._cache
 
 
 def test_field_encoder_name_cache_is_bounded_and_holds_no_value() -> None:
@@ -82,3 +96,23 @@ def test_field_encoder_response_set_cookie_is_never_indexed_nor_cached() -> None
     assert [f[0] for f in fields if isinstance(f, hpack.NeverIndexedHeaderTuple)] == \
         [b"set-cookie"]
     assert b"s3cret" not in b"".join(encoder._cache.values())
+
+
+def test_an_encoder_that_retains_nothing_keeps_no_field_a_client_chose() -> None:
+    # The agent's requests carry header names and values a client sent through the gateway
+    # (one may hold a secret): encoded for the request, kept nowhere after it (issue 26).
+    encoder, decoder = FieldEncoder(retain=False), hpack.Decoder()
+    fields = [*REQUEST, (b"x-client-secret-name-7f3a", b"s3cret-client-value-7f3a")]
+    assert decoded(decoder, encoder.encode(fields)) == fields
+    assert decoded(decoder, encoder.block(encode_fields(fields))) == fields
+    kept = repr(FieldEncoder._cache) + repr(FieldEncoder._names) + repr(encoder._secret)
+    assert "7f3a" not in kept and "agent-token" not in kept
+
+
+def test_encode_field_is_a_standard_field_never_indexing_secrets() -> None:
+    decoder = hpack.Decoder()
+    fields = [*REQUEST, (b":method", b"PATCH"), (b":path", b"/"), (b"cookie", b"a=b")]
+    out = decoder.decode(b"".join(encode_field(*f) for f in fields), raw=True)
+    assert [tuple(f) for f in out] == fields
+    assert [f[0] for f in out if isinstance(f, hpack.NeverIndexedHeaderTuple)] == \
+        [b"authorization", b"impersonate-user", b"impersonate-group", b"cookie"]
