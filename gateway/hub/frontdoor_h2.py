@@ -64,6 +64,7 @@ from gateway.wire.hpackfields import FieldEncoder
 from gateway.wire.http1 import HTTPError, RequestHead
 from gateway.wire.http2 import (
     LAST_CHUNK,
+    FieldsMemo,
     H2RequestError,
     ResponseStart,
     ResponseTranslator,
@@ -115,6 +116,7 @@ class H2FrontDoor(asyncio.Protocol):
         self._backlog_scheduled = False
         self.queued = 0  # DATA payload bytes queued since the last write
         self.header_verdict = HeaderVerdict()  # admission's, on this connection's last headers
+        self.fields_memo = FieldsMemo()  # RFC 9113 §8.2's, on this connection's last fields
         self.audit_memo = LineMemo()  # its requests' audit lines repeat most of their fields
         # The connection's one loop timer (see wake_at) and when it fires; the connection's
         # idle deadline (None: busy, or no idle timeout).
@@ -256,7 +258,8 @@ class H2FrontDoor(asyncio.Protocol):
         stream = H2Stream(self, sid)
         self.requests[sid] = stream
         try:
-            head = request_head_from_h2(event.headers, self.limits.head, end_stream=ended)
+            head = request_head_from_h2(event.headers, self.limits.head, end_stream=ended,
+                                        memo=self.fields_memo)
         except H2RequestError as exc:
             stream.request.refuse(exc.status, str(exc))
             return
@@ -269,10 +272,12 @@ class H2FrontDoor(asyncio.Protocol):
         the streams answered in one turn (one tunnel read often carries several) and the
         frames of one client read go out as one TLS write, not one each. Past
         ``FLUSH_AT`` bytes of DATA at once: bodies must reach the transport as they come, so that
-        its pause_writing holds the tunnel back before the buffer grows."""
+        its pause_writing holds the tunnel back before the buffer grows. Nothing queued:
+        no turn is scheduled (whatever queues frames later calls this again), so a read that
+        only started requests, or a stream that ended after its response left, costs none."""
         if self.queued >= FLUSH_AT:
             self.flush_now()
-        elif not self._flush_pending:
+        elif not self._flush_pending and self.conn.has_data_to_send:
             self._flush_pending = True
             asyncio.get_running_loop().call_soon(self._flush_turn)
 
@@ -425,7 +430,9 @@ class H2Stream:
     request's header fields go once its tunnel stream is open)."""
 
     protocol = "h2"
-    reads_response_fields = True  # the head becomes HTTP/2 fields
+    # The Exchange reads a plain response head for its framing only (gateway.hub.relayhead);
+    # the translator takes its fields from its bytes (gateway.wire.http2.relayed_fields).
+    reads_response_fields = False
     keeps_views = True  # this stream is the Exchange's transport, and it keeps what it gets
 
     __slots__ = (
@@ -522,6 +529,8 @@ class H2Stream:
 
     def response_started(self, request: Request, exchange: Exchange) -> bool:
         self._disarm()
+        if request.long_running:  # as the header verdict: the connection may stay for hours
+            self.door.fields_memo.forget()
         if exchange.response is not None and self.translator is not None:
             self.translator.expect(exchange.response)  # parsed once, not again
         return False
@@ -532,8 +541,8 @@ class H2Stream:
     def finished(self, request: Request, phase: Phase, keep_alive: bool) -> None:
         self._disarm()
         translator = self.translator
-        if translator is not None:
-            with contextlib.suppress(HTTPError):
+        if translator is not None and not translator.complete:  # a close-delimited body ends
+            with contextlib.suppress(HTTPError):  # truncated: reset below
                 translator.feed_eof()
         if translator is None or not translator.complete:
             self._reset(INTERNAL_ERROR)  # truncated: never end it cleanly

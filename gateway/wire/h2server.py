@@ -778,6 +778,11 @@ class ServerConnection:
         self._out.append(frame(GOAWAY, 0, 0, last.to_bytes(4, "big")
                                + error_code.to_bytes(4, "big")))
 
+    @property
+    def has_data_to_send(self) -> bool:
+        """Frames are queued (what :meth:`data_to_send` would return is not empty)."""
+        return bool(self._out)
+
     def data_to_send(self) -> bytes:
         out = self._out
         if not out:

@@ -243,6 +243,18 @@ def test_default_connection_window_needs_no_window_update() -> None:
     assert [type(f) for f in Client().server_settings] == [SettingsFrame]
 
 
+def test_has_data_to_send_says_whether_frames_are_queued() -> None:
+    """The front door schedules a write only when frames are queued: a request's HEADERS
+    queue nothing, a PING queues its ACK until taken."""
+    client = Client()
+    assert not client.server.has_data_to_send
+    client.open(1, end_stream=True)
+    assert not client.server.has_data_to_send
+    client.send(ping())
+    assert client.server.has_data_to_send
+    assert client.out() and not client.server.has_data_to_send
+
+
 def test_preface_and_settings_split_at_every_byte() -> None:
     wire = PREFACE + settings((S_MAX_FRAME_SIZE, 20000)) + ping()
     for cut in range(1, len(wire)):

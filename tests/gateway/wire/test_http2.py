@@ -4,14 +4,26 @@ HTTP/2 fields and payload. Pure: fields in, heads and bytes out."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from gateway.wire.http1 import DEFAULT_LIMITS, HTTPError, Limits, parse_request_head
+from gateway.hub.relayhead import relayed_head
+from gateway.wire.http1 import (
+    DEFAULT_LIMITS,
+    HTTPError,
+    Limits,
+    parse_request_head,
+    parse_response_head,
+)
 from gateway.wire.http2 import (
+    FieldsMemo,
     H2RequestError,
     ResponseStart,
     ResponseTranslator,
     chunk,
+    relayed_fields,
     request_head_from_h2,
+    response_fields,
 )
 
 BASE = [(b":method", b"GET"), (b":scheme", b"https"), (b":authority", b"gw.example:9092"),
@@ -177,6 +189,86 @@ def test_connect_is_refused() -> None:
     assert err.value.status == 405
 
 
+_REGULAR = [(b"accept", b"application/json"), (b"authorization", b"Bearer t"),
+            (b"user-agent", b"kubectl/v1.36"), (b"cookie", b"a=1"), (b"cookie", b"b=2")]
+
+
+def _shape(h):  # type: ignore[no-untyped-def]
+    return (h.method, h.target, h.headers, h.names, h.content_length, h.chunked)
+
+
+def test_fields_memo_gives_the_heads_it_would_without() -> None:
+    """A connection's memo (its last regular fields, checked) reused across streams whose
+    pseudo-headers and framing differ: every head is what the memo-less path builds, and each
+    is its own (changing one head's lists never reaches the next)."""
+    memo = FieldsMemo()
+    post = [(b":method", b"POST"), *BASE[1:]]
+    other = [BASE[0], BASE[1], (b":authority", b"other:1"), (b":path", b"/c2/version")]
+    no_authority = [BASE[0], BASE[1], BASE[3]]
+    cases = [(BASE, _REGULAR, True), (other, _REGULAR, True), (post, _REGULAR, False),
+             (no_authority, [*_REGULAR, (b"host", b"h.example")], True),
+             (post, [*_REGULAR, (b"content-length", b"3")], False), (BASE, _REGULAR, True)]
+    for pseudo, regular, end_stream in cases:
+        plain = request_head_from_h2(pseudo + regular, DEFAULT_LIMITS, end_stream=end_stream)
+        first = request_head_from_h2(pseudo + regular, DEFAULT_LIMITS, end_stream=end_stream,
+                                     memo=memo)
+        again = request_head_from_h2(pseudo + regular, DEFAULT_LIMITS, end_stream=end_stream,
+                                     memo=memo)
+        assert _shape(first) == _shape(again) == _shape(plain)
+        first.headers.append((b"x-added", b"1"))
+        first.names.append(b"x-added")
+        assert _shape(again) == _shape(plain)
+
+
+@pytest.mark.parametrize("bad", [
+    [(b"authorization", b"Bearer t\r\nimpersonate-user: admin")],
+    [(b"Authorization", b"Bearer t")],
+    [(b"connection", b"keep-alive")],
+    [(b"te", b"gzip")],
+    [(b"x-a", b" v")],
+    [BASE[3]],
+    [(b"host", b"a"), (b"host", b"b")],
+    [(b"host", b"other")],
+    [(b"expect", b"something")],
+    [(b"content-length", b"1x")],
+    [(b"x-big", b"v" * 70000)],
+], ids=["crlf-in-value", "upper-case-name", "connection", "te-gzip", "space-before-value",
+        "pseudo-after-regular", "two-hosts", "host-not-authority", "expect", "cl-not-digits",
+        "big-field"])
+def test_fields_memo_never_keeps_a_refusal(bad: list[tuple[bytes, bytes]]) -> None:
+    """After a good request the memo holds its fields; a block that differs from them in any
+    field is checked in full, refused as it is without a memo, every time it comes."""
+    memo = FieldsMemo()
+    good = BASE + _REGULAR
+    request_head_from_h2(good, DEFAULT_LIMITS, end_stream=True, memo=memo)
+    with pytest.raises(H2RequestError) as plain:
+        request_head_from_h2(BASE + _REGULAR + bad, DEFAULT_LIMITS, end_stream=True)
+    for _ in range(2):
+        with pytest.raises(H2RequestError) as err:
+            request_head_from_h2(BASE + _REGULAR + bad, DEFAULT_LIMITS, end_stream=True,
+                                 memo=memo)
+        assert (err.value.status, str(err.value)) == (plain.value.status, str(plain.value))
+    changed = [(n, v + b"\x00" if n == b"user-agent" else v) for n, v in good]
+    with pytest.raises(H2RequestError):  # one value differs from the memo's: checked again
+        request_head_from_h2(changed, DEFAULT_LIMITS, end_stream=True, memo=memo)
+    assert request_head_from_h2(good, DEFAULT_LIMITS, end_stream=True, memo=memo).get(
+        b"authorization") == b"Bearer t"
+
+
+def test_fields_memo_is_per_limits_and_forgets() -> None:
+    memo = FieldsMemo()
+    fields = [*BASE, (b"x-a", b"v" * 100)]
+    request_head_from_h2(fields, DEFAULT_LIMITS, end_stream=True, memo=memo)
+    tight = Limits(max_head_bytes=DEFAULT_LIMITS.max_head_bytes, max_field_line=64,
+                   max_request_line=DEFAULT_LIMITS.max_request_line,
+                   max_headers=DEFAULT_LIMITS.max_headers)
+    with pytest.raises(H2RequestError) as err:
+        request_head_from_h2(fields, tight, end_stream=True, memo=memo)
+    assert err.value.status == 431
+    memo.forget()
+    assert memo.last is None
+
+
 def test_response_translated() -> None:
     t = ResponseTranslator(b"GET")
     out = t.feed(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nConnection: keep-alive, x-hop"
@@ -237,3 +329,60 @@ def test_head_and_204_have_no_body() -> None:
     out = t.feed(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n")
     assert out == [ResponseStart(200, [(b":status", b"200"), (b"content-length", b"10")])]
     assert t.complete
+
+
+_PLAIN_HEADS = [
+    b"HTTP/1.1 200 OK\r\nAudit-Id: a-1\r\nContent-Type: application/json\r\n"
+    b"Content-Length: 2\r\n\r\n",
+    b"HTTP/1.1 404 \r\nContent-Length:0\r\nX-A:  v w \t\r\nKeep-Alive: timeout=5\r\n"
+    b"Upgrade: h2c\r\nTE: trailers\r\nProxy-Connection: x\r\nX-Empty:\r\n\r\n",
+    b"HTTP/1.1 200\r\nCONTENT-LENGTH: 5\r\nSet-Cookie: a=1\r\nSet-Cookie: b=2\r\n\r\n",
+]
+
+
+@pytest.mark.parametrize("raw", _PLAIN_HEADS, ids=["kube", "dropped-and-ows", "no-reason"])
+def test_relayed_fields_are_those_of_the_full_parse(raw: bytes) -> None:
+    """A plain response head, read for its framing only by the Exchange, gives the HTTP/2
+    fields the full parse gives: names lower-cased, values without surrounding whitespace,
+    connection-specific fields dropped."""
+    full = parse_response_head(raw)
+    framing = relayed_head(raw)
+    assert framing is not None and not framing.names
+    assert relayed_fields(raw, framing.status) == response_fields(full)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([b"x-a", b"X-B", b"te", b"Keep-Alive", b"upgrade",
+                                            b"content-type", b"Audit-Id", b"proxy-connection"]),
+                          st.binary(max_size=12).map(lambda v: bytes(
+                              b for b in v if b == 9 or (b >= 0x20 and b != 0x7F)))),
+                max_size=8),
+       st.sampled_from([b"200 OK", b"201", b"404 Not Found", b"500 "]))
+def test_relayed_fields_match_the_full_parse_on_any_plain_head(
+        fields: list[tuple[bytes, bytes]], status: bytes) -> None:
+    raw = (b"HTTP/1.1 " + status + b"\r\n" + b"".join(n + b":" + v + b"\r\n" for n, v in fields)
+           + b"Content-Length: 0\r\n\r\n")
+    framing = relayed_head(raw)
+    assert framing is not None
+    assert relayed_fields(raw, framing.status) == response_fields(parse_response_head(raw))
+
+
+@pytest.mark.parametrize("raw", [*_PLAIN_HEADS, b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n"
+                                 b"Connection: x-hop\r\nX-Hop: 1\r\n\r\n",
+                                 b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+                                 b"HTTP/1.1 200 OK\r\n\r\n"],
+                         ids=["kube", "dropped-and-ows", "no-reason", "nominated", "chunked",
+                              "no-fields"])
+def test_primed_translator_starts_as_the_parsing_one(raw: bytes) -> None:
+    """The head the Exchange read (in full, or for its framing only when plain) primes the
+    translator: the ResponseStart and the payload are those of a translator that parses the
+    bytes itself, whether the head comes whole with its body or byte by byte."""
+    body = b"2\r\nok\r\n0\r\n\r\n" if b"chunked" in raw else b"ok"[:int(
+        parse_response_head(raw).content_length or 0)]
+    parsing = ResponseTranslator(b"GET")
+    want = parsing.feed(raw + body)
+    for pieces in ([raw + body], [raw[i:i + 1] for i in range(len(raw))] + [body]):
+        primed = ResponseTranslator(b"GET")
+        primed.expect(relayed_head(raw) or parse_response_head(raw))
+        got = [item for piece in pieces for item in primed.feed(piece)]
+        assert got == want and primed.complete == parsing.complete
