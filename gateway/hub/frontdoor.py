@@ -50,7 +50,8 @@ from typing import Any
 from gateway.hub.admission.chain import Admitted, HeaderVerdict
 from gateway.hub.exchange import Exchange
 from gateway.hub.repeatedhead import RepeatedHead
-from gateway.hub.request import BODY, RAW, TIMER_SLACK, UPGRADE, FrontDoorHost, Phase, Request
+from gateway.hub.request import BODY, RAW, UPGRADE, FrontDoorHost, Phase, Request
+from gateway.hub.wakeup import Wakeup
 from gateway.ops.audit import LineMemo
 from gateway.wire.http1 import (
     NO_BODY,
@@ -92,11 +93,7 @@ class FrontDoor(asyncio.Protocol):
         self.tracker: BodyTracker = NO_BODY  # the current request body's framing
         self.keep_alive = True
         self._paused: set[str] = set()
-        self._timer: asyncio.TimerHandle | None = None  # see arm()
-        # Kept at the first arm(): asyncio.get_running_loop() is a getpid() system call on
-        # Python 3.11, and a keep-alive connection arms twice per request.
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._timer_at = 0.0  # when it fires (loop time)
+        self._wakeup = Wakeup(self._timer_fired)  # see arm()
         self._deadline = 0.0
         self._on_deadline: Callable[[], None] | None = None
         self._searched = 0
@@ -199,27 +196,19 @@ class FrontDoor(asyncio.Protocol):
 
     # --- timers (one per connection: idle, head, body, response head) ------------------------
     #
-    # One deadline at a time, and one loop timer that is moved only when a deadline comes
-    # earlier than it. A deadline that moves later -- request after request on a keep-alive
-    # connection: idle, then the response head's, then idle again -- is found when the timer
-    # fires, which schedules it again for what is left. Steady keep-alive traffic arms no timer
-    # per request (it armed and cancelled three), and every deadline still fires on time.
+    # One deadline at a time, on the connection's one loop timer (gateway.hub.wakeup): request
+    # after request on a keep-alive connection (idle, then the response head's, then idle
+    # again) moves no timer.
 
     def arm(self, delay: float, callback: Callable[[], None]) -> None:
         """Replace the pending deadline with ``callback`` after ``delay`` (none if <= 0)."""
         if delay <= 0:
             self._on_deadline = None
             return
-        loop = self._loop
-        if loop is None:
-            loop = self._loop = asyncio.get_running_loop()
-        deadline = loop.time() + delay
-        self._deadline, self._on_deadline = deadline, callback
-        if self._timer is not None:
-            if self._timer_at <= deadline:
-                return  # fires first, and schedules again for this deadline
-            self._timer.cancel()
-        self._timer, self._timer_at = loop.call_at(deadline, self._timer_fired), deadline
+        wakeup = self._wakeup
+        self._deadline = deadline = wakeup.now() + delay
+        self._on_deadline = callback
+        wakeup.at(deadline)
 
     def _disarm(self) -> None:
         self._on_deadline = None  # the timer, if pending, finds nothing to do
@@ -227,20 +216,14 @@ class FrontDoor(asyncio.Protocol):
     def _stop_timer(self) -> None:
         """The connection is closing: no timer may keep it alive."""
         self._on_deadline = None
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._wakeup.cancel()
 
     def _timer_fired(self) -> None:
-        self._timer = None
         callback = self._on_deadline
         if callback is None:
             return
-        loop = self._loop
-        assert loop is not None  # a timer fired: arm() kept the loop that runs it
-        if loop.time() + TIMER_SLACK < self._deadline:  # the deadline moved later meanwhile
-            self._timer, self._timer_at = loop.call_at(self._deadline, self._timer_fired), \
-                self._deadline
+        if not self._wakeup.due(self._deadline):  # the deadline moved later meanwhile
+            self._wakeup.at(self._deadline)
             return
         self._on_deadline = None
         callback()

@@ -48,7 +48,8 @@ from typing import Any
 
 from gateway.hub.admission.chain import Admitted, HeaderVerdict
 from gateway.hub.exchange import Exchange
-from gateway.hub.request import ADMITTING, BODY, DONE, TIMER_SLACK, FrontDoorHost, Phase, Request
+from gateway.hub.request import ADMITTING, BODY, DONE, FrontDoorHost, Phase, Request
+from gateway.hub.wakeup import TIMER_SLACK, Wakeup
 from gateway.ops.audit import LineMemo
 from gateway.wire import h2server
 from gateway.wire.h2server import (
@@ -120,8 +121,7 @@ class H2FrontDoor(asyncio.Protocol):
         self.audit_memo = LineMemo()  # its requests' audit lines repeat most of their fields
         # The connection's one loop timer (see wake_at) and when it fires; the connection's
         # idle deadline (None: busy, or no idle timeout).
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = 0.0
+        self.wakeup = Wakeup(self._timer_fired)
         self._idle_at: float | None = None
 
     # --- asyncio.Protocol --------------------------------------------------------------------
@@ -312,27 +312,19 @@ class H2FrontDoor(asyncio.Protocol):
 
     # --- timers: the connection's idle deadline and each stream's, on one loop timer --------
     #
-    # A timer per stream (the response head's, a stalled body's) and one per idle spell cost a
-    # loop timer made and cancelled for every request. Instead each deadline is a number, and
-    # the connection's one timer is moved only when a deadline comes earlier than it; when it
-    # fires, it runs what is due (rechecking each deadline: it may have been cleared or moved
-    # later meanwhile) and is set again for the earliest one left. Steady traffic makes no
-    # timer per request, and every deadline still fires on time.
+    # Each deadline is a number (a stream's ``due``, the connection's ``_idle_at``), and the
+    # connection's Wakeup (gateway.hub.wakeup) fires by the earliest: then it runs what is due
+    # (rechecking each deadline: it may have been cleared or moved later meanwhile) and asks
+    # again for the earliest one left. Steady traffic makes no loop timer per request.
 
     def wake_at(self, deadline: float) -> None:
         """Have the connection's timer fire by ``deadline`` (loop time)."""
-        if self._timer is not None:
-            if self._timer_at <= deadline:
-                return  # fires first, and looks again then
-            self._timer.cancel()
-        self._timer = asyncio.get_running_loop().call_at(deadline, self._timer_fired)
-        self._timer_at = deadline
+        self.wakeup.at(deadline)
 
     def _timer_fired(self) -> None:
-        self._timer = None
         if self.closed:
             return
-        now = asyncio.get_running_loop().time() + TIMER_SLACK
+        now = self.wakeup.now() + TIMER_SLACK
         earliest = self._idle_at
         if earliest is not None and earliest <= now:
             self._idle_at = earliest = None
@@ -357,15 +349,13 @@ class H2FrontDoor(asyncio.Protocol):
 
     def _arm_idle(self) -> None:
         if self.limits.idle_timeout > 0:
-            self._idle_at = asyncio.get_running_loop().time() + self.limits.idle_timeout
+            self._idle_at = self.wakeup.now() + self.limits.idle_timeout
             self.wake_at(self._idle_at)
 
     def _disarm(self) -> None:
         """The connection is closing: no timer may keep it alive."""
         self._idle_at = None
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self.wakeup.cancel()
 
     def start_drain(self) -> None:
         """The gateway is shutting down: GOAWAY now (no new streams), close when idle."""
@@ -760,7 +750,7 @@ class H2Stream:
         if delay <= 0:
             self._disarm()
             return
-        self.due = asyncio.get_running_loop().time() + delay
+        self.due = self.door.wakeup.now() + delay
         self._on_deadline = callback
         self.door.wake_at(self.due)
 

@@ -62,9 +62,6 @@ from tunnel.connection import TunnelSession
 log = logging.getLogger("hubproxy.gateway")
 
 WWW_AUTHENTICATE = (b"WWW-Authenticate", b'Bearer realm="hubproxy"')
-# A loop timer may fire a little before its time (uvloop counts in milliseconds): a deadline
-# this close is due. Both doors keep their deadlines on one timer per connection.
-TIMER_SLACK = 0.002
 
 
 class Phase(enum.Enum):

@@ -14,6 +14,7 @@ import pytest
 from gateway.hub.config import FrontDoorLimits
 from gateway.hub.exchange import Exchange
 from gateway.hub.frontdoor_h2 import H2FrontDoor, H2Stream
+from gateway.hub.wakeup import Wakeup
 from tests.gateway.hub.h2client import H2Client
 from tests.gateway.hub.test_frontdoor_harness import (
     HUB_TOKEN,
@@ -90,7 +91,8 @@ async def test_steady_requests_make_no_loop_timer_each(h2tls, monkeypatch) -> No
     call_at = loop.call_at
 
     def counting_call_at(when: float, callback: Any, *args: Any, **kwargs: Any) -> Any:
-        if isinstance(getattr(callback, "__self__", None), (H2FrontDoor, H2Stream, Exchange)):
+        owner = getattr(callback, "__self__", None)
+        if isinstance(owner, (H2FrontDoor, H2Stream, Exchange, Wakeup)):
             timers.append(callback)
         return call_at(when, callback, *args, **kwargs)
 
