@@ -80,6 +80,29 @@ def encode_field(name: bytes, value: bytes) -> bytes:
     return prefix + _length(value) + value
 
 
+class NamedField:
+    """:func:`encode_field` for one constant name (lower-case) and any value, the name's
+    part encoded once: for a field sent with every request under a name the sender chose
+    (the agent's ``audit-id`` and request-id extra), not one a client named."""
+
+    __slots__ = ("_indexed", "_prefix")
+
+    def __init__(self, name: bytes) -> None:
+        entry = _STATIC_NAMES.get(name) or _name_entry(name)
+        self._indexed, self._prefix, _ = entry
+
+    def __call__(self, value: bytes) -> bytes:
+        indexed = self._indexed
+        if indexed is not None and (index := indexed.get(value)) is not None:
+            out = encode_integer(index, 7)
+            out[0] |= 0x80
+            return bytes(out)
+        n = len(value)
+        if n < 127:
+            return b"%s%c%s" % (self._prefix, n, value)
+        return self._prefix + _length(value) + value
+
+
 def encode_fields(fields: Iterable[tuple[bytes, bytes]]) -> bytes:
     """:func:`encode_field` of each field, joined: a piece of a header block (no table size
     update: :meth:`FieldEncoder.block` adds one where due). Kept by the caller for fields it
