@@ -228,10 +228,12 @@ class Agent:
         return self._service_ctx
 
     def _done(self, exchange: Finished, upstream: str = "kube-apiserver") -> None:
-        self.stats.active = max(0, self.stats.active - 1)
+        stats = self.stats
+        if stats.active:
+            stats.active -= 1
         outcome = exchange.outcome or "closed"
-        key = outcome.split(":")[0]
-        self.stats.by_outcome[key] = self.stats.by_outcome.get(key, 0) + 1
+        key = outcome if outcome == "complete" else outcome.split(":")[0]
+        stats.by_outcome[key] = stats.by_outcome.get(key, 0) + 1
         self.metrics.stream_done(upstream, outcome, getattr(exchange, "started", 0.0),
                                  getattr(exchange, "response_at", 0.0))
 

@@ -71,7 +71,7 @@ from gateway.wire.h2client import (
     WindowUpdated,
 )
 from gateway.wire.h2server import CANCEL, NO_ERROR, REFUSED_STREAM
-from gateway.wire.h2upstream import RequestBody, relayed_response, request_fields
+from gateway.wire.h2upstream import RequestBody, relayed_response, request_body, request_fields
 from gateway.wire.http1 import HTTPError, RequestHead, ResponseHead
 from gateway.wire.http2 import LAST_CHUNK
 
@@ -214,7 +214,7 @@ class H2Stream:
     def _send_head(self, head: RequestHead, block: bytes | None = None) -> None:
         try:
             fields = request_fields(head) if block is None else None
-            self._body = RequestBody(head)
+            self._body = request_body(head)
         except (HTTPError, ValueError) as exc:
             self.fail(exc)
             return
