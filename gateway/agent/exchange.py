@@ -67,7 +67,7 @@ from gateway.wire.http1 import (
 from gateway.wire.http2 import CONNECTION_SPECIFIC
 from gateway.wire.identity import (
     AUDIT_ID,
-    IDENTITY_FIRST_BYTES,
+    IDENTITY_NAME_STARTS,
     REQUEST_ID_HEADER,
     is_identity_header,
 )
@@ -227,7 +227,7 @@ def rewrite_request_block(head: RequestHead, route: Route, audit_id: bytes = b""
     nominated = head.connection & _CONNECTION_TOKENS if head.connection else head.connection
     for (_, value), lowered in zip(head.headers, head.names, strict=True):
         if lowered in replaced or lowered in nominated or (
-                lowered[0] in IDENTITY_FIRST_BYTES and is_identity_header(lowered)):
+                lowered[:3] in IDENTITY_NAME_STARTS and is_identity_header(lowered)):
             continue
         if lowered in CONNECTION_SPECIFIC:  # Connection among them: its rewrite goes too
             if lowered == b"te" and value.strip().lower() == b"trailers":

@@ -28,6 +28,7 @@ extra key (``userextras/hubproxy.dev/request-id`` among them).
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -244,9 +245,11 @@ def strip_identity_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[byt
 
 _IDENTITY_PREFIXES = (IMPERSONATE_PREFIX, b"x-remote-")
 _IDENTITY_NAMES = (b"authorization", b"proxy-authorization")
-# The first byte of every name is_identity_header is true of (a "_" alias changes no first
-# byte): a caller looking at many names may skip the call for a name that starts otherwise.
-IDENTITY_FIRST_BYTES = frozenset(name[0] for name in (*_IDENTITY_NAMES, *_IDENTITY_PREFIXES))
+# The first three bytes of every name is_identity_header is true of, "_" aliases included: a
+# caller looking at many names may skip the call for a name that starts otherwise.
+IDENTITY_NAME_STARTS = frozenset(
+    bytes(start) for name in (*_IDENTITY_NAMES, *_IDENTITY_PREFIXES)
+    for start in itertools.product(*[(b, 0x5F) if b == 0x2D else (b,) for b in name[:3]]))
 
 
 def is_identity_header(lowered_name: bytes) -> bool:
