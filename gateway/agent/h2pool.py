@@ -447,16 +447,13 @@ class H2Upstream(asyncio.BufferedProtocol):
             return
         by_id = self.by_id
         for i, event in enumerate(events, 1):  # i: the index of the event after this one
-            cls = type(event)
-            if cls is DataReceived:
-                assert isinstance(event, DataReceived)
+            if type(event) is DataReceived:
                 stream = by_id.get(event.stream_id)
                 if stream is not None:
                     stream.data(event)
                 else:  # a stream the exchange is done with: its window goes back at once
                     self.acknowledge(event.stream_id, event.flow_controlled_length)
-            elif cls is ResponseReceived:
-                assert isinstance(event, ResponseReceived)
+            elif type(event) is ResponseReceived:
                 if (stream := by_id.get(event.stream_id)) is not None:
                     following = events[i] if i < len(events) else None
                     stream.response(event, body_follows=isinstance(following, DataReceived)

@@ -302,6 +302,7 @@ def parse_request_head(data: bytes, limits: Limits = DEFAULT_LIMITS) -> RequestH
     http11 = version == _HTTP11
 
     hosts = 0
+    host = b""
     cl_values: list[bytes] = []
     te_values: list[bytes] = []
     conn_values: list[bytes] = []
@@ -310,6 +311,7 @@ def parse_request_head(data: bytes, limits: Limits = DEFAULT_LIMITS) -> RequestH
         if name not in _FRAMING_NAMES:  # one set lookup for the common case
             continue
         if name == b"host":
+            host = headers[i][1]  # (more than one is refused below)
             hosts += 1
         elif name == b"content-length":
             cl_values.append(headers[i][1])
@@ -322,10 +324,8 @@ def parse_request_head(data: bytes, limits: Limits = DEFAULT_LIMITS) -> RequestH
 
     if hosts > 1 or (http11 and hosts == 0):
         raise HTTPError("exactly one Host header is required", 400)
-    if hosts:
-        host = head.get(b"host") or b""
-        if b"," in host or b" " in host or b"\t" in host or b"/" in host or b"@" in host:
-            raise HTTPError("invalid Host header", 400)
+    if b"," in host or b" " in host or b"\t" in host or b"/" in host or b"@" in host:
+        raise HTTPError("invalid Host header", 400)
     if te_values:
         if cl_values:
             raise HTTPError("both Content-Length and Transfer-Encoding", 400)
