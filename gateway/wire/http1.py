@@ -225,13 +225,18 @@ def _parse_fields(lines: list[bytes], status: int, limits: Limits) -> tuple[Head
             _bad_field_line(line, status)
         raw_names.append(name)
         headers.append((name, value.strip(b" \t")))
-    # One C pass over every name (each byte is judged alone); the loop only finds the culprit.
-    if b"".join(raw_names).translate(None, _TCHAR):
+    if not raw_names:
+        return headers, []
+    # One C pass over every name (each byte is judged alone): what is left after deleting the
+    # token characters must be exactly the line feeds that joined them (no name holds one: the
+    # head's lines are split on CRLF and bare CR or LF is refused); the loop only finds the
+    # culprit. The same joined bytes are lowered in one pass too.
+    joined = b"\n".join(raw_names)
+    if joined.translate(None, _TCHAR) != b"\n" * (len(raw_names) - 1):
         for line, name in zip(lines[1:], raw_names, strict=True):
             if name.translate(None, _TCHAR):
                 _bad_field_line(line, status)
-    names = [name.lower() for name in raw_names]
-    return headers, names
+    return headers, joined.lower().split(b"\n")
 
 
 def _bad_field_line(line: bytes, status: int) -> NoReturn:
