@@ -69,6 +69,7 @@ _HEX = b"0123456789abcdefABCDEF"
 _EXT_OK = bytes(b for b in range(256) if b == 9 or (b >= 0x20 and b != 0x7F))
 
 _CRLF = b"\r\n"
+_FIELD_SEPARATOR = b": "  # between a field's name and value in a serialised head
 _HTTP11 = b"HTTP/1.1"
 _HTTP10 = b"HTTP/1.0"
 _MAX_CONTENT_LENGTH_DIGITS = 18  # < 2**63
@@ -743,7 +744,7 @@ def serialize_response_fields(status: int, reason: bytes, names: list[bytes],
             or b"".join(values).translate(None, _EXT_OK):
         raise ValueError("refusing to serialize an invalid status line or header value")
     lines = [b"HTTP/1.1 %d %s" % (status, reason)]
-    lines += [b"%s: %s" % field for field in zip(names, values, strict=True)]
+    lines += map(_FIELD_SEPARATOR.join, zip(names, values, strict=True))  # (no frame per field)
     lines.append(_CRLF)  # the join's last CRLF ends the last field, this one the head
     return _CRLF.join(lines)
 
@@ -751,7 +752,7 @@ def serialize_response_fields(status: int, reason: bytes, names: list[bytes],
 def _head_bytes(start_line: bytes, headers: Headers) -> bytes:
     if not headers:
         return start_line + b"\r\n\r\n"
-    fields = b"\r\n".join([b"%s: %s" % (name, value) for name, value in headers])
+    fields = _CRLF.join(map(_FIELD_SEPARATOR.join, headers))
     return b"%s\r\n%s\r\n\r\n" % (start_line, fields)
 
 
