@@ -204,7 +204,8 @@ class TunnelStream:
             # accept with nothing queued yet -- a request still on its way to the upstream --
             # needs no flush, and the first write of the answer schedules one.
             session._schedule_flush()
-        session._after_core()
+        if core.events:  # only when the accept closed the stream (both sides had finished)
+            session._dispatch()
 
     def refuse(self, code: OpenErrorCode, message: str = "") -> None:
         if self._lost or self.accepted:
@@ -524,10 +525,6 @@ class TunnelSession(asyncio.BufferedProtocol):
                 if self._settings_fut is not None and not self._settings_fut.done():
                     self._settings_fut.set_result(None)
                 self._callbacks(self.on_settings, "on_settings")
-
-    def _after_core(self) -> None:
-        """Dispatch events produced by local calls (e.g. a stream closing on accept)."""
-        self._dispatch()
 
     def _on_data(self, sid: int, data: bytes | memoryview, fin: bool) -> None:
         stream = self._streams.get(sid)

@@ -235,7 +235,8 @@ class StreamState:
 class Session:
     """One side of a session. ``opens_odd``: this side opens odd stream ids (the hub)."""
 
-    __slots__ = ("_conn_recv_unacked", "_control", "_last_local_id", "_last_peer_id", "_next_id",
+    __slots__ = ("_conn_recv_unacked", "_control", "_last_local_id", "_last_peer_id",
+                 "_local_parity", "_next_id",
                  "_peer_streams", "_pending_in", "_ping_sent", "_ping_seq", "_rates", "_ready",
                  "_writable", "budget", "clock", "config", "conn_recv_window",
                  "conn_send_window", "drain_received", "events", "goaway_received",
@@ -251,6 +252,7 @@ class Session:
         self.config = cfg = config or SessionConfig()
         self.clock = clock
         self.opens_odd = opens_odd
+        self._local_parity = 1 if opens_odd else 0  # of the ids this side opens
         self.streams: dict[int, StreamState] = {}
         self._next_id = 1 if opens_odd else 2
         self._last_peer_id = 0
@@ -352,7 +354,7 @@ class Session:
                 self.events.append(OpenFailed(st.id, code, msg))
         elif t == f.RESET:
             st = self.streams.get(fr.stream_id)
-            if st is None or (not self._is_local(st.id) and not st.acked):
+            if st is None or (not st.acked and not self._is_local(st.id)):
                 # Only resets that waste our work count as a flood: for streams already gone,
                 # or opened by the peer and reset before we accepted them (rapid reset). A
                 # reset of an established stream is a client going away; thousands of them at
@@ -360,7 +362,7 @@ class Session:
                 self._rate("reset", self.config.max_resets_per_second)
             self._check_id_known(fr.stream_id)
             if st is not None:
-                if not self._is_local(st.id) and not st.acked:
+                if not st.acked and not self._is_local(st.id):
                     self._pending_in -= 1
                 self._forget(st)
                 self.events.append(StreamResetReceived(st.id, f.parse_u32(fr.payload)))
@@ -515,7 +517,7 @@ class Session:
             raise BadStreamId(f"frame for stream {sid}, which was never opened")
 
     def _is_local(self, sid: int) -> bool:
-        return (sid & 1 == 1) == self.opens_odd
+        return sid & 1 == self._local_parity
 
     def _rate(self, kind: str, limit: int) -> None:
         now = self.clock()
@@ -616,7 +618,7 @@ class Session:
         st = self.streams.get(sid)
         if st is None:
             return
-        if not self._is_local(sid) and not st.acked:
+        if not st.acked and not self._is_local(sid):
             self._pending_in -= 1
         if st.ack_unsent:
             self._send_ack(st)
@@ -716,7 +718,7 @@ class Session:
     def _schedule(self, st: StreamState, force: bool = False) -> None:
         if st.scheduled or not st.local_open:
             return
-        if not self._is_local(st.id) and not st.acked:
+        if not st.acked and not self._is_local(st.id):
             return  # peer-opened: nothing goes out before OPEN_ACK
         if force or (st.send_buffered and st.send_window > 0) or (
                 st.fin_queued and not st.send_buffered):
@@ -802,7 +804,7 @@ class Session:
     def _maybe_closed(self, st: StreamState) -> None:
         if st.local_open or st.remote_open or st.id not in self.streams:
             return
-        if not self._is_local(st.id) and not st.acked:
+        if not st.acked and not self._is_local(st.id):
             return  # the agent still has to answer the OPEN
         self._forget(st)
         self.events.append(StreamClosed(st.id))
@@ -810,7 +812,7 @@ class Session:
     def _forget(self, st: StreamState) -> None:
         if self.streams.pop(st.id, None) is None:
             return
-        if not self._is_local(st.id):
+        if st.id & 1 != self._local_parity:  # (not _is_local: once per stream, inline)
             self._peer_streams -= 1
         st.send_buf = None
         st.local_open = False

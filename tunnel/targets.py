@@ -29,6 +29,9 @@ class KubeAPITarget:
     """The agent's own kube-apiserver."""
 
 
+KUBE_API = KubeAPITarget()  # frozen and without fields: one for every OPEN that names it
+
+
 @dataclass(frozen=True, slots=True)
 class ServiceTarget:
     namespace: str
@@ -84,7 +87,7 @@ def decode_target(buf: bytes | memoryview, offset: int = 0) -> tuple[Target, int
     offset += 1
     try:
         if kind == KIND_KUBE_API:
-            return KubeAPITarget(), offset
+            return KUBE_API, offset
         if kind == KIND_SERVICE:
             if offset + 4 > end:
                 raise TruncatedPayload("service target truncated")

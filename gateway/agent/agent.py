@@ -101,7 +101,6 @@ class Agent:
         self.stats.streams += 1
         # The codec decodes only these three kinds; anything else is refused, never trusted.
         target: object = request.target
-        log.debug("stream opened for a %s", type(target).__name__)
         if isinstance(target, KubeAPITarget):
             return self._kube_exchange(request)
         if isinstance(target, ServiceTarget):
@@ -116,9 +115,9 @@ class Agent:
         log.info("refusing stream: %s %s", code.name, message)
         return Refusal(code, message)
 
-    def _identity(self, metadata: bytes) -> tuple[_User, str]:
-        """(the hub user, request id) of OPEN metadata; raises ValueError. The user's headers
-        carry no request id: it is this request's, not the user's (the exchange's
+    def _identity(self, metadata: bytes) -> tuple[_User, bytes]:
+        """(the hub user, request id as UTF-8) of OPEN metadata; raises ValueError. The user's
+        headers carry no request id: it is this request's, not the user's (the exchange's
         ``audit_id`` adds it to each request).
 
         Requests of one hub user differ only in the request id, which the gateway writes as the
@@ -132,7 +131,7 @@ class Agent:
         if sep and tail.endswith(b'"}') and rid.isalnum() and rid.isascii():
             hit = self._identities.get(prefix)
             if hit is not None:
-                return hit, rid.decode("ascii")
+                return hit, rid
         else:
             prefix = b""
         identity = self._decode_identity(metadata)
@@ -146,7 +145,7 @@ class Agent:
             if len(self._identities) >= IDENTITY_CACHE_ENTRIES:
                 self._identities.clear()
             self._identities[prefix] = user
-        return user, identity.request_id
+        return user, identity.request_id.encode("utf-8")
 
     def _kube_exchange(self, request: OpenRequest) -> HttpExchange | Refusal:
         if self.kube is None:
@@ -160,16 +159,16 @@ class Agent:
                 f"a kube-apiserver request needs a hub-verified identity ({type(exc).__name__})",
             )
         target = request.target
+        resolved = self.policy.resolve_now(target)
+        self.stats.active += 1
+        if resolved is not None:  # the usual case: no lookup, no route factory to make
+            return HttpExchange(None, self.pool, audit_id=request_id, on_done=self._done_kube,
+                                known_route=self._kube_route(user, resolved))
 
         async def route() -> Route:
             return self._kube_route(user, await self.policy.resolve(target))
 
-        resolved = self.policy.resolve_now(target)
-        known = self._kube_route(user, resolved) if resolved is not None else None
-        self.stats.active += 1
-        return HttpExchange(route, self.pool, request_id=request_id,
-                            audit_id=request_id.encode("utf-8"), on_done=self._done_kube,
-                            known_route=known)
+        return HttpExchange(route, self.pool, audit_id=request_id, on_done=self._done_kube)
 
     def _kube_route(self, user: _User, resolved: ResolvedTarget) -> Route:
         """The user's route to the apiserver at ``resolved``: made once and kept with the
@@ -229,10 +228,12 @@ class Agent:
         return self._service_ctx
 
     def _done(self, exchange: Finished, upstream: str = "kube-apiserver") -> None:
-        self.stats.active = max(0, self.stats.active - 1)
+        stats = self.stats
+        if stats.active:
+            stats.active -= 1
         outcome = exchange.outcome or "closed"
-        key = outcome.split(":")[0]
-        self.stats.by_outcome[key] = self.stats.by_outcome.get(key, 0) + 1
+        key = outcome if outcome == "complete" else outcome.split(":")[0]
+        stats.by_outcome[key] = stats.by_outcome.get(key, 0) + 1
         self.metrics.stream_done(upstream, outcome, getattr(exchange, "started", 0.0),
                                  getattr(exchange, "response_at", 0.0))
 

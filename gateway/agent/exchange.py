@@ -47,7 +47,7 @@ from gateway.agent.pool import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
-from gateway.wire.hpackfields import encode_field, encode_fields
+from gateway.wire.hpackfields import NamedField, encode_field, encode_fields
 from gateway.wire.http1 import (
     BodyTracker,
     CloseDelimitedBody,
@@ -65,7 +65,12 @@ from gateway.wire.http1 import (
     parse_response_head,
 )
 from gateway.wire.http2 import CONNECTION_SPECIFIC
-from gateway.wire.identity import AUDIT_ID, REQUEST_ID_HEADER, is_identity_header
+from gateway.wire.identity import (
+    AUDIT_ID,
+    IDENTITY_NAME_STARTS,
+    REQUEST_ID_HEADER,
+    is_identity_header,
+)
 from gateway.wire.status import error_response
 from gateway.wire.websocket import BEARER_PROTOCOL_PREFIX
 from tunnel.errors import OpenErrorCode, OpenRefused, ResetCode, StreamError
@@ -87,6 +92,8 @@ _HOST_AND_AUDIT_ID = frozenset((b"host", AUDIT_ID.lower()))
 _AUDIT_ID_NAME = AUDIT_ID.lower()
 _REQUEST_ID_NAME = REQUEST_ID_HEADER.lower()
 _TE_TRAILERS = encode_field(b"te", b"trailers")
+_AUDIT_ID_FIELD = NamedField(_AUDIT_ID_NAME)
+_REQUEST_ID_FIELD = NamedField(_REQUEST_ID_NAME)
 
 
 @dataclass(slots=True)
@@ -219,7 +226,8 @@ def rewrite_request_block(head: RequestHead, route: Route, audit_id: bytes = b""
     # rewrite_request keeps only these Connection tokens, request_fields drops what they name.
     nominated = head.connection & _CONNECTION_TOKENS if head.connection else head.connection
     for (_, value), lowered in zip(head.headers, head.names, strict=True):
-        if lowered in replaced or is_identity_header(lowered) or lowered in nominated:
+        if lowered in replaced or lowered in nominated or (
+                lowered[:3] in IDENTITY_NAME_STARTS and is_identity_header(lowered)):
             continue
         if lowered in CONNECTION_SPECIFIC:  # Connection among them: its rewrite goes too
             if lowered == b"te" and value.strip().lower() == b"trailers":
@@ -232,7 +240,7 @@ def rewrite_request_block(head: RequestHead, route: Route, audit_id: bytes = b""
         parts.append(encode_field(lowered, value))
     if audit_id:
         check_value(audit_id)
-        parts.append(encode_field(_AUDIT_ID_NAME, audit_id))
+        parts.append(_AUDIT_ID_FIELD(audit_id))
     if route.passthrough:  # the caller's own Authorization (the loop dropped it)
         for (_, value), lowered in zip(head.headers, head.names, strict=True):
             if lowered == b"authorization":
@@ -254,7 +262,7 @@ def rewrite_request_block(head: RequestHead, route: Route, audit_id: bytes = b""
                 route.h2_identity = encode_fields([(n.lower(), v) for n, v in identity])
             parts.append(route.h2_identity)
             if audit_id:
-                parts.append(encode_field(_REQUEST_ID_NAME, audit_id))
+                parts.append(_REQUEST_ID_FIELD(audit_id))
     return b"".join(parts)
 
 
@@ -279,26 +287,26 @@ class HttpExchange:
                  "_req_done", "_req_tracker", "_resp_buf", "_resp_done", "_resp_started",
                  "_resp_tracker", "_retryable", "_route_factory", "_stream_eof",
                  "_stream_pauses", "_task", "audit_id", "bytes_down", "bytes_up", "conn",
-                 "head_timeout", "on_done", "outcome", "pool", "request", "request_id",
+                 "head_timeout", "on_done", "outcome", "pool", "request",
                  "response", "response_at", "route", "started", "state", "status", "stream")
 
     def __init__(
         self,
-        route: RouteFactory,
+        route: RouteFactory | None,
         pool: UpstreamPool,
         *,
-        request_id: str = "",
         audit_id: bytes = b"",
         head_timeout: float = HEAD_TIMEOUT,
         on_done: Callable[[HttpExchange], None] | None = None,
         known_route: Route | None = None,
     ) -> None:
-        """``audit_id``: this request's Audit-ID (:func:`rewrite_request_fields`)."""
+        """``route``: how to find the route (None: it is ``known_route``). ``audit_id``: this
+        request's Audit-ID (:func:`rewrite_request_fields`), the gateway's request id."""
+        assert route is not None or known_route is not None
         self._route_factory = route
         # A route known without any lookup (the apiserver) allows the synchronous fast path.
         self._known_route = known_route
         self.pool = pool
-        self.request_id = request_id
         self.audit_id = audit_id
         self.head_timeout = head_timeout
         self.on_done = on_done
@@ -480,7 +488,10 @@ class HttpExchange:
 
     async def _setup(self) -> None:
         try:
-            self.route = await self._route_factory()
+            factory = self._route_factory
+            route = self._known_route if factory is None else await factory()
+            assert route is not None  # (__init__: one of them is given)
+            self.route = route
             async with asyncio.timeout(self.head_timeout):
                 if self.request is None:
                     if self._head_ready is None:
@@ -488,8 +499,8 @@ class HttpExchange:
                     await self._head_ready
             self._head_ready = None
             assert self.request is not None
-            rewritten = rewrite_request(self.request, self.route, self.audit_id)
-            conn = await self._acquire(self.route)
+            rewritten = rewrite_request(self.request, route, self.audit_id)
+            conn = await self._acquire(route)
         except OpenRefused as exc:
             self._refuse(exc.code, exc.message)
             return
@@ -519,7 +530,7 @@ class HttpExchange:
         self.conn = conn
         self._conn_reused = conn.requests > 0
         self.stream.accept()
-        self._start_request(self._outgoing(conn, self.route, rewritten))
+        self._start_request(self._outgoing(conn, route, rewritten))
 
     def _outgoing(self, conn: Upstream, route: Route,
                   rewritten: RequestHead | None = None) -> RequestHead | bytes:
@@ -689,9 +700,10 @@ class HttpExchange:
         if self.state == self.OPEN and self.response is not None:
             self._to_stream(data)
 
-    def upstream_end(self) -> None:
-        """The HTTP/2 stream's response is complete."""
+    def upstream_last(self, data: bytes | memoryview) -> None:
+        """The last bytes of an HTTP/2 stream's response, framed (maybe none), and its end."""
         if self.state == self.OPEN and self.response is not None:
+            self._to_stream(data)
             self._response_complete()
 
     def _response_body(self, data: bytes | memoryview) -> None:
@@ -868,6 +880,11 @@ class HttpExchange:
                 r for r in pauses if r != reason)
             if not self._stream_pauses and self.stream is not None and not self._closed:
                 self.stream.resume_reading()
+
+    @property
+    def request_id(self) -> str:
+        """The gateway's request id ("" for a Service exchange), for logs."""
+        return self.audit_id.decode("utf-8", "replace")
 
     def _sid(self) -> str:
         sid = getattr(self.stream, "stream_id", "?")

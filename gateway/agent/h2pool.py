@@ -71,7 +71,7 @@ from gateway.wire.h2client import (
     WindowUpdated,
 )
 from gateway.wire.h2server import CANCEL, NO_ERROR, REFUSED_STREAM
-from gateway.wire.h2upstream import RequestBody, relayed_response, request_fields
+from gateway.wire.h2upstream import RequestBody, relayed_response, request_body, request_fields
 from gateway.wire.http1 import HTTPError, RequestHead, ResponseHead
 from gateway.wire.http2 import LAST_CHUNK
 
@@ -87,13 +87,14 @@ class UpstreamUser(Protocol):
     """The exchange a stream serves: what a stream calls (declared here because the pool
     imports this module, not the reverse). The response comes as its HTTP/1.1 head, bytes and
     parsed (``upstream_head``), the body framed for the tunnel (``upstream_body``: one call per
-    read, whatever the number of DATA frames) and its end (``upstream_end``). The head's bytes
-    may be empty: then they are the first bytes of the first ``upstream_body`` (a head and
-    body that one read brought leave in one write)."""
+    read, whatever the number of DATA frames) and its last bytes with its end
+    (``upstream_last``, one call: a small response is a head, then its whole body and end). The
+    head's bytes may be empty: then they are the first bytes of the next ``upstream_body`` or
+    ``upstream_last`` (a head and body that one read brought leave in one write)."""
 
     def upstream_head(self, head_bytes: bytes, response: ResponseHead) -> None: ...
     def upstream_body(self, data: bytes | memoryview) -> None: ...
-    def upstream_end(self) -> None: ...
+    def upstream_last(self, data: bytes | memoryview) -> None: ...
     def upstream_lost(self, exc: Exception | None) -> None: ...
     def upstream_pause_writing(self) -> None: ...
     def upstream_resume_writing(self) -> None: ...
@@ -213,7 +214,7 @@ class H2Stream:
     def _send_head(self, head: RequestHead, block: bytes | None = None) -> None:
         try:
             fields = request_fields(head) if block is None else None
-            self._body = RequestBody(head)
+            self._body = request_body(head)
         except (HTTPError, ValueError) as exc:
             self.fail(exc)
             return
@@ -293,26 +294,26 @@ class H2Stream:
             self._end(b"")
 
     def data(self, event: DataReceived) -> None:
-        """The payload of the DATA frames of one read: one delivery (one chunk)."""
+        """The payload of the DATA frames of one read: one delivery (one chunk), with the
+        response's end if they bring it."""
         pieces = event.pieces
         ended = event.stream_ended
+        body: bytes | memoryview = b""
         if self._chunked:
             if pieces:
                 n = sum(map(len, pieces)) if len(pieces) > 1 else len(pieces[0])
-                framed = b"".join((b"%x\r\n" % n, *pieces,
-                                   _LAST_CHUNK_AFTER_DATA if ended else _CRLF))
-                self._relay(framed, ended)
+                body = b"".join((b"%x\r\n" % n, *pieces,
+                                 _LAST_CHUNK_AFTER_DATA if ended else _CRLF))
             elif ended:
-                self._end(LAST_CHUNK)
+                body = LAST_CHUNK
         elif pieces:
             body = pieces[0] if len(pieces) == 1 else b"".join(pieces)
             if self._left > 0:  # the core refuses DATA past the content-length
                 self._left -= len(body)
-            self._relay(body, ended or self._left == 0)
-        elif ended:
-            self._end(b"")
-        if self._held_head:  # nothing of the body to send with it (an empty DATA frame)
-            self._deliver(b"")
+                ended = ended or not self._left
+        if body or ended or self._held_head:
+            # (A held head with nothing of the body: an empty DATA frame; it goes alone.)
+            self._deliver(body, ended)
         flow = event.flow_controlled_length
         if not flow:
             return
@@ -324,29 +325,26 @@ class H2Stream:
     def trailers(self) -> None:
         self._end(LAST_CHUNK if self._chunked else b"")
 
-    def _relay(self, data: bytes | memoryview, end: bool) -> None:
-        if self.user is not None:
-            self._deliver(data)
-            if end:
-                self._end(b"")
-
-    def _deliver(self, data: bytes | memoryview) -> None:
-        """Body bytes to the exchange, after the head if it is held (``response``)."""
+    def _deliver(self, data: bytes | memoryview, end: bool) -> None:
+        """Body bytes to the exchange, after the head if it is held (``response``); ``end``:
+        they are the last (the response is complete)."""
         held = self._held_head
         if held:
             self._held_head = b""
             data = held + data
+        if end:
+            self.response_ended = True
         user = self.user
-        if user is not None and data:
+        if user is None:
+            return
+        if end:
+            user.upstream_last(data)
+        elif data:
             user.upstream_body(data)
 
     def _end(self, last: bytes) -> None:
         """The response is complete (``last``: its final bytes, the last chunk)."""
-        self.response_ended = True
-        if self.user is not None:
-            self._deliver(last)
-            if self.user is not None:
-                self.user.upstream_end()
+        self._deliver(last, True)
 
     def fail(self, exc: Exception | None) -> None:
         """The stream cannot go on (reset by the server, connection lost, a protocol error)."""
@@ -449,16 +447,13 @@ class H2Upstream(asyncio.BufferedProtocol):
             return
         by_id = self.by_id
         for i, event in enumerate(events, 1):  # i: the index of the event after this one
-            cls = type(event)
-            if cls is DataReceived:
-                assert isinstance(event, DataReceived)
+            if type(event) is DataReceived:
                 stream = by_id.get(event.stream_id)
                 if stream is not None:
                     stream.data(event)
                 else:  # a stream the exchange is done with: its window goes back at once
                     self.acknowledge(event.stream_id, event.flow_controlled_length)
-            elif cls is ResponseReceived:
-                assert isinstance(event, ResponseReceived)
+            elif type(event) is ResponseReceived:
                 if (stream := by_id.get(event.stream_id)) is not None:
                     following = events[i] if i < len(events) else None
                     stream.response(event, body_follows=isinstance(following, DataReceived)

@@ -129,6 +129,8 @@ class KubeAPIAccess:
     _tempdir: tempfile.TemporaryDirectory[str] | None = field(default=None, repr=False)
     tls: ReloadingContext = field(init=False, repr=False)
     tls_h2: ReloadingContext = field(init=False, repr=False)
+    # (token, its Authorization value): asked per request, rebuilt only when the token rotates.
+    _bearer: tuple[str, bytes] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.token is None and not (self.cert_file and self.key_file):
@@ -154,7 +156,11 @@ class KubeAPIAccess:
         """The ``Authorization`` value for the agent's own credential (None: client cert)."""
         if self.token is None:
             return None
-        return b"Bearer " + self.token.current().encode("ascii")
+        token = self.token.current()
+        bearer = self._bearer
+        if bearer is None or token != bearer[0]:
+            bearer = self._bearer = (token, b"Bearer " + token.encode("ascii"))
+        return bearer[1]
 
     def describe(self) -> str:
         cred = self.token.describe() if self.token else "client certificate"

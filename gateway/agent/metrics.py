@@ -29,6 +29,8 @@ PROFILES = ("legacy", "constrained", "none", "unknown")  # gateway.agent.imperso
 def outcome_kind(outcome: str) -> str:
     """``refused OVERLOAD`` -> ``refused_overload``; ``reset: why`` -> ``reset``: a bounded
     label (the free text after the kind never becomes a label)."""
+    if outcome == "complete":  # most streams
+        return outcome
     outcome = outcome or "closed"
     if outcome.startswith("refused "):
         return "refused_" + outcome[len("refused "):].strip().lower()

@@ -108,6 +108,17 @@ class RequestBody:
         return [memoryview(data)[:n]] if n else []
 
 
+_NO_BODY = RequestBody(RequestHead(b"GET", b"/", b"HTTP/1.1", [], []))
+
+
+def request_body(head: RequestHead) -> RequestBody:
+    """The :class:`RequestBody` of ``head``: one shared, stateless one for a request without a
+    body (most requests), a new one otherwise."""
+    if head.chunked or head.content_length:
+        return RequestBody(head)
+    return _NO_BODY
+
+
 def response_head(fields: Headers, request_method: bytes) -> tuple[bytes, bool]:
     """(HTTP/1.1 response head, whether its body must be sent chunked) for a HEADERS block:
     :func:`relayed_response`'s bytes and framing."""

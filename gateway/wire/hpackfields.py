@@ -38,10 +38,17 @@ def _length(data: bytes) -> bytes:
     return bytes((n,)) if n < 127 else bytes(encode_integer(n, 7))
 
 
-def _name_entry(name: bytes) -> tuple[dict[bytes, int] | None, bytes, bool]:
+def _indexed(index: int) -> bytes:
+    """An indexed field's representation (RFC 7541 §6.1)."""
+    out = encode_integer(index, 7)
+    out[0] |= 0x80
+    return bytes(out)
+
+
+def _name_entry(name: bytes) -> tuple[dict[bytes, bytes] | None, bytes, bool]:
     """What a field's encoding takes from its name alone: the static table's full entries for
-    it (None when never indexed), the literal's representation up to its value, and whether it
-    is a secret."""
+    it, each value's indexed representation (None when never indexed), the literal's
+    representation up to its value, and whether it is a secret."""
     secret = name in _SECRET_FIELDS
     never = secret or name.startswith(_NEVER_INDEXED_PREFIX)
     flag = 0x10 if never else 0x00
@@ -52,7 +59,9 @@ def _name_entry(name: bytes) -> tuple[dict[bytes, int] | None, bytes, bool]:
         prefix = bytes(out)
     else:
         prefix = bytes((flag,)) + _length(name) + name
-    return (None if static is None or never else static[1], prefix, secret)
+    full = None if static is None or never else {
+        value: _indexed(index) for value, index in static[1].items()}
+    return (full, prefix, secret)
 
 
 # The static table's names, made once: constants of RFC 7541, nothing a peer sent.
@@ -71,13 +80,32 @@ def encode_field(name: bytes, value: bytes) -> bytes:
             return b"\x00%c%s%c%s" % (len(name), name, n, value)
         entry = _name_entry(name)
     indexed, prefix, _ = entry
-    if indexed is not None and (index := indexed.get(value)) is not None:
-        out = encode_integer(index, 7)  # indexed field (RFC 7541 §6.1)
-        out[0] |= 0x80
-        return bytes(out)
+    if indexed is not None and (full := indexed.get(value)) is not None:
+        return full
     if n < 127:
         return b"%s%c%s" % (prefix, n, value)
     return prefix + _length(value) + value
+
+
+class NamedField:
+    """:func:`encode_field` for one constant name (lower-case) and any value, the name's
+    part encoded once: for a field sent with every request under a name the sender chose
+    (the agent's ``audit-id`` and request-id extra), not one a client named."""
+
+    __slots__ = ("_indexed", "_prefix")
+
+    def __init__(self, name: bytes) -> None:
+        entry = _STATIC_NAMES.get(name) or _name_entry(name)
+        self._indexed, self._prefix, _ = entry
+
+    def __call__(self, value: bytes) -> bytes:
+        indexed = self._indexed
+        if indexed is not None and (full := indexed.get(value)) is not None:
+            return full
+        n = len(value)
+        if n < 127:
+            return b"%s%c%s" % (self._prefix, n, value)
+        return self._prefix + _length(value) + value
 
 
 def encode_fields(fields: Iterable[tuple[bytes, bytes]]) -> bytes:
@@ -118,7 +146,7 @@ class FieldEncoder:
 
     MAX_CACHED = 1024  # fields; the cache is emptied when full (per-request unique values)
     _cache: ClassVar[dict[tuple[bytes, bytes], bytes]] = {}  # shared: a field's own encoding
-    _names: ClassVar[dict[bytes, tuple[dict[bytes, int] | None, bytes, bool]]] = {}  # _name()
+    _names: ClassVar[dict[bytes, tuple[dict[bytes, bytes] | None, bytes, bool]]] = {}  # _name()
 
     __slots__ = ("_pending", "_secret", "header_table_size", "retain")
 
@@ -158,10 +186,8 @@ class FieldEncoder:
 
     def _field(self, name: bytes, value: bytes) -> bytes:
         indexed, prefix, secret = self._name(name)
-        if indexed is not None and (index := indexed.get(value)) is not None:
-            out = encode_integer(index, 7)  # indexed field (RFC 7541 §6.1)
-            out[0] |= 0x80
-            encoded = bytes(out)
+        if indexed is not None and (full := indexed.get(value)) is not None:
+            encoded = full  # indexed field (RFC 7541 §6.1)
         else:  # literal field without indexing (§6.2.2) or never indexed (§6.2.3)
             encoded = prefix + _length(value) + value
             if secret:
@@ -175,7 +201,7 @@ class FieldEncoder:
         cache[(name, value)] = encoded
         return encoded
 
-    def _name(self, name: bytes) -> tuple[dict[bytes, int] | None, bytes, bool]:
+    def _name(self, name: bytes) -> tuple[dict[bytes, bytes] | None, bytes, bool]:
         """:func:`_name_entry`, kept per name (a bounded cache, as the fields'): a field seen
         for the first time (a response's audit-id or date) is then its value's length and bytes
         after that prefix."""

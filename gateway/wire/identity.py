@@ -28,6 +28,7 @@ extra key (``userextras/hubproxy.dev/request-id`` among them).
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -243,11 +244,16 @@ def strip_identity_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[byt
 
 
 _IDENTITY_PREFIXES = (IMPERSONATE_PREFIX, b"x-remote-")
+_IDENTITY_NAMES = (b"authorization", b"proxy-authorization")
+# The first three bytes of every name is_identity_header is true of, "_" aliases included: a
+# caller looking at many names may skip the call for a name that starts otherwise.
+IDENTITY_NAME_STARTS = frozenset(
+    bytes(start) for name in (*_IDENTITY_NAMES, *_IDENTITY_PREFIXES)
+    for start in itertools.product(*[(b, 0x5F) if b == 0x2D else (b,) for b in name[:3]]))
 
 
 def is_identity_header(lowered_name: bytes) -> bool:
     """Whether a header (its lower-cased name) bears an identity the agent must drop (see
     :func:`strip_identity_headers`), its ``_`` alias included."""
     name = lowered_name.replace(b"_", b"-")
-    return name == b"authorization" or name == b"proxy-authorization" \
-        or name.startswith(_IDENTITY_PREFIXES)
+    return name in _IDENTITY_NAMES or name.startswith(_IDENTITY_PREFIXES)

@@ -42,6 +42,24 @@ def test_in_cluster_service_account(tmp_path: Path, ca_file: str) -> None:
     assert "sa-token" not in access.describe()
 
 
+def test_authorization_follows_a_rotated_token(tmp_path: Path, ca_file: str) -> None:
+    """The Authorization value is kept between requests (asked per request), never past a
+    rotation of the token it was made of."""
+    sa = tmp_path / "sa"
+    sa.mkdir()
+    (sa / "token").write_text("sa-token\n")
+    (sa / "ca.crt").write_bytes(Path(ca_file).read_bytes())
+    access = in_cluster({"KUBERNETES_SERVICE_HOST": "10.0.0.1",
+                         "KUBERNETES_SERVICE_PORT": "443"}, sa)
+    assert access.token is not None
+    access.token.check_interval = 0.0
+    first = access.authorization()
+    assert first == b"Bearer sa-token" and access.authorization() is first
+    (sa / "new").write_text("rotated")
+    os.replace(sa / "new", sa / "token")
+    assert access.authorization() == b"Bearer rotated"
+
+
 def test_not_in_cluster_says_what_to_do(tmp_path: Path) -> None:
     with pytest.raises(KubeAPIConfigError, match="--kubeconfig"):
         in_cluster({}, tmp_path)

@@ -96,6 +96,11 @@ HEADS = [
                        b"Sec-WebSocket-Protocol: base64url.bearer.authorization.k8s.io.x\r\n"
                        b"Transfer-Encoding: chunked\r\n\r\n"),
     parse_request_head(b"GET /x HTTP/1.0\r\n\r\n"),
+    # Every identity header's "_" alias, and names that start like one but are not.
+    parse_request_head(b"GET / HTTP/1.1\r\nHost: hub\r\nX_Remote_Group: g\r\n"
+                       b"x_remote_extra_a: b\r\nProxy_Authorization: Basic y\r\n"
+                       b"Impersonate_Uid: 1\r\nX-Request: kept\r\nauthorize: kept\r\n"
+                       b"proxy-id: kept\r\nimp: kept\r\nx_r: kept\r\n\r\n"),
 ]
 ROUTES = [
     lambda: route([b"Bearer agent"], [(b"Impersonate-User", b"cluster:hub:alice"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.wire.h2upstream import RequestBody, request_fields, response_head
+from gateway.wire.h2upstream import RequestBody, request_body, request_fields, response_head
 from gateway.wire.http1 import (
     HTTPError,
     framing_for_response,
@@ -71,6 +71,20 @@ def test_request_body_content_length_passes_bytes_and_ends() -> None:
 def test_request_body_without_length_is_complete_at_once() -> None:
     assert RequestBody(head(b"GET /x HTTP/1.1\r\nHost: h\r\n\r\n")).complete
     assert RequestBody(head(b"GET /x HTTP/1.1\r\nHost: h\r\nContent-Length: 0\r\n\r\n")).complete
+
+
+def test_request_body_of_a_head_shares_only_the_stateless_empty_one() -> None:
+    """request_body: no object per body-less request, a fresh one (its own count) per body."""
+    empty = [request_body(head(b"GET /x HTTP/1.1\r\nHost: h\r\n\r\n")),
+             request_body(head(b"GET /x HTTP/1.1\r\nHost: h\r\nContent-Length: 0\r\n\r\n"))]
+    assert empty[0] is empty[1] and empty[0].complete and empty[0].feed(b"x") == []
+    put = b"PUT /x HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\n\r\n"
+    first, second = request_body(head(put)), request_body(head(put))
+    assert first is not second
+    assert first.feed(b"ab") == [b"ab"] and first.complete and not second.complete
+    chunked = request_body(head(b"PUT /x HTTP/1.1\r\nHost: h\r\n"
+                                b"Transfer-Encoding: chunked\r\n\r\n"))
+    assert chunked.chunked and not chunked.complete
 
 
 def test_request_body_dechunks_byte_by_byte() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hpack
 
-from gateway.wire.hpackfields import FieldEncoder, encode_field, encode_fields
+from gateway.wire.hpackfields import FieldEncoder, NamedField, encode_field, encode_fields
 
 REQUEST = [(b":method", b"GET"), (b":scheme", b"https"), (b":authority", b"10.0.0.1:6443"),
            (b":path", b"/api/v1/namespaces/team/pods?limit=500"),
@@ -116,3 +116,18 @@ def test_encode_field_is_a_standard_field_never_indexing_secrets() -> None:
     assert [tuple(f) for f in out] == fields
     assert [f[0] for f in out if isinstance(f, hpack.NeverIndexedHeaderTuple)] == \
         [b"authorization", b"impersonate-user", b"impersonate-group", b"cookie"]
+
+
+def test_named_field_encodes_as_encode_field_does() -> None:
+    """A constant name's part made once changes no byte: static full matches, static names,
+    literal names, never-indexed ``impersonate-*``, values past one length byte."""
+    long_value = b"v" * 300
+    for name in (b":method", b"accept", b"audit-id", b"impersonate-extra-hubproxy.dev%2frequest-id",
+                 b"authorization", b"x-" + b"n" * 200):
+        field = NamedField(name)
+        for value in (b"", b"GET", b"POST", b"*/*", b"5eed", long_value):
+            assert field(value) == encode_field(name, value), (name, value)
+    decoder = hpack.Decoder()
+    out = decoder.decode(NamedField(b"impersonate-extra-x")(b"5eed"), raw=True)
+    assert [tuple(f) for f in out] == [(b"impersonate-extra-x", b"5eed")]
+    assert isinstance(out[0], hpack.NeverIndexedHeaderTuple)
