@@ -397,7 +397,7 @@ class Request:
         if exchange.done:
             return
         self._to(WAITING)
-        short = not exchange.head_sent and not self.long_running
+        short = not exchange.head_sent and exchange.admitted.kind == SHORT
         self.door.arm(self.gw.config.limits.response_header_timeout if short else 0,
                       exchange.timed_out)
 
@@ -432,7 +432,8 @@ class Request:
 
     def response_started(self, exchange: Exchange) -> bool:
         closing = self.door.response_started(self, exchange)
-        if self.long_running and not exchange.admitted.upgrade:  # a watch or logs -f
+        admitted = exchange.admitted
+        if admitted.kind != SHORT and not admitted.upgrade:  # a watch or logs -f
             self._stream_started(exchange)
             if self.gw.draining:  # started while the gateway shuts down: end it at once
                 exchange.end_once_started(SHUTTING_DOWN)
