@@ -123,6 +123,7 @@ class Exchange:
         "_lost",
         "_resp_buf",
         "_state",
+        "_whole",
         "admitted",
         "bytes_in",
         "bytes_out",
@@ -146,15 +147,19 @@ class Exchange:
     )
 
     def __init__(self, door: ClientConnection, method: bytes, admitted: Admitted,
-                 request_id: str, *, fields: bool = True, keeps_views: bool = True) -> None:
+                 request_id: str, *, fields: bool = True, keeps_views: bool = True,
+                 whole: bool = False) -> None:
         """``fields``: the door reads the response head's fields (else it writes the head
         as its bytes, and only its framing is read: ``gateway.hub.relayhead``).
         ``keeps_views``: the client's transport may keep a reference to what it is given
         (non-TLS transports, uvloop TCP: TLS ones encrypt during write()); the tunnel forbids
         keeping its memoryviews, so they are copied first. A fact of the connection, which
-        its door knows (asking the transport for every request cost a call into it)."""
+        its door knows (asking the transport for every request cost a call into it).
+        ``whole``: the door needs no head object (it writes the head's bytes), so a response
+        that arrives whole is relayed as it is (:meth:`_relay_whole`)."""
         self.door = door
         self._fields = fields
+        self._whole = whole and not fields
         self.transport = door.transport
         self._copy_views = keeps_views
         self.method = method
@@ -242,7 +247,7 @@ class Exchange:
             if pending is None:  # the common case: the whole head in one piece
                 if type(data) is not bytes:
                     data = bytes(data)
-                if self._fields or not self._relay_whole(data):
+                if not (self._whole and self._relay_whole(data)):
                     self._parse_head(data)
             else:
                 pending += data

@@ -76,6 +76,7 @@ class FrontDoor(asyncio.Protocol):
 
     protocol = "h1"
     reads_response_fields = False  # the head is relayed as it came
+    relays_whole = True  # ... and needs no head object (gateway.hub.request.Door)
 
     def __init__(self, gw: FrontDoorHost, client_ip: str | None = None, *,
                  h2: H2Door | None = None) -> None:
