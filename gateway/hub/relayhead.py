@@ -27,17 +27,19 @@ MAX_RELAYED_HEAD = 2048
 # line with a final status and an optional reason, then fields whose names are tokens and
 # whose values hold no control character but HTAB, each line ended by CRLF (so no bare CR or
 # LF, no obs-fold, no space before a colon), then the empty line.
-_VALUE = rb"[\t\x20-\x7e\x80-\xff]*"
-_TOKEN = rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
+# Possessive repeats (*+, ++): what each one may match never holds what follows it (a name
+# no colon, a value no CR, a field line starts with a token byte, not CR), so giving nothing
+# back changes no answer, and the matcher keeps no backtracking state per byte and per line.
+_VALUE = rb"[\t\x20-\x7e\x80-\xff]*+"
+_TOKEN = rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]++"
 _PLAIN_HEAD = re.compile(
     rb"HTTP/1\.1 [2-9][0-9]{2}(?: " + _VALUE + rb")?\r\n(?:" + _TOKEN + rb":" + _VALUE
-    + rb"\r\n)*\r\n")
+    + rb"\r\n)*+\r\n")
 
+# The fields that decide the framing, looked for in the lowered head (a field line starts
+# after a CRLF, and no value holds one): the plain case has exactly one, Content-Length.
 _CONTENT_LENGTH = b"\r\ncontent-length:"
-# The fields that decide the framing, found in one pass over the lowered head (a field line
-# starts after a CRLF, and no value holds one): the plain case has exactly one, Content-Length.
-_FRAMING_FIELDS = re.compile(rb"\r\n(?:content-length|transfer-encoding|connection):")
-_PLAIN_FRAMING = [_CONTENT_LENGTH]
+_OTHER_FRAMING = (b"\r\ntransfer-encoding:", b"\r\nconnection:")
 
 
 def _plain_length(raw: bytes) -> int | None:
@@ -46,9 +48,11 @@ def _plain_length(raw: bytes) -> int | None:
     if len(raw) > MAX_RELAYED_HEAD or _PLAIN_HEAD.fullmatch(raw) is None:
         return None
     lower = raw.lower()
-    if _FRAMING_FIELDS.findall(lower) != _PLAIN_FRAMING:
+    at = lower.find(_CONTENT_LENGTH)
+    if (at < 0 or lower.find(_CONTENT_LENGTH, at + 1) >= 0 or _OTHER_FRAMING[0] in lower
+            or _OTHER_FRAMING[1] in lower):
         return None
-    value_at = lower.find(_CONTENT_LENGTH) + len(_CONTENT_LENGTH)
+    value_at = at + len(_CONTENT_LENGTH)
     return plain_content_length(raw[value_at:raw.index(b"\r\n", value_at)].strip(b" \t"))
 
 
