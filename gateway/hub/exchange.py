@@ -20,7 +20,7 @@ from typing import Protocol
 
 from gateway.hub.admission.chain import Admitted
 from gateway.hub.admission.recheck import Recheck, Revoked
-from gateway.hub.relayhead import relayed_head
+from gateway.hub.relayhead import relayed_head, whole_response
 from gateway.wire import spdy
 from gateway.wire.http1 import (
     NO_BODY,
@@ -123,6 +123,7 @@ class Exchange:
         "_lost",
         "_resp_buf",
         "_state",
+        "_whole",
         "admitted",
         "bytes_in",
         "bytes_out",
@@ -146,15 +147,19 @@ class Exchange:
     )
 
     def __init__(self, door: ClientConnection, method: bytes, admitted: Admitted,
-                 request_id: str, *, fields: bool = True, keeps_views: bool = True) -> None:
+                 request_id: str, *, fields: bool = True, keeps_views: bool = True,
+                 whole: bool = False) -> None:
         """``fields``: the door reads the response head's fields (else it writes the head
         as its bytes, and only its framing is read: ``gateway.hub.relayhead``).
         ``keeps_views``: the client's transport may keep a reference to what it is given
         (non-TLS transports, uvloop TCP: TLS ones encrypt during write()); the tunnel forbids
         keeping its memoryviews, so they are copied first. A fact of the connection, which
-        its door knows (asking the transport for every request cost a call into it)."""
+        its door knows (asking the transport for every request cost a call into it).
+        ``whole``: the door needs no head object (it writes the head's bytes), so a response
+        that arrives whole is relayed as it is (:meth:`_relay_whole`)."""
         self.door = door
         self._fields = fields
+        self._whole = whole and not fields
         self.transport = door.transport
         self._copy_views = keeps_views
         self.method = method
@@ -164,6 +169,7 @@ class Exchange:
         self._lost = False  # the tunnel ended the stream (connection_lost)
         self._state = _HEAD
         self._resp_buf: bytearray | None = None  # a response head that came in pieces
+        # The head as read; None also once a response was relayed whole (_relay_whole).
         self.response: ResponseHead | None = None
         self.tracker: BodyTracker = NO_BODY
         self.head_sent = False  # any response byte reached the client
@@ -239,7 +245,10 @@ class Exchange:
         elif state == _HEAD:
             pending = self._resp_buf
             if pending is None:  # the common case: the whole head in one piece
-                self._parse_head(data if type(data) is bytes else bytes(data))
+                if type(data) is not bytes:
+                    data = bytes(data)
+                if not (self._whole and self._relay_whole(data)):
+                    self._parse_head(data)
             else:
                 pending += data
                 self._parse_head(pending)
@@ -254,9 +263,9 @@ class Exchange:
             except HTTPError:
                 self._finish(keep_alive=False)  # truncated: the client must not reuse it
                 return
-            response = self.response
-            assert response is not None
-            self._finish(keep_alive=response.keep_alive and not response.close_delimited)
+            response = self.response  # None: relayed whole (_relay_whole), so keep-alive
+            self._finish(keep_alive=response is None
+                         or (response.keep_alive and not response.close_delimited))
         elif state == _HEAD:
             self._fail(502, "the cluster closed the request without a response")
 
@@ -318,6 +327,29 @@ class Exchange:
 
     def response_was_close_delimited(self) -> bool:
         return self.response is not None and self.response.close_delimited
+
+    def _relay_whole(self, data: bytes) -> bool:
+        """Relay ``data`` in one write when it is one whole plain response
+        (:func:`gateway.hub.relayhead.whole_response`: the common small answer) and say True;
+        else False, and nothing was done. Its body is complete: the tracker stays ``NO_BODY``
+        (any byte after it breaks the stream contract) and no head object is kept
+        (``response`` None: keep-alive, not close-delimited)."""
+        if self.admitted.upgrade:
+            return False
+        whole = whole_response(data, self.method)
+        if whole is None:
+            return False
+        self.status, end = whole
+        self.replay = None  # answered: never sent again
+        self._state = _BODY
+        self.head_sent = True
+        closing = self.door.response_started(self)
+        self.bytes_out += len(data)
+        self.transport.write(with_connection_close(data[:end]) + data[end:] if closing
+                             else data)
+        if self.streaming:
+            self._end_if_leaving()
+        return True
 
     def _parse_head(self, received: bytes | bytearray) -> None:
         """Relay the response head that ``received`` starts with, and the body bytes after

@@ -61,6 +61,7 @@ from gateway.wire.http1 import (
     find_head_end,
     framing_for_request,
 )
+from gateway.wire.requestclass import SHORT
 from gateway.wire.status import error_response
 
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -75,6 +76,7 @@ class FrontDoor(asyncio.Protocol):
 
     protocol = "h1"
     reads_response_fields = False  # the head is relayed as it came
+    relays_whole = True  # ... and needs no head object (gateway.hub.request.Door)
 
     def __init__(self, gw: FrontDoorHost, client_ip: str | None = None, *,
                  h2: H2Door | None = None) -> None:
@@ -363,10 +365,11 @@ class FrontDoor(asyncio.Protocol):
         self.resume_reading("buffer")
 
     def response_started(self, request: Request, exchange: Exchange) -> bool:
-        self._disarm()
-        if request.long_running:
+        self._on_deadline = None  # _disarm: no response head timeout any more
+        admitted = exchange.admitted
+        if admitted.kind != SHORT:
             self.heads.forget()  # the connection may now stay open for hours
-        if exchange.admitted.upgrade and exchange.status == 101:
+        if admitted.upgrade and exchange.status == 101:
             return False
         if self.gw.leaving:
             # Shutting down (--shutdown-delay): this connection's next request would race the

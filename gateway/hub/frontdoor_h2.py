@@ -423,6 +423,7 @@ class H2Stream:
     # The Exchange reads a plain response head for its framing only (gateway.hub.relayhead);
     # the translator takes its fields from its bytes (gateway.wire.http2.relayed_fields).
     reads_response_fields = False
+    relays_whole = False  # response_started primes the translator with the parsed head
     keeps_views = True  # this stream is the Exchange's transport, and it keeps what it gets
 
     __slots__ = (

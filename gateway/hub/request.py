@@ -131,6 +131,10 @@ class Door(Protocol):
     # False: the door writes the response head as the bytes it came in (HTTP/1.1), so the
     # exchange only needs its framing (gateway.hub.relayhead); True: it needs the fields.
     reads_response_fields: bool
+    # True: the door needs no response head object at all (HTTP/1.1 writes the bytes as they
+    # came): a response that arrives whole is relayed without one (Exchange._relay_whole).
+    # False: it reads the head the exchange parsed (HTTP/2 primes its translator with it).
+    relays_whole: bool
     # The client's transport may keep a reference to what it is given (not TLS): the exchange
     # copies the tunnel's memoryviews before writing them (see Exchange).
     keeps_views: bool
@@ -202,6 +206,7 @@ class _Gone:
     audit_memo = None  # shared by every request that is over: never a memo
     closed = True
     reads_response_fields = keeps_views = True
+    relays_whole = False
     transport = None
     header_verdict = HeaderVerdict()  # never used: a request that is over admits nothing
 
@@ -357,7 +362,8 @@ class Request:
             return
         door = self.door
         exchange = Exchange(self, head.method, admitted, self.request_id,
-                            fields=door.reads_response_fields, keeps_views=door.keeps_views)
+                            fields=door.reads_response_fields, keeps_views=door.keeps_views,
+                            whole=door.relays_whole)
         self.exchange = exchange
         initial = admitted.head + early if early else admitted.head
         exchange.bytes_in = len(early)
@@ -397,7 +403,7 @@ class Request:
         if exchange.done:
             return
         self._to(WAITING)
-        short = not exchange.head_sent and not self.long_running
+        short = not exchange.head_sent and exchange.admitted.kind == SHORT
         self.door.arm(self.gw.config.limits.response_header_timeout if short else 0,
                       exchange.timed_out)
 
@@ -432,7 +438,8 @@ class Request:
 
     def response_started(self, exchange: Exchange) -> bool:
         closing = self.door.response_started(self, exchange)
-        if self.long_running and not exchange.admitted.upgrade:  # a watch or logs -f
+        admitted = exchange.admitted
+        if admitted.kind != SHORT and not admitted.upgrade:  # a watch or logs -f
             self._stream_started(exchange)
             if self.gw.draining:  # started while the gateway shuts down: end it at once
                 exchange.end_once_started(SHUTTING_DOWN)

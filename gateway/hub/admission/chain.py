@@ -240,8 +240,8 @@ class HeaderVerdict:
     (:meth:`forget`)."""
 
     __slots__ = ("auth_key", "bearer", "block", "client_ip", "forwarded", "line", "line_block",
-                 "line_head", "line_kind", "received", "route", "searchable", "target",
-                 "to_service", "token_in_headers", "user_agent")
+                 "line_head", "line_kind", "prepared", "received", "route", "searchable",
+                 "target", "to_service", "token_in_headers", "user_agent")
 
     def __init__(self) -> None:
         self.received: Headers | None = None  # a copy of the list decided on; None: nothing
@@ -262,6 +262,10 @@ class HeaderVerdict:
         # per connection, and only for a target that passed every step: never a token.
         self.target = b""
         self.route: ClusterRoute | None = None
+        # What prepare() returned for that target with these headers: steps 1-5 are a pure
+        # function of the two and of the client's address, so a request repeating all three
+        # takes it as it is (kept only once it passed them, like the rest).
+        self.prepared: Prepared | None = None
         # The last admitted request's forwarded head and class (see _admitted), for its
         # request line (method, target, version, upgrade) and the fields' block it was made
         # with. Never a passthrough request's: its head carries the caller's own token.
@@ -273,7 +277,7 @@ class HeaderVerdict:
     def forget(self) -> None:
         self.received, self.bearer, self.forwarded, self.block = None, _NO_TOKEN, [], None
         self.searchable, self.auth_key, self.user_agent = b"", None, b""
-        self.target, self.route = b"", None
+        self.target, self.route, self.prepared = b"", None, None
         self.line, self.line_block, self.line_head = None, None, b""
 
 
@@ -286,6 +290,11 @@ def prepare(head: RequestHead, client_ip: str,
     """Steps 1-5: route, body size, upgrade check, bearer and header rules. Pure; raises
     :class:`Refusal`. ``last``: the connection's :class:`HeaderVerdict`, used when it was
     decided for the same inputs, else replaced by this request's."""
+    if last is not None:
+        prepared = last.prepared
+        if (prepared is not None and last.target == head.target
+                and last.received == head.headers and last.client_ip == client_ip):
+            return prepared  # the connection's last request, but for its method and version
     try:
         if last is not None and last.route is not None and last.target == head.target:
             cluster_route = last.route
@@ -313,6 +322,7 @@ def prepare(head: RequestHead, client_ip: str,
             searchable = searchable_token(bearer.token)
             user_agent = head.get(b"user-agent") or b""
             if last is not None:
+                last.prepared = None  # made for other headers: never for these
                 last.received, last.client_ip, last.to_service = (
                     list(head.headers), client_ip, to_service)
                 last.bearer, last.forwarded, last.token_in_headers, last.block = (
@@ -328,10 +338,11 @@ def prepare(head: RequestHead, client_ip: str,
                            "header (in its path, query or another header); it would reach the "
                            "managed cluster, so it is refused: send the token only as "
                            "'Authorization: Bearer'")
+    prepared = Prepared(cluster_route, upgrade, bearer, bearer.token, headers, block, last,
+                        user_agent)
     if last is not None:
-        last.target, last.route = head.target, cluster_route
-    return Prepared(cluster_route, upgrade, bearer, bearer.token, headers, block, last,
-                    user_agent)
+        last.target, last.route, last.prepared = head.target, cluster_route, prepared
+    return prepared
 
 
 _START_LINE = b"GET / HTTP/1.1\r\n"

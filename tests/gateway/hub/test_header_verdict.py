@@ -106,6 +106,31 @@ def test_a_verdict_is_used_only_for_equal_headers_address_and_destination() -> N
         assert refused.value.status == 403
 
 
+def test_a_repeated_target_headers_and_address_take_the_last_preparation_only() -> None:
+    """Steps 1-5 are a pure function of the target, the header list and the client's
+    address: a request repeating all three takes the last request's result as it was; a change
+    of any one is judged again, and a refusal in between leaves nothing to take."""
+    verdict = HeaderVerdict()
+    first = prepare(parse_request_head(_head()), "10.0.0.1", last=verdict)
+    assert prepare(parse_request_head(_head()), "10.0.0.1", last=verdict) is first
+    post = _head().replace(b"GET", b"POST", 1)  # another method: the same preparation
+    assert prepare(parse_request_head(post), "10.0.0.1", last=verdict) is first
+    other = _head().replace(b"/c1/api/v1/pods", b"/c2/api/v1/pods", 1)
+    assert prepare(parse_request_head(other), "10.0.0.1", last=verdict).route.cluster == "c2"
+    assert prepare(parse_request_head(_head()), "10.0.0.2", last=verdict) is not first
+    first = prepare(parse_request_head(_head()), "10.0.0.1", last=verdict)
+    # The same target with other headers that are decided (and kept) before the request is
+    # refused: refused again, never given the result kept for the first headers.
+    leaky = _head(b"X-Token: " + HUB_TOKEN.encode() + b"\r\n")
+    for _ in range(2):
+        with pytest.raises(Refusal) as refused:
+            prepare(parse_request_head(leaky), "10.0.0.1", last=verdict)
+        assert refused.value.status == 400
+    assert prepare(parse_request_head(_head()), "10.0.0.1", last=verdict) is not first
+    verdict.forget()
+    assert verdict.prepared is None
+
+
 def test_a_verdict_keeps_its_own_copy_of_the_headers() -> None:
     """A head whose header list changes after admission cannot make a later request with
     the changed list pass on the old decision."""

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.hub.exchange import RESPONSE_LIMITS
-from gateway.hub.relayhead import MAX_RELAYED_HEAD, relayed_head
+from gateway.hub.relayhead import MAX_RELAYED_HEAD, relayed_head, whole_response
 from gateway.wire.http1 import HTTPError, framing_for_response, parse_response_head
 
 PLAIN = (b"HTTP/1.1 200 OK\r\nAudit-Id: 2d8b7b0e\r\nContent-Type: application/json\r\n"
@@ -90,3 +90,57 @@ def test_it_never_disagrees_with_the_parser_on_mutated_heads(parts: list[bytes])
             assert relayed_head(candidate) is None
             continue
         _agrees(candidate)
+
+
+def _whole_agrees(data: bytes, method: bytes) -> None:
+    """whole_response says (status, end) only for one whole response, as the parser reads it."""
+    whole = whole_response(data, method)
+    if whole is None:
+        return
+    status, end = whole
+    full = parse_response_head(data[:end], RESPONSE_LIMITS)  # raises if it was wrong
+    assert full.status == status and full.keep_alive and not full.close_delimited
+    tracker = framing_for_response(full, method)
+    assert tracker.feed(data[end:]) == len(data) - end and tracker.complete
+
+
+def test_a_whole_plain_response_is_recognised() -> None:
+    body = b"x" * 1234
+    assert whole_response(PLAIN + body, b"GET") == (200, len(PLAIN))
+    _whole_agrees(PLAIN + body, b"GET")
+    assert whole_response(b"HTTP/1.1 404\r\ncontent-length: 0\r\n\r\n", b"GET") == (404, 35)
+
+
+@pytest.mark.parametrize(("data", "method"), [
+    (PLAIN + b"x" * 1233, b"GET"),  # part of its body: the tracker follows the rest
+    (PLAIN + b"x" * 1235, b"GET"),  # more than its body: the stream contract is broken
+    (PLAIN[:-2], b"GET"),  # no end of head
+    (PLAIN + b"x" * 1234, b"HEAD"),  # no body whatever Content-Length says
+    (PLAIN + b"x" * 1234, b"CONNECT"),
+    (PLAIN.replace(b"200 OK", b"204 No Content").replace(b"1234", b"0"), b"GET"),
+    (PLAIN.replace(b"200 OK", b"304 Not Modified").replace(b"1234", b"0"), b"GET"),
+    (PLAIN.replace(b"Content-Length: 1234", b"Transfer-Encoding: chunked") + b"0\r\n\r\n",
+     b"GET"),
+    (PLAIN.replace(b"200 OK", b"100 Continue").replace(b"1234", b"0"), b"GET"),
+    (PLAIN.replace(b"Date:", b"X-Big: " + b"a" * MAX_RELAYED_HEAD + b"\r\nDate:")
+     + b"x" * 1234, b"GET"),
+])
+def test_anything_but_one_whole_plain_response_is_left_to_the_exchange(
+        data: bytes, method: bytes) -> None:
+    assert whole_response(data, method) is None
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(_BYTES, max_size=24), st.integers(0, 8), st.sampled_from([b"GET", b"HEAD"]))
+def test_whole_never_disagrees_with_the_parser(parts: list[bytes], extra: int,
+                                               method: bytes) -> None:
+    raw = b"".join(parts)
+    for head in (raw, b"HTTP/1.1 200 OK\r\n" + raw + b"\r\n\r\n",
+                 b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n" + raw + b"\r\n\r\n"):
+        for data in (head, head + b"b" * extra):
+            try:
+                parse_response_head(data[:data.find(b"\r\n\r\n") + 4], RESPONSE_LIMITS)
+            except HTTPError:
+                assert whole_response(data, method) is None
+                continue
+            _whole_agrees(data, method)
