@@ -423,7 +423,9 @@ class H2Stream:
     # The Exchange reads a plain response head for its framing only (gateway.hub.relayhead);
     # the translator takes its fields from its bytes (gateway.wire.http2.relayed_fields).
     reads_response_fields = False
-    relays_whole = False  # response_started primes the translator with the parsed head
+    # A whole plain response is relayed without a head object: response_started primes the
+    # translator with its status (ResponseTranslator.expect_whole), else with the parsed head.
+    relays_whole = True
     keeps_views = True  # this stream is the Exchange's transport, and it keeps what it gets
 
     __slots__ = (
@@ -522,8 +524,13 @@ class H2Stream:
         self._disarm()
         if request.long_running:  # as the header verdict: the connection may stay for hours
             self.door.fields_memo.forget()
-        if exchange.response is not None and self.translator is not None:
-            self.translator.expect(exchange.response)  # parsed once, not again
+        translator = self.translator
+        if translator is not None:
+            response = exchange.response  # parsed once, not again; None: relayed whole
+            if response is None:
+                translator.expect_whole(exchange.status)
+            else:
+                translator.expect(response)
         return False
 
     def upgraded(self, request: Request) -> None:  # pragma: no cover - never over h2

@@ -131,9 +131,9 @@ class Door(Protocol):
     # False: the door writes the response head as the bytes it came in (HTTP/1.1), so the
     # exchange only needs its framing (gateway.hub.relayhead); True: it needs the fields.
     reads_response_fields: bool
-    # True: the door needs no response head object at all (HTTP/1.1 writes the bytes as they
-    # came): a response that arrives whole is relayed without one (Exchange._relay_whole).
-    # False: it reads the head the exchange parsed (HTTP/2 primes its translator with it).
+    # True: a response that arrives whole is relayed without a head object
+    # (Exchange._relay_whole): HTTP/1.1 writes its bytes as they came, HTTP/2 takes its status
+    # (ResponseTranslator.expect_whole). False: the door reads the head the exchange parsed.
     relays_whole: bool
     # The client's transport may keep a reference to what it is given (not TLS): the exchange
     # copies the tunnel's memoryviews before writing them (see Exchange).

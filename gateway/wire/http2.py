@@ -296,8 +296,9 @@ class ResponseStart:
     fields: Headers
 
 
-# Translator states
-_HEAD, _BODY, _DONE = range(3)
+# Translator states (_WHOLE: the next bytes are one whole plain response, see expect_whole)
+_HEAD, _BODY, _DONE, _WHOLE = range(4)
+_HEAD_END = b"\r\n\r\n"
 _RESPONSE_LIMITS = Limits(256 * 1024, 64 * 1024, 64 * 1024, 512)
 
 
@@ -341,7 +342,31 @@ class ResponseTranslator:
         fields = response_fields(head) if head.names else None
         self._primed = (head.status, fields, framing_for_response(head, self.method))
 
+    def expect_whole(self, status: int) -> None:
+        """The next bytes fed are exactly one whole plain response with ``status``, as the
+        Exchange found it (``gateway.hub.relayhead.whole_response``: a head meeting the rules
+        of :func:`relayed_fields`, then exactly its ``Content-Length`` body, for a request
+        whose answer has one): the fields are taken from the head's bytes and the rest is the
+        whole payload, without a head object, a framing or a body tracker (the common small
+        answer, one pass)."""
+        self._primed = (status, None, NO_BODY)
+        self._state = _WHOLE
+
+    def _whole(self, data: bytes | bytearray | memoryview) -> list[ResponseStart | bytes]:
+        if not isinstance(data, bytes):
+            data = bytes(data)
+        primed = self._primed
+        assert primed is not None
+        status = primed[0]
+        self._primed = None
+        self._state, self.complete = _DONE, True
+        end = data.index(_HEAD_END) + 4
+        start = ResponseStart(status, relayed_fields(data[:end], status))
+        return [start, data[end:]] if len(data) > end else [start]
+
     def feed(self, data: bytes | bytearray | memoryview) -> list[ResponseStart | bytes]:
+        if self._state == _WHOLE:
+            return self._whole(data)
         out: list[ResponseStart | bytes] = []
         if self._state == _HEAD:
             buf = self._buf

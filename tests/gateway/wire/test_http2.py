@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.hub.relayhead import relayed_head
+from gateway.hub.relayhead import relayed_head, whole_response
 from gateway.wire.http1 import (
     DEFAULT_LIMITS,
     HTTPError,
@@ -386,3 +386,21 @@ def test_primed_translator_starts_as_the_parsing_one(raw: bytes) -> None:
         primed.expect(relayed_head(raw) or parse_response_head(raw))
         got = [item for piece in pieces for item in primed.feed(piece)]
         assert got == want and primed.complete == parsing.complete
+
+
+@pytest.mark.parametrize("raw", _PLAIN_HEADS, ids=["kube", "dropped-and-ows", "no-reason"])
+def test_whole_response_translates_as_the_parsing_one(raw: bytes) -> None:
+    """A whole plain response (the Exchange's relayhead.whole_response) primes the translator
+    with its status only: the ResponseStart and the payload are those of a translator that
+    parses the bytes itself, the response is complete, and the bytes may come as a view."""
+    body = b"okay!"[:int(parse_response_head(raw).content_length or 0)]
+    whole = whole_response(raw + body, b"GET")
+    assert whole is not None
+    want = ResponseTranslator(b"GET").feed(raw + body)
+    for data in (raw + body, memoryview(raw + body)):
+        translator = ResponseTranslator(b"GET")
+        translator.expect_whole(whole[0])
+        assert translator.feed(data) == want
+        assert translator.complete
+        translator.feed_eof()  # the agent's EOF after it ends nothing more
+        assert translator.complete
