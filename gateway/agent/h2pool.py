@@ -268,7 +268,8 @@ class H2Stream:
         those bytes, one write to the tunnel stream instead of two (``data`` delivers it, with
         the body or alone)."""
         try:
-            head_bytes, head = relayed_response(event.headers, self._method)
+            head_bytes, head = relayed_response(event.headers, self._method,
+                                               event.content_length)
         except HTTPError as exc:
             self.fail(exc)
             return

@@ -158,12 +158,16 @@ class Event:
 
 class ResponseReceived(Event):
     """A stream's final response head (``stream_ended``: no body follows, the stream's
-    response side is over)."""
+    response side is over). ``content_length``: its first ``content-length`` as the core
+    parsed it to hold the DATA against (§8.1.1), -1 when there is none or it does not parse;
+    given so that a relay need not parse it again."""
 
-    __slots__ = ("headers", "stream_ended", "stream_id")
+    __slots__ = ("content_length", "headers", "stream_ended", "stream_id")
 
-    def __init__(self, stream_id: int, headers: Fields, stream_ended: bool) -> None:
+    def __init__(self, stream_id: int, headers: Fields, stream_ended: bool,
+                 content_length: int = -1) -> None:
         self.stream_id, self.headers, self.stream_ended = stream_id, headers, stream_ended
+        self.content_length = content_length
 
 
 class InformationalResponse(Event):
@@ -736,16 +740,17 @@ class ClientConnection:
             events.append(InformationalResponse(stream_id, headers))
             return
         stream.phase = _BODY
+        declared = _declared_length(headers)
         if stream.no_content or status == b"204" or status == b"304":
             stream.body_left = 0  # whatever its content-length says (§8.1.1)
         else:
-            stream.body_left = _declared_length(headers)
-            if ended and stream.body_left > 0:
+            stream.body_left = declared
+            if ended and declared > 0:
                 self._stream_error(stream_id, PROTOCOL_ERROR, events)
                 return
         if ended:
             self._remote_ended(stream_id, stream)
-        events.append(ResponseReceived(stream_id, headers, ended))
+        events.append(ResponseReceived(stream_id, headers, ended, declared))
 
     def _remote_ended(self, stream_id: int, stream: _Stream) -> None:
         stream.remote_open = False

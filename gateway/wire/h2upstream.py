@@ -36,6 +36,7 @@ from gateway.wire.http1 import (
     NoBody,
     RequestHead,
     ResponseHead,
+    plain_content_length,
     serialize_response_fields,
 )
 from gateway.wire.http2 import CONNECTION_SPECIFIC, LOWER_TCHAR
@@ -126,11 +127,14 @@ def response_head(fields: Headers, request_method: bytes) -> tuple[bytes, bool]:
     return head_bytes, head.chunked
 
 
-def relayed_response(fields: Headers, request_method: bytes) -> tuple[bytes, ResponseHead]:
+def relayed_response(fields: Headers, request_method: bytes,
+                     declared_length: int | None = None) -> tuple[bytes, ResponseHead]:
     """The HTTP/1.1 response head for a HEADERS block, as bytes and parsed (what
     ``gateway.wire.http1.parse_response_head`` would make of those bytes, its fields left
     out: ``chunked`` when the body must be sent chunked, ``content_length`` when the block
-    declares one).
+    declares one). ``declared_length``: the block's first ``content-length`` as the client
+    core already parsed it (``gateway.wire.h2client.ResponseReceived.content_length``, -1:
+    it does not parse), so that it is not parsed twice; None: parse it here.
 
     ``fields`` as the client core decodes them, unchecked: raises ``HTTPError`` (502) unless
     ``:status`` comes first, once, as three digits, with no other pseudo-header; names are
@@ -164,10 +168,12 @@ def relayed_response(fields: Headers, request_method: bytes) -> tuple[bytes, Res
         raise HTTPError("upstream sent a field name that is not a lower-case token", 502)
     content_length = None
     if length is not None:
-        digits = length.strip(b" \t")
-        if not digits or digits.translate(None, _DIGITS) or len(digits) > 18:
+        if declared_length is None:
+            content_length = plain_content_length(length.strip(b" \t"))
+        elif declared_length >= 0:
+            content_length = declared_length
+        if content_length is None:
             raise HTTPError("upstream sent an invalid content-length", 502)
-        content_length = int(digits)
     status = int(status_value)
     bodiless = status < 200 or status in (204, 304) or request_method == b"HEAD"
     chunked = not bodiless and length is None

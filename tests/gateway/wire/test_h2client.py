@@ -489,6 +489,23 @@ def test_a_head_that_ends_the_stream_but_declares_content_is_a_stream_error() ->
     server.stream_error(server.headers(sid, length(3), end_stream=True), sid, PROTOCOL_ERROR)
 
 
+def test_the_head_event_carries_the_declared_length_as_parsed() -> None:
+    # The relay takes the core's parse (gateway.wire.h2upstream.relayed_response) rather than
+    # parsing the value again: the first content-length, surrounding blanks stripped; -1 for
+    # none or one that does not parse; given as declared even where no content may follow.
+    cases = [([(b":status", b"200"), (b"content-length", b" 42\t")], 42),
+             ([(b":status", b"200")], -1),
+             ([(b":status", b"200"), (b"content-length", b"+4")], -1),
+             ([(b":status", b"200"), (b"content-length", b"4, 4")], -1),
+             ([(b":status", b"304"), (b"content-length", b"10")], 10)]
+    for fields, declared in cases:
+        server = Server()
+        sid = server.request()
+        events = server.client.receive_data(server.headers(sid, fields))
+        assert [(type(e).__name__, getattr(e, "content_length", None)) for e in events] == [
+            ("ResponseReceived", declared)], fields
+
+
 def test_responses_without_content_may_declare_a_length() -> None:
     server = Server()
     head = server.request([(b":method", b"HEAD"), *REQUEST[1:]], head_request=True)

@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.wire.h2upstream import RequestBody, request_body, request_fields, response_head
+from gateway.wire.h2upstream import (
+    RequestBody,
+    relayed_response,
+    request_body,
+    request_fields,
+    response_head,
+)
 from gateway.wire.http1 import (
     HTTPError,
     framing_for_response,
@@ -145,6 +151,23 @@ def test_response_head_never_chunks_a_bodiless_answer(status: bytes, method: byt
     raw, chunked = response_head([(b":status", status)], method)
     assert not chunked and b"transfer-encoding" not in raw
     assert framing_for_response(parse_response_head(raw), method).complete
+
+
+def test_relayed_response_takes_the_cores_parse_of_the_length() -> None:
+    # The client core parsed the content-length already (ResponseReceived.content_length):
+    # its figure is the head's, and its -1 (does not parse) is refused as a parse here would.
+    fields = [(b":status", b"200"), (b"content-length", b"12")]
+    raw, head = relayed_response(fields, b"GET", 12)
+    assert (raw, head.content_length, head.chunked) == (
+        b"HTTP/1.1 200 OK\r\ncontent-length: 12\r\n\r\n", 12, False)
+    assert relayed_response(fields, b"GET")[1].content_length == 12  # parsed here
+    with pytest.raises(HTTPError) as info:
+        relayed_response([(b":status", b"200"), (b"content-length", b"1x")], b"GET", -1)
+    assert info.value.status == 502 and "content-length" in str(info.value)
+    with pytest.raises(HTTPError):  # unchanged: the core's figure is of the first of two
+        relayed_response([*fields, (b"content-length", b"12")], b"GET", 12)
+    raw, head = relayed_response([(b":status", b"200")], b"GET", -1)  # none: chunked
+    assert head.content_length is None and head.chunked
 
 
 def test_response_head_unknown_status_gets_a_reason() -> None:
