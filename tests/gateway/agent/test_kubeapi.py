@@ -11,7 +11,14 @@ import pytest
 import trustme
 import yaml
 
-from gateway.agent.kubeapi import KubeAPIConfigError, TokenSource, from_kubeconfig, in_cluster, load
+from gateway.agent.kubeapi import (
+    KubeAPIAccess,
+    KubeAPIConfigError,
+    TokenSource,
+    from_kubeconfig,
+    in_cluster,
+    load,
+)
 
 
 def kubeconfig(path: Path, cluster: dict, user: dict) -> str:
@@ -30,13 +37,18 @@ def ca_file(ca: trustme.CA, tmp_path: Path) -> str:
     return str(path)
 
 
-def test_in_cluster_service_account(tmp_path: Path, ca_file: str) -> None:
+def _in_cluster_with_token(tmp_path: Path, ca_file: str) -> tuple[Path, KubeAPIAccess]:
+    """An in-cluster access whose service account token is ``sa-token``."""
     sa = tmp_path / "sa"
     sa.mkdir()
     (sa / "token").write_text("sa-token\n")
     (sa / "ca.crt").write_bytes(Path(ca_file).read_bytes())
-    access = in_cluster({"KUBERNETES_SERVICE_HOST": "10.0.0.1",
-                         "KUBERNETES_SERVICE_PORT": "443"}, sa)
+    return sa, in_cluster({"KUBERNETES_SERVICE_HOST": "10.0.0.1",
+                           "KUBERNETES_SERVICE_PORT": "443"}, sa)
+
+
+def test_in_cluster_service_account(tmp_path: Path, ca_file: str) -> None:
+    _, access = _in_cluster_with_token(tmp_path, ca_file)
     assert (access.host, access.port, access.server_hostname) == ("10.0.0.1", 443, "10.0.0.1")
     assert access.authorization() == b"Bearer sa-token"
     assert "sa-token" not in access.describe()
@@ -45,12 +57,7 @@ def test_in_cluster_service_account(tmp_path: Path, ca_file: str) -> None:
 def test_authorization_follows_a_rotated_token(tmp_path: Path, ca_file: str) -> None:
     """The Authorization value is kept between requests (asked per request), never past a
     rotation of the token it was made of."""
-    sa = tmp_path / "sa"
-    sa.mkdir()
-    (sa / "token").write_text("sa-token\n")
-    (sa / "ca.crt").write_bytes(Path(ca_file).read_bytes())
-    access = in_cluster({"KUBERNETES_SERVICE_HOST": "10.0.0.1",
-                         "KUBERNETES_SERVICE_PORT": "443"}, sa)
+    sa, access = _in_cluster_with_token(tmp_path, ca_file)
     assert access.token is not None
     access.token.check_interval = 0.0
     first = access.authorization()
