@@ -235,9 +235,12 @@ class HeaderVerdict:
     accept types), and what the steps decide is a pure function of the header list, the
     client's address and whether the request goes to a Service. So a request whose three are
     equal to the last one's takes that decision as it is, a list comparison instead of
-    parsing the token, checking and rewriting every header again. Only a list that passed
-    is kept; the connection drops it with its last request if that one stays open for hours
-    (:meth:`forget`)."""
+    parsing the token, checking and rewriting every header again. A list is kept once steps
+    4-5 read it, even when its request is then refused for carrying no token or carrying it
+    elsewhere: that refusal is decided again, from what was kept, for every request repeating
+    the list. Only a request that passed every step leaves its whole preparation
+    (``prepared``). The connection drops all of it with its last request if that one stays
+    open for hours (:meth:`forget`)."""
 
     __slots__ = ("auth_key", "bearer", "block", "client_ip", "forwarded", "line", "line_block",
                  "line_head", "line_kind", "prepared", "received", "route", "searchable",
