@@ -187,15 +187,9 @@ class FairQueues:
             self._placed[flow] = _Placement(queue)
         else:
             placed.requests += 1
-        # _activate and _start, spelled out: this runs for every short request.
-        if not queue.waiting and not queue.executing:
-            self._active += 1
-            queue.next_start = self._r  # no credit for the time it was idle
+        self._activate(queue)
         if seated:
-            ticket.state = Ticket.EXECUTING
-            queue.executing += 1
-            queue.next_start += self.estimate
-            self.executing += 1
+            self._start(ticket, queue, now)
         else:
             queue.waiting.append(ticket)
             self.waiting += 1
@@ -214,13 +208,8 @@ class FairQueues:
         # Charged in seat-seconds, as kube-apiserver does: one seat for as long as it ran.
         used = now - ticket.dispatched
         queue.next_start -= self.estimate - used
-        # _deactivate and _unplace, spelled out: this runs for every short request.
-        if not queue.waiting and not queue.executing:
-            self._active -= 1
-        placed = self._placed[ticket.flow]
-        placed.requests -= 1
-        if not placed.requests:
-            del self._placed[ticket.flow]
+        self._deactivate(queue)
+        self._unplace(ticket.flow)
         return self._dispatch(now) if self.waiting else []
 
     def cancel(self, ticket: Ticket, now: float) -> None:
@@ -241,7 +230,7 @@ class FairQueues:
 
     # --- internals -----------------------------------------------------------------------------
 
-    # queue.active, spelled out (and again in arrive and finish, which run for every request).
+    # _activate and _deactivate run for every short request: queue.active, spelled out.
     def _activate(self, queue: _Queue) -> None:
         if not queue.waiting and not queue.executing:
             self._active += 1

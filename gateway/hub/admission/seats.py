@@ -67,10 +67,7 @@ class Seat(Ticket):
     def release(self) -> None:
         seats, self._seats = self._seats, None
         if seats is not None:
-            if seats.scheduler.waiting:
-                seats._finish(self)  # its seat goes to a waiting request
-            else:
-                seats.scheduler.finish(self, seats.clock())
+            seats._finish(self)
 
 
 class Seats:
