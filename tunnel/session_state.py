@@ -812,7 +812,7 @@ class Session:
     def _forget(self, st: StreamState) -> None:
         if self.streams.pop(st.id, None) is None:
             return
-        if st.id & 1 != self._local_parity:  # (not _is_local: once per stream, inline)
+        if not self._is_local(st.id):
             self._peer_streams -= 1
         st.send_buf = None
         st.local_open = False

@@ -232,7 +232,7 @@ class Agent:
         if stats.active:
             stats.active -= 1
         outcome = exchange.outcome or "closed"
-        key = outcome if outcome == "complete" else outcome.split(":")[0]
+        key = outcome.partition(":")[0]
         stats.by_outcome[key] = stats.by_outcome.get(key, 0) + 1
         self.metrics.stream_done(upstream, outcome, getattr(exchange, "started", 0.0),
                                  getattr(exchange, "response_at", 0.0))
