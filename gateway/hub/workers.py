@@ -36,6 +36,8 @@ def instance_id() -> int:
     return secrets.randbits(32) or 1  # 0 means "a single process" on the wire
 
 
+STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
+
 # What a worker adds to the snapshot it sends worker 0: why it is not ready, or None.
 NOT_READY = "not_ready"
 
@@ -80,17 +82,25 @@ def run(config: GatewayConfig,
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
     for index in range(config.workers):
-        pid = os.fork()
-        if pid == 0:  # the worker
-            code = 1
-            try:
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                signal.signal(signal.SIGINT, signal.SIG_DFL)
-                code = serve_one(dataclasses.replace(config, worker_index=index,
-                                                     hub_instance=instance_id()), link)
-            finally:
-                os._exit(code)
-        children[pid] = index
+        # Held across the fork: one sent to the new worker before it resets its handlers would
+        # run the parent's `forward` there, which knows no children, and be lost; the worker
+        # would then serve on with nobody able to stop it. Held, it waits for the reset.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            pid = os.fork()
+            if pid == 0:  # the worker
+                code = 1
+                try:
+                    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                    signal.signal(signal.SIGINT, signal.SIG_DFL)
+                    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+                    code = serve_one(dataclasses.replace(config, worker_index=index,
+                                                         hub_instance=instance_id()), link)
+                finally:
+                    os._exit(code)
+            children[pid] = index
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         if stopping:  # asked to stop while forking: the new worker too
             _signal(pid, signal.SIGTERM)
     link.close()

@@ -221,6 +221,18 @@ def serve_one(config, link):
     signal.sigwait({signal.SIGTERM})
     return 0
 
+if sys.argv[1] == "signalled-at-fork":  # SIGTERM lands on worker 0 before it resets handlers
+    real_fork, forks = os.fork, []
+
+    def fork():
+        pid = real_fork()
+        forks.append(pid)
+        if pid == 0 and len(forks) == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return pid
+
+    os.fork = fork
+
 print("rc", workers.run(GatewayConfig(workers=2), serve_one), flush=True)
 """
 
@@ -247,6 +259,14 @@ def test_a_worker_that_dies_stops_the_others_and_the_parent_exits_1() -> None:
     proc = supervised("crash")
     out, _ = proc.communicate(timeout=20)
     assert "rc 1" in out and proc.returncode == 0  # the script prints run()'s code
+
+
+def test_a_sigterm_between_fork_and_the_workers_own_handlers_still_stops_it() -> None:
+    proc = supervised("signalled-at-fork")
+    out, _ = proc.communicate(timeout=20)
+    # Worker 0 dies of it before serving; the parent then stops worker 1 and reports 1.
+    assert "worker 0" not in out
+    assert "rc 1" in out and proc.returncode == 0
 
 
 async def _listener(pki: Path, port: int, instance: int, peers: tuple[int, ...]) -> Any:
