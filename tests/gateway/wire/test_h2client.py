@@ -882,10 +882,11 @@ def test_data_beyond_the_connection_window_is_a_connection_error() -> None:
     sid = server.request()
     server.respond(sid)
     wire = data_frame(sid, b"x" * 16384) * 3 + data_frame(sid, b"x" * 16383)
-    # the connection window is given back on receipt, past half of it, not at the end
+    # the connection window is given back on receipt, once a read took it past half (all of
+    # what that read took, in one WINDOW_UPDATE), not when the stream's data is acknowledged
     events = server.client.receive_data(wire[:3 * (16384 + 9)])
     assert len(events) == 1 and server.client._recv_window > 16383
-    assert [(f.stream_id, f.window_increment) for f in server.out()] == [(0, 16384 * 2)]
+    assert [(f.stream_id, f.window_increment) for f in server.out()] == [(0, 16384 * 3)]
     client = ClientConnection(max_header_list_size=HEADER_LIST_LIMIT, initial_window_size=1 << 20)
     client.initiate()
     client.receive_data(settings())
