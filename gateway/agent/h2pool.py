@@ -121,7 +121,7 @@ _LAST_CHUNK_AFTER_DATA = _CRLF + LAST_CHUNK  # ends a chunk and the body in one 
 class H2Stream:
     """One exchange on an :class:`H2Upstream`: the exchange's view of an upstream connection."""
 
-    __slots__ = ("_body", "_chunked", "_end_pending", "_held_head", "_left", "_method", "_out",
+    __slots__ = ("_body", "_chunked", "_end_pending", "_held_head", "_method", "_out",
                  "_paused", "_unacked", "_write_paused", "conn", "ended", "request_ended",
                  "requests", "response_ended", "stream_id", "user")
 
@@ -138,7 +138,6 @@ class H2Stream:
         self._out = bytearray()  # payload waiting for the server's flow-control window
         self._end_pending = False
         self._chunked = False
-        self._left = -1  # body bytes the response's content-length still expects (-1: none)
         # The response head, held for the body bytes the same read brought (see response()).
         self._held_head = b""
         self._paused = False
@@ -281,24 +280,16 @@ class H2Stream:
             self._held_head = head_bytes
             head_bytes = b""
         user.upstream_head(head_bytes, head)
-        if head.chunked:
-            if event.stream_ended:
-                self._end(LAST_CHUNK)
-            return
-        # A body of known length (none at all without content) ends with its last byte: the
-        # server's END_STREAM may come in a frame of its own later (Go's does that).
-        if head.status < 200 or head.status in (204, 304) or self._method == b"HEAD":
-            self._left = 0
-        elif head.content_length is not None:
-            self._left = head.content_length
-        if event.stream_ended or self._left == 0:
-            self._end(b"")
+        # A body of known length (none at all without content) ends with its last byte, as
+        # the core counts them: the server's END_STREAM may come later (Go's does that).
+        if event.body_complete:
+            self._end(LAST_CHUNK if head.chunked else b"")
 
     def data(self, event: DataReceived) -> None:
         """The payload of the DATA frames of one read: one delivery (one chunk), with the
         response's end if they bring it."""
         pieces = event.pieces
-        ended = event.stream_ended
+        ended = event.body_complete  # the stream's end, or the content-length's last byte
         body: bytes | memoryview = b""
         if self._chunked:
             if pieces:
@@ -309,9 +300,6 @@ class H2Stream:
                 body = LAST_CHUNK
         elif pieces:
             body = pieces[0] if len(pieces) == 1 else b"".join(pieces)
-            if self._left > 0:  # the core refuses DATA past the content-length
-                self._left -= len(body)
-                ended = ended or not self._left
         if body or ended or self._held_head:
             # (A held head with nothing of the body: an empty DATA frame; it goes alone.)
             self._deliver(body, ended)

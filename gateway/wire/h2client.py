@@ -163,14 +163,17 @@ class ResponseReceived(Event):
     """A stream's final response head (``stream_ended``: no body follows, the stream's
     response side is over). ``content_length``: its first ``content-length`` as the core
     parsed it to hold the DATA against (§8.1.1), -1 when there is none or it does not parse;
-    given so that a relay need not parse it again."""
+    given so that a relay need not parse it again. ``body_complete``: the response is whole
+    with its head: the stream ended, or the response has no content (a HEAD request's, a 204
+    or 304, a ``content-length: 0``), whether or not END_STREAM came yet."""
 
-    __slots__ = ("content_length", "headers", "stream_ended", "stream_id")
+    __slots__ = ("body_complete", "content_length", "headers", "stream_ended", "stream_id")
 
     def __init__(self, stream_id: int, headers: Fields, stream_ended: bool,
-                 content_length: int = -1) -> None:
+                 content_length: int = -1, body_complete: bool | None = None) -> None:
         self.stream_id, self.headers, self.stream_ended = stream_id, headers, stream_ended
         self.content_length = content_length
+        self.body_complete = stream_ended if body_complete is None else body_complete
 
 
 class InformationalResponse(Event):
@@ -186,16 +189,21 @@ class DataReceived(Event):
     """Body bytes of one stream: the payloads of one or more consecutive DATA frames of one
     :meth:`ClientConnection.receive_data` call, in ``pieces`` (views of its input: read or copy
     them before the event is dropped, never keep them). ``flow_controlled_length`` (padding
-    included) is what to acknowledge; ``stream_ended``: the last frame ended the stream."""
+    included) is what to acknowledge; ``stream_ended``: the last frame ended the stream;
+    ``body_complete``: the response's body is whole with these bytes (the stream ended, or
+    its content-length is reached: the server's END_STREAM may come later, in a frame of its
+    own, as Go's does)."""
 
-    __slots__ = ("flow_controlled_length", "pieces", "stream_ended", "stream_id")
+    __slots__ = ("body_complete", "flow_controlled_length", "pieces", "stream_ended",
+                 "stream_id")
 
     def __init__(self, stream_id: int, piece: memoryview, flow_controlled_length: int,
-                 stream_ended: bool) -> None:
+                 stream_ended: bool, body_complete: bool | None = None) -> None:
         self.stream_id = stream_id
         self.pieces = [piece] if piece else []
         self.flow_controlled_length = flow_controlled_length
         self.stream_ended = stream_ended
+        self.body_complete = stream_ended if body_complete is None else body_complete
 
     @property
     def data(self) -> bytes:
@@ -594,17 +602,20 @@ class ClientConnection:
         if not n and not ended and not self._cheap.spend():
             raise ServerProtocolError(ENHANCE_YOUR_CALM, "flood of empty DATA frames")
         stream.recv_window -= flow
+        complete = bool(ended) or not left  # left: 0 once the content-length is reached
         if events:
             last = events[-1]
             if type(last) is DataReceived and last.stream_id == stream_id:
                 if n:
                     last.pieces.append(payload)
                 last.flow_controlled_length += flow
+                if complete:
+                    last.body_complete = True
                 if ended:
                     last.stream_ended = True
                     self._remote_ended(stream_id, stream)
                 return
-        events.append(DataReceived(stream_id, payload, flow, bool(ended)))
+        events.append(DataReceived(stream_id, payload, flow, bool(ended), complete))
         if ended:
             self._remote_ended(stream_id, stream)
 
@@ -650,15 +661,19 @@ class ClientConnection:
             unacked = 0
         self._recv_window, self._recv_unacked = window, unacked
         stream.recv_window = stream_window - taken
+        complete = False
         if left > 0:
             stream.body_left = left - taken
+            complete = left == taken
         if events:
             last = events[-1]
             if type(last) is DataReceived and last.stream_id == stream_id:
                 last.pieces += pieces
                 last.flow_controlled_length += taken
+                if complete:
+                    last.body_complete = True
                 return pos
-        event = DataReceived(stream_id, pieces[0], taken, False)
+        event = DataReceived(stream_id, pieces[0], taken, False, complete)
         event.pieces = pieces
         events.append(event)
         return pos
@@ -758,7 +773,8 @@ class ClientConnection:
                 return
         if ended:
             self._remote_ended(stream_id, stream)
-        events.append(ResponseReceived(stream_id, headers, ended, declared))
+        events.append(ResponseReceived(stream_id, headers, ended, declared,
+                                       ended or not stream.body_left))
 
     def _remote_ended(self, stream_id: int, stream: _Stream) -> None:
         stream.remote_open = False

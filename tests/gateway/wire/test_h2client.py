@@ -472,6 +472,53 @@ def test_data_past_the_content_length_is_a_stream_error_and_not_handed_on() -> N
     server.stream_error(data_frame(sid, b"cde"), sid, PROTOCOL_ERROR)
 
 
+def test_events_say_when_the_body_is_complete_by_its_length_before_end_stream() -> None:
+    # The relay ends a response at its content-length's last byte (Go's server sends
+    # END_STREAM later, in a frame of its own): the core, which counts the bytes against the
+    # length anyway, says so, frame by frame or for a run of frames in one read.
+    server = Server()
+    sid = server.request()
+    [head] = server.client.receive_data(server.headers(sid, length(6)))
+    assert isinstance(head, ResponseReceived) and not head.body_complete
+    [part] = server.client.receive_data(data_frame(sid, b"ab"))
+    assert isinstance(part, DataReceived) and not part.body_complete
+    [rest] = server.client.receive_data(data_frame(sid, b"cd") + data_frame(sid, b"ef"))
+    assert isinstance(rest, DataReceived) and rest.data == b"cdef"
+    assert rest.body_complete and not rest.stream_ended
+    [end] = server.client.receive_data(data_frame(sid, b"", True))
+    assert isinstance(end, DataReceived) and end.body_complete and end.stream_ended
+    # Padded frames take the frame-by-frame path.
+    sid = server.request()
+    server.respond(sid, length(2))
+    padded = DataFrame(sid, data=b"xy", pad_length=3, flags=["PADDED"]).serialize()
+    [event] = server.client.receive_data(padded)
+    assert isinstance(event, DataReceived) and event.body_complete and not event.stream_ended
+    # Without a content-length, only END_STREAM completes the body.
+    sid = server.request()
+    server.respond(sid)
+    [event] = server.client.receive_data(data_frame(sid, b"abc"))
+    assert isinstance(event, DataReceived) and not event.body_complete
+    [event] = server.client.receive_data(data_frame(sid, b"d", True))
+    assert isinstance(event, DataReceived) and event.body_complete
+
+
+@pytest.mark.parametrize(("fields", "head_request", "complete"), [
+    (length(0), False, True),
+    ([(b":status", b"204")], False, True),
+    ([(b":status", b"304"), (b"content-length", b"10")], False, True),
+    (length(10), True, True),  # a HEAD request's response has no content
+    (length(10), False, False),
+    (OK, False, False),
+], ids=["length-0", "204", "304", "head", "length-10", "no-length"])
+def test_a_head_without_content_says_the_body_is_complete(
+        fields: list[tuple[bytes, bytes]], head_request: bool, complete: bool) -> None:
+    server = Server()
+    sid = server.request(head_request=head_request)
+    [head] = server.client.receive_data(server.headers(sid, fields))
+    assert isinstance(head, ResponseReceived) and not head.stream_ended
+    assert head.body_complete is complete
+
+
 def test_the_end_short_of_the_content_length_is_a_stream_error() -> None:
     server = Server()
     sid = server.request()
