@@ -33,7 +33,9 @@ accepted; a *stream error* queues RST_STREAM and reports a :class:`StreamReset` 
   must end the stream; a response's ``content-length`` is held against its DATA (§8.1.1: more
   DATA, or the end short of it, is PROTOCOL_ERROR; a response to HEAD, a 204 or a 304 carries
   none). Each of these is a stream error: the other streams go on. The fields themselves are
-  not checked here (``gateway.wire.h2upstream.response_head`` does, for the relay).
+  not checked here (``gateway.wire.h2upstream.response_head`` does, for the relay). Events
+  say when a response's body is complete (``body_complete``): at END_STREAM, or at its
+  content-length's last byte (the one count of it), or with its head when it has no content.
 * Header blocks: HEADERS and its CONTINUATION frames must follow each other with nothing in
   between (§6.10); a block longer than the header-list limit or spread over more than
   ``MAX_CONTINUATIONS`` frames is ENHANCE_YOUR_CALM (as the front door), before it is decoded. A
@@ -51,7 +53,8 @@ accepted; a *stream error* queues RST_STREAM and reports a :class:`StreamReset` 
   (:attr:`ClientConnection.can_open`).
 * Flow control (§6.9) both ways. Received DATA counts against the connection's and the
   stream's windows (more is FLOW_CONTROL_ERROR, a connection error for the connection window,
-  a stream error for the stream's). The connection window is given back on receipt; a stream's
+  a stream error for the stream's). The connection window is given back on receipt (once per
+  run of DATA frames in one read, when it is past half); a stream's
   only through :meth:`ClientConnection.acknowledge_received_data`, once the application took the
   bytes (a stream whose reader is slow holds its window, no more), in WINDOW_UPDATEs sent when
   half a window is used. A stream's window starts at ``initial_window_size`` and auto-tunes:
