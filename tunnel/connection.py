@@ -133,8 +133,17 @@ class TunnelStream:
     def write_eof(self) -> None:
         if self._lost:
             return
-        self._session._core.send_eof(self.stream_id)
-        self._session._schedule_flush()
+        session = self._session
+        core = session._core
+        core.send_eof(self.stream_id)
+        session._schedule_flush()
+        st = core.streams.get(self.stream_id)
+        if st is not None and not st.remote_open and len(core.streams) == 1:
+            # The stream's last frame, and no other stream can add to the turn's write: it
+            # goes now, not after the rest of the turn (an agent's response complete: its
+            # pool bookkeeping, the upstream's acknowledgements). The scheduled flush still
+            # runs, to deliver the stream's end; it finds nothing more to write.
+            session._write_now()
 
     def can_write_eof(self) -> bool:
         return True
@@ -600,6 +609,12 @@ class TunnelSession(asyncio.BufferedProtocol):
         if not self._flush_scheduled and self._transport is not None and not self.closed:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
+
+    def _write_now(self) -> None:
+        """Write what is queued now, if the transport takes writes (see ``_flush``)."""
+        transport = self._transport
+        if transport is not None and not transport.is_closing():
+            self._write_pending()
 
     def _write_pending(self) -> None:
         """Write what the core has queued (control frames only while the transport is paused)."""

@@ -101,6 +101,52 @@ async def test_an_accept_with_nothing_to_send_schedules_no_flush(tls_contexts):
     server.close()
 
 
+async def test_a_streams_last_frame_leaves_at_once_only_when_no_other_stream_is_open(
+        tls_contexts):
+    """The FIN that ends the session's only stream (the peer's side already ended) is written
+    by write_eof itself, not after the rest of the loop turn: it is on the c=1 latency path.
+    With another stream open the turn's one write still takes it (the other stream may add
+    to it in the same turn)."""
+    written_at_once: list[bool] = []
+
+    class Later(Collector):
+        def connection_made(self, stream) -> None:
+            super().connection_made(stream)
+            stream.accept()
+
+        def eof_received(self) -> None:
+            super().eof_received()
+            asyncio.get_running_loop().call_later(0.01, self.answer)
+
+        def answer(self) -> None:
+            session = self.stream._session
+            self.stream.write(b"done")
+            before = session.bytes_sent
+            self.stream.write_eof()
+            written_at_once.append(session.bytes_sent > before)
+
+    hub, agent, server = await session_pair(tls_contexts, on_open=lambda req: Later())
+    await asyncio.sleep(0.05)  # settled: SETTINGS and the first pings are out
+    client = Collector(keep=True)
+    hub.open_stream(KubeAPITarget(), b"", client, initial_data=b"ask", fin=True)
+    assert await asyncio.wait_for(client.lost, 5) is None
+    assert bytes(client.data) == b"done" and client.eof
+    assert written_at_once == [True]
+    assert agent.active_streams == 0  # the stream's end was still delivered
+
+    other = Collector(keep=True)  # open, not ended: its answer waits for its EOF
+    hub.open_stream(KubeAPITarget(), b"", other, initial_data=b"wait")
+    client = Collector(keep=True)
+    hub.open_stream(KubeAPITarget(), b"", client, initial_data=b"ask", fin=True)
+    assert await asyncio.wait_for(client.lost, 5) is None
+    assert bytes(client.data) == b"done"
+    assert written_at_once == [True, False]
+    other.stream.write_eof()
+    assert await asyncio.wait_for(other.lost, 5) is None
+    hub.close()
+    server.close()
+
+
 async def test_refusal_is_typed(tls_contexts):
     class Refuser(Collector):
         def connection_made(self, stream) -> None:
