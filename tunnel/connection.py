@@ -138,12 +138,20 @@ class TunnelStream:
         core.send_eof(self.stream_id)
         session._schedule_flush()
         st = core.streams.get(self.stream_id)
-        if st is not None and not st.remote_open and len(core.streams) == 1:
+        if st is not None and not st.remote_open and self.alone:
             # The stream's last frame, and no other stream can add to the turn's write: it
             # goes now, not after the rest of the turn (an agent's response complete: its
             # pool bookkeeping, the upstream's acknowledgements). The scheduled flush still
             # runs, to deliver the stream's end; it finds nothing more to write.
             session._write_now()
+
+    @property
+    def alone(self) -> bool:
+        """This is its session's only stream: no other stream's frames can join a write made
+        now (at c=1, the common case; with a burst of OPENs in one read, no stream of it is).
+        For writing a complete message at once, here and on an upstream, rather than at the
+        end of the loop turn, where everything of the turn shares one write."""
+        return len(self._session._core.streams) == 1
 
     def can_write_eof(self) -> bool:
         return True

@@ -584,7 +584,8 @@ class HttpExchange:
         self._retryable = self._req_done and not self.request.upgrade and not retry
         if type(outgoing) is bytes:
             assert type(conn) is H2Stream
-            conn.send_request(self.request, outgoing)
+            conn.send_request(self.request, outgoing,
+                              at_once=getattr(self.stream, "alone", False))
         else:
             assert isinstance(outgoing, RequestHead)
             conn.send_head(outgoing)

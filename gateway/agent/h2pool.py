@@ -203,14 +203,17 @@ class H2Stream:
         self.conn.stream_closed(self, reset=not (self.request_ended and self.response_ended))
 
     # --- from the connection -----------------------------------------------------------------
-    def send_request(self, head: RequestHead, fields: bytes) -> None:
+    def send_request(self, head: RequestHead, fields: bytes, *, at_once: bool = False) -> None:
         """The request: its header fields already HPACK-encoded
         (``gateway.agent.exchange.rewrite_request_block``, the fields :func:`request_fields`
-        would make of ``rewrite_request``'s head), its method and body framing from ``head``."""
+        would make of ``rewrite_request``'s head), its method and body framing from ``head``.
+        ``at_once``: the caller knows no other request joins this turn's write (see
+        :meth:`H2Upstream.send_headers`)."""
         if not self.ended and self._body is None:
-            self._send_head(head, fields)
+            self._send_head(head, fields, at_once)
 
-    def _send_head(self, head: RequestHead, block: bytes | None = None) -> None:
+    def _send_head(self, head: RequestHead, block: bytes | None = None,
+                   at_once: bool = False) -> None:
         try:
             fields = request_fields(head) if block is None else None
             self._body = request_body(head)
@@ -221,7 +224,7 @@ class H2Stream:
         end = self._body.complete
         try:
             self.stream_id = self.conn.send_headers(self, fields, block, end,
-                                                    head.method == b"HEAD")
+                                                    head.method == b"HEAD", at_once)
         except NoNewStreams as exc:  # a GOAWAY came since the pool handed this stream out
             self.fail(StreamRefused(f"the connection takes no new stream ({exc})"))
             return
@@ -504,8 +507,14 @@ class H2Upstream(asyncio.BufferedProtocol):
 
     # --- used by streams -----------------------------------------------------------------------
     def send_headers(self, stream: H2Stream, fields: list[tuple[bytes, bytes]] | None,
-                     block: bytes | None, end: bool, head_request: bool) -> int:
-        """Open ``stream`` with ``fields``, or with their encoding ``block`` if they are None."""
+                     block: bytes | None, end: bool, head_request: bool,
+                     at_once: bool = False) -> int:
+        """Open ``stream`` with ``fields``, or with their encoding ``block`` if they are None.
+
+        A complete request (``end``) that the caller knows nothing else joins (``at_once``:
+        its tunnel stream is its session's only one) on a connection with no other stream is
+        written now, not at the end of the loop turn: on the c=1 latency path, and it saves no
+        write to wait when nothing can share it."""
         if self.draining or not self.usable:
             raise NoNewStreams("the connection is closing")
         if fields is not None:
@@ -515,7 +524,8 @@ class H2Upstream(asyncio.BufferedProtocol):
             stream_id = self.h2.send_header_block(block, end, head_request=head_request)
         self.by_id[stream_id] = stream
         self._unflushed_heads += 1
-        if self._unflushed_heads >= MAX_BATCHED_HEADS:
+        if self._unflushed_heads >= MAX_BATCHED_HEADS or (
+                at_once and end and len(self.handles) == 1):
             self._write_now()
         else:
             self.flush()

@@ -24,6 +24,7 @@ from tests.support import free_port
 
 class FakeStream:
     stream_id = 7
+    alone = False  # TunnelStream.alone: the session's only stream (True: writes go at once)
 
     def __init__(self, protocol: Any, target: Any = None, metadata: bytes = b"") -> None:
         from tunnel.errors import OpenRefused, StreamReset

@@ -22,11 +22,13 @@ from tests.gateway.agent import h2server
 from tests.gateway.agent.conftest import FakeStream, Upstream
 from tests.gateway.agent.test_exchange import (
     FakePolicy,
+    Open,
     get,
     identity_metadata,
     open_stream,
     write_kubeconfig,
 )
+from tests.gateway.agent.test_fast_path import ImmediatePolicy
 from tests.support import eventually
 from tunnel.errors import OpenErrorCode
 from tunnel.targets import KubeAPITarget
@@ -38,12 +40,12 @@ KUBE = KubeAPITarget()
 # HTTP/2 path; ``auto`` (every request over HTTP/2 when the server offers it) has its own.
 async def make_agent(server: h2server.H2Server, ca_file: str, tmp_path: Path, *,
                      protocol: str = "h2", max_streams: int = 100,
-                     idle_timeout: float = 30.0) -> Agent:
+                     idle_timeout: float = 30.0, policy: type[FakePolicy] = FakePolicy) -> Agent:
     token_file = tmp_path / "token"
     token_file.write_text("agent-token\n")
     up = Upstream(server.host, server.port, ca_file, None)  # type: ignore[arg-type]
     access = from_kubeconfig(str(write_kubeconfig(tmp_path / "kc", up, token_file)))
-    return Agent(cluster="c1", policy=FakePolicy((server.host, server.port), {}), kube=access,
+    return Agent(cluster="c1", policy=policy((server.host, server.port), {}), kube=access,
                  pool=UpstreamPool(h2_max_streams=max_streams, idle_timeout=idle_timeout),
                  apiserver_protocol=protocol)
 
@@ -105,6 +107,29 @@ async def test_requests_and_watches_share_one_h2_connection(
     assert b"host" not in head
     for w in watches:
         w.client_reset()
+    agent.pool.close()
+
+
+async def test_a_complete_request_of_a_lone_stream_is_written_before_the_turn_ends(
+        server: h2server.H2Server, ca_file: str, tmp_path: Path) -> None:
+    """A body-less request whose tunnel stream is its session's only one, on a connection with
+    no other stream, leaves in the call that sends it (the c=1 latency path); otherwise it
+    waits for the turn's one write, which the other requests of the turn share."""
+    # The route known without a lookup: the request goes upstream within the stream's read.
+    agent = await make_agent(server, ca_file, tmp_path, policy=ImmediatePolicy)
+    first = request(agent, "/small")
+    await first.wait_done()  # the connection is up and idle in the pool
+    (conn,) = agent.pool.h2_connections()
+    for alone in (True, False):
+        protocol = agent.on_open(Open(7, KUBE, identity_metadata()))
+        assert protocol is not None
+        stream = FakeStream(protocol, KUBE, identity_metadata())
+        stream.alone = alone
+        stream.send(get("/small"))
+        assert len(conn.by_id) == 1  # sent (HEADERS queued or written)
+        assert conn.h2.has_data_to_send is not alone
+        await stream.wait_done()
+        assert stream.response() == (200, {"content-length": "5"}, b"small")
     agent.pool.close()
 
 
