@@ -459,9 +459,8 @@ class Request:
                 request_id=self.request_id, head=head, admitted=exchange.admitted,
                 status=exchange.status, protocol=self.door.protocol,
                 source_ips=self.source_ips, started=self.started)
+            head.headers, head.names = [], []
         self.door.header_verdict.forget()  # its connection may now stay open for hours
-        if self.head is not None:
-            self.head.headers, self.head.names = [], []
         exchange.admitted.head = exchange.admitted.metadata = b""
 
     def exchange_finished(self, exchange: Exchange, *, keep_alive: bool) -> None:
