@@ -38,7 +38,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Protocol
 
 from gateway.hub import fleet, revalidation
-from gateway.hub.admission.auth import Authenticator, TokenAuthenticator, UserInfo
+from gateway.hub.admission.auth import Authenticator, TokenAuthenticator
 from gateway.hub.admission.authorize import Authorizer, SarAuthorizer
 from gateway.hub.admission.hubload import FailedAuthLimiter
 from gateway.hub.admission.identity import IdentityCache
@@ -53,13 +53,12 @@ from gateway.hub.frontdoor_h2 import H2FrontDoor
 from gateway.hub.hubcalls import CountingAuthorizer
 from gateway.hub.hubwrites import HubWriteRate, HubWrites
 from gateway.hub.proxyaccept import ProxyProtocolListener
-from gateway.hub.request import FrontDoorConnection, Request
+from gateway.hub.request import FrontDoorConnection
 from gateway.hub.revalidation import StreamRevalidator, period_for
 from gateway.ops import audit, startup
 from gateway.ops.certexpiry import CertificateFiles
 from gateway.ops.health import HealthServer, Readiness, token_review_probe
-from gateway.ops.metrics import OTHER_CLUSTER, GatewayMetrics
-from gateway.wire.requestclass import SHORT, front_door_class
+from gateway.ops.metrics import GatewayMetrics
 from tunnel.connection import ALPN, SessionConfig
 from tunnel.join import JOIN_ALPN, JoinHandler
 from tunnel.listener import RefuseHook, start_tunnel_listener
@@ -219,45 +218,6 @@ class Gateway:
         for exchange in list(self.open_streams()):
             if exchange.admitted.session is session:
                 exchange.end_follow(AGENT_LEAVING)
-
-    def request_done(self, request: Request, status: int, bytes_in: int, bytes_out: int,
-                     stream: bool = False, message: str | None = None,
-                     user_info: UserInfo | None = None) -> None:
-        """``request`` ended, however (its door not let go yet): its metrics and its audit
-        trail, in one pass. ``stream``: audited as a stream's end; ``message``: the Status the
-        gateway answered with, if it did; ``user_info``: the hub user of a request refused
-        after authentication."""
-        head, admitted, started = request.head, request.admitted, request.started
-        duration = time.monotonic() - started
-        if admitted is not None:
-            kind = admitted.kind
-            cluster = admitted.cluster
-            label = cluster if cluster in self.known_clusters else OTHER_CLUSTER
-        else:
-            # Refused before admission said (kind: for the latency histograms).
-            kind = SHORT if head is None else front_door_class(head.target, method=head.method)
-            label = OTHER_CLUSTER
-        metrics = self.metrics
-        metrics.request(label, status, bytes_in, bytes_out, duration, kind)
-        door = request.door
-        protocol = door.protocol
-        if protocol == "h2":
-            metrics.requests_h2 += 1
-        else:
-            metrics.requests_h1 += 1
-        self.audit_trail.request_done(
-            request.request_id, head, admitted, status, bytes_in, bytes_out, duration, stream,
-            protocol, request.source_ips, message, started, user_info,
-            # Only an admitted request's line is kept: a refused one's path may hold a token.
-            door.audit_memo if admitted is not None else None)
-
-    def audit_stream_start(self, request: Request) -> None:
-        exchange, head = request.exchange, request.head
-        if head is not None and exchange is not None:
-            self.audit_trail.stream_start(
-                request_id=request.request_id, head=head, admitted=exchange.admitted,
-                status=exchange.status, protocol=request.door.protocol,
-                source_ips=request.source_ips, started=request.started)
 
     def clusters_document(self, query: str = "") -> Iterator[bytes]:
         """``GET /clusters?query``: this gateway's fleet, all workers' sessions merged, a page

@@ -51,12 +51,13 @@ from gateway.hub.admission.chain import (
     start_admission,
 )
 from gateway.hub.admission.forwarded import client_address, source_ips
+from gateway.hub.audittrail import AuditTrail
 from gateway.hub.exchange import SHUTTING_DOWN, Exchange
 from gateway.ops.audit import LineMemo
-from gateway.ops.metrics import GatewayMetrics
+from gateway.ops.metrics import OTHER_CLUSTER, GatewayMetrics
 from gateway.wire.http1 import HTTPError, RequestHead
 from gateway.wire.identity import AUDIT_ID
-from gateway.wire.requestclass import SHORT
+from gateway.wire.requestclass import SHORT, front_door_class
 from tunnel.connection import TunnelSession
 
 log = logging.getLogger("hubproxy.gateway")
@@ -103,6 +104,8 @@ class FrontDoorHost(AdmissionContext, Protocol):
     connections: set[Any]  # the open FrontDoorConnection objects
     draining: bool
     inflight: int
+    known_clusters: set[str]  # clusters that get their own metric series (else OTHER_CLUSTER)
+    audit_trail: AuditTrail
 
     @property
     def leaving(self) -> bool:
@@ -110,13 +113,6 @@ class FrontDoorHost(AdmissionContext, Protocol):
 
     @property
     def metrics(self) -> GatewayMetrics: ...
-
-    def audit_stream_start(self, request: Request) -> None: ...
-
-    def request_done(self, request: Request, status: int, bytes_in: int, bytes_out: int,
-                     stream: bool = False, message: str | None = None,
-                     user_info: UserInfo | None = None) -> None:
-        """``request`` ended (its door not let go yet): its metrics and audit trail."""
 
     def request_released(self) -> None:
         """The last request in flight was released (``inflight`` is 0): a shutdown may be
@@ -457,10 +453,14 @@ class Request:
         the identity metadata, the connection's header verdict). Method, target and the parsed
         flags stay for the audit line at its end."""
         exchange.streaming = True
-        self.gw.audit_stream_start(self)
+        head = self.head
+        if head is not None:
+            self.gw.audit_trail.stream_start(
+                request_id=self.request_id, head=head, admitted=exchange.admitted,
+                status=exchange.status, protocol=self.door.protocol,
+                source_ips=self.source_ips, started=self.started)
+            head.headers, head.names = [], []
         self.door.header_verdict.forget()  # its connection may now stay open for hours
-        if self.head is not None:
-            self.head.headers, self.head.names = [], []
         exchange.admitted.head = exchange.admitted.metadata = b""
 
     def exchange_finished(self, exchange: Exchange, *, keep_alive: bool) -> None:
@@ -471,8 +471,7 @@ class Request:
         self.gw.metrics.stream_closed()
         phase = self.phase
         self._to(DONE)
-        self.gw.request_done(self, exchange.status, exchange.bytes_in, exchange.bytes_out,
-                             exchange.streaming)
+        self._record(exchange.status, exchange.bytes_in, exchange.bytes_out, exchange.streaming)
         self._release()
         self.door.finished(self, phase, keep_alive)
         self._let_go()
@@ -511,7 +510,7 @@ class Request:
             extra_headers = (*extra_headers, WWW_AUTHENTICATE)
         sent = self.door.answer(self, phase, status, message, retry_after=retry_after,
                                 extra_headers=extra_headers, close=close)
-        self.gw.request_done(self, status, 0, sent, False, message, user_info)
+        self._record(status, 0, sent, False, message, user_info)
         self._release()
         self._let_go()
 
@@ -526,12 +525,43 @@ class Request:
             self.exchange = None
             exchange.client_gone()
             self.gw.metrics.stream_closed()
-            self.gw.request_done(self, exchange.status or 499, exchange.bytes_in,
-                                 exchange.bytes_out, exchange.streaming)
+            self._record(exchange.status or 499, exchange.bytes_in, exchange.bytes_out,
+                         exchange.streaming)
         if self.phase is not DONE:
             self._to(DONE)
         self._release()
         self._let_go()
+
+    def _record(self, status: int, bytes_in: int, bytes_out: int, stream: bool = False,
+                message: str | None = None, user_info: UserInfo | None = None) -> None:
+        """The request ended, however (its door not let go yet): its metrics and its audit
+        trail, in one pass, here where what they read is (the request's end makes no trip
+        through the gateway object and back). ``stream``: audited as a stream's end;
+        ``message``: the Status the gateway answered with, if it did; ``user_info``: the hub
+        user of a request refused after authentication."""
+        head, admitted, started, gw = self.head, self.admitted, self.started, self.gw
+        duration = time.monotonic() - started
+        if admitted is not None:
+            kind = admitted.kind
+            cluster = admitted.cluster
+            label = cluster if cluster in gw.known_clusters else OTHER_CLUSTER
+        else:
+            # Refused before admission said (kind: for the latency histograms).
+            kind = SHORT if head is None else front_door_class(head.target, method=head.method)
+            label = OTHER_CLUSTER
+        metrics = gw.metrics
+        metrics.request(label, status, bytes_in, bytes_out, duration, kind)
+        door = self.door
+        protocol = door.protocol
+        if protocol == "h2":
+            metrics.requests_h2 += 1
+        else:
+            metrics.requests_h1 += 1
+        gw.audit_trail.request_done(
+            self.request_id, head, admitted, status, bytes_in, bytes_out, duration, stream,
+            protocol, self.source_ips, message, started, user_info,
+            # Only an admitted request's line is kept: a refused one's path may hold a token.
+            door.audit_memo if admitted is not None else None)
 
     def _let_go(self) -> None:
         """The request is over and its door is done with it: drop the reference to its door.

@@ -409,9 +409,16 @@ class ResponseTranslator:
         tracker = self.tracker
         chunks = self._chunks
         if chunks is not None:
+            # The payload of every chunk in ``data`` as one piece: the client gets it in as few
+            # DATA frames as its windows allow, not one frame (and one trip through the
+            # flow-control accounting) per chunk; a watch's read often carries many events.
+            # Chunk boundaries mean nothing in HTTP/2 (RFC 9113 §8.1).
             pieces: list[memoryview] = []
             chunks.feed(data, payload=pieces)
-            out += map(bytes, pieces)
+            if len(pieces) == 1:
+                out.append(bytes(pieces[0]))
+            elif pieces:
+                out.append(b"".join(pieces))
         else:
             n = tracker.feed(data)
             if n == len(data) and isinstance(data, bytes):

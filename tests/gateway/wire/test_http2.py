@@ -285,18 +285,28 @@ def test_response_translated() -> None:
     assert payload == b":1}" and t.complete
 
 
-def test_response_payload_is_owned_bytes_one_piece_per_chunk() -> None:
+def test_response_payload_is_owned_bytes_one_piece_per_feed() -> None:
     # The front door may hold a piece for the client's flow-control window after the buffer
-    # it came in (a tunnel read) is reused: pieces are bytes, not views.
+    # it came in (a tunnel read) is reused: pieces are bytes, not views. Every chunk of one
+    # read leaves as one piece (a watch's read carries many events: one DATA frame, not one
+    # per event).
     t = ResponseTranslator(b"GET")
     t.feed(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
     buf = bytearray(b"".join(b"2\r\n%02d\r\n" % i for i in range(64)) + b"0\r\n\r\n")
     out = t.feed(memoryview(buf))
     assert t.complete
-    assert out == [b"%02d" % i for i in range(64)] and all(type(p) is bytes for p in out)
+    assert out == [b"".join(b"%02d" % i for i in range(64))] and type(out[0]) is bytes
     buf[:] = b"x" * len(buf)  # reuse (and resizing) of the input buffer changes nothing
     buf += b"more"
-    assert out[0] == b"00" and out[63] == b"63"
+    assert out[0][:2] == b"00" and out[0][-2:] == b"63"
+    # One chunk alone, and a read that ends inside a chunk, are owned bytes as well.
+    t = ResponseTranslator(b"GET")
+    t.feed(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+    buf = bytearray(b"5\r\nabcde\r\n4\r\nfg")
+    out = t.feed(memoryview(buf))
+    buf[:] = b"x" * len(buf)
+    assert out == [b"abcdefg"] and type(out[0]) is bytes
+    assert t.feed(b"hi\r\n") == [b"hi"] and not t.complete
 
 
 @pytest.mark.parametrize("body", [b"g\r\n", b"2\nab\r\n", b"2\r\nabX", b"0\r\nT\r\n\r\n"])
