@@ -585,7 +585,7 @@ class HttpExchange:
         if type(outgoing) is bytes:
             assert type(conn) is H2Stream
             conn.send_request(self.request, outgoing,
-                              at_once=getattr(self.stream, "alone", False))
+                              at_once=self.stream.alone)
         else:
             assert isinstance(outgoing, RequestHead)
             conn.send_head(outgoing)
