@@ -26,6 +26,29 @@ class Echo(Collector):
         self.stream.write_eof()
 
 
+class AnswersLater(Collector):
+    """Agent side: accepts, and ``delay`` seconds after the peer's EOF answers b"done" and its
+    own EOF (unless ``answers`` says not to)."""
+
+    delay = 0.01
+
+    def connection_made(self, stream) -> None:
+        super().connection_made(stream)
+        stream.accept()
+
+    def eof_received(self) -> None:
+        super().eof_received()
+        if self.answers():
+            asyncio.get_running_loop().call_later(self.delay, self.answer)
+
+    def answers(self) -> bool:
+        return True
+
+    def answer(self) -> None:
+        self.stream.write(b"done")
+        self.stream.write_eof()
+
+
 async def test_echo_with_0rtt_and_half_close(tls_contexts):
     requests: list[OpenRequest] = []
 
@@ -76,19 +99,10 @@ async def test_an_accept_with_nothing_to_send_schedules_no_flush(tls_contexts):
     ready yet costs no loop callback; the answer's first write brings the flush, ack first."""
     accepted: list[bool] = []
 
-    class Later(Collector):
+    class Later(AnswersLater):
         def connection_made(self, stream) -> None:
             super().connection_made(stream)
-            stream.accept()
             accepted.append(stream._session._flush_scheduled)
-
-        def eof_received(self) -> None:
-            super().eof_received()
-            asyncio.get_running_loop().call_later(0.01, self.answer)
-
-        def answer(self) -> None:
-            self.stream.write(b"done")
-            self.stream.write_eof()
 
     hub, _agent, server = await session_pair(tls_contexts, on_open=lambda req: Later())
     await asyncio.sleep(0.05)  # settled: SETTINGS and the first pings are out
@@ -109,15 +123,7 @@ async def test_a_streams_last_frame_leaves_at_once_only_when_no_other_stream_is_
     to it in the same turn)."""
     written_at_once: list[bool] = []
 
-    class Later(Collector):
-        def connection_made(self, stream) -> None:
-            super().connection_made(stream)
-            stream.accept()
-
-        def eof_received(self) -> None:
-            super().eof_received()
-            asyncio.get_running_loop().call_later(0.01, self.answer)
-
+    class Later(AnswersLater):
         def answer(self) -> None:
             session = self.stream._session
             self.stream.write(b"done")
@@ -231,21 +237,13 @@ async def test_back_pressured_session_is_not_dead(tls_contexts):
 
 
 async def test_drain_lets_in_flight_streams_finish_and_resets_the_rest(tls_contexts):
-    class Slow(Collector):
+    class Slow(AnswersLater):
         """Answers after a delay; the stream for 'never' never answers."""
 
-        def connection_made(self, stream) -> None:
-            super().connection_made(stream)
-            stream.accept()
+        delay = 0.2
 
-        def eof_received(self) -> None:
-            super().eof_received()
-            if self.stream.metadata != b"never":
-                asyncio.get_running_loop().call_later(0.2, self._answer)
-
-        def _answer(self) -> None:
-            self.stream.write(b"done")
-            self.stream.write_eof()
+        def answers(self) -> bool:
+            return self.stream.metadata != b"never"
 
     hub, agent, server = await session_pair(tls_contexts, on_open=lambda req: Slow())
     clients = [Collector(keep=True) for _ in range(3)]
