@@ -173,10 +173,10 @@ class ResponseReceived(Event):
     __slots__ = ("body_complete", "content_length", "headers", "stream_ended", "stream_id")
 
     def __init__(self, stream_id: int, headers: Fields, stream_ended: bool,
-                 content_length: int = -1, body_complete: bool | None = None) -> None:
+                 content_length: int, body_complete: bool) -> None:
         self.stream_id, self.headers, self.stream_ended = stream_id, headers, stream_ended
         self.content_length = content_length
-        self.body_complete = stream_ended if body_complete is None else body_complete
+        self.body_complete = body_complete
 
 
 class InformationalResponse(Event):
@@ -201,12 +201,12 @@ class DataReceived(Event):
                  "stream_id")
 
     def __init__(self, stream_id: int, piece: memoryview, flow_controlled_length: int,
-                 stream_ended: bool, body_complete: bool | None = None) -> None:
+                 stream_ended: bool, body_complete: bool) -> None:
         self.stream_id = stream_id
         self.pieces = [piece] if piece else []
         self.flow_controlled_length = flow_controlled_length
         self.stream_ended = stream_ended
-        self.body_complete = stream_ended if body_complete is None else body_complete
+        self.body_complete = body_complete
 
     @property
     def data(self) -> bytes:
