@@ -415,10 +415,8 @@ class ResponseTranslator:
             # Chunk boundaries mean nothing in HTTP/2 (RFC 9113 §8.1).
             pieces: list[memoryview] = []
             chunks.feed(data, payload=pieces)
-            if len(pieces) == 1:
-                out.append(bytes(pieces[0]))
-            elif pieces:
-                out.append(b"".join(pieces))
+            if pieces:
+                out.append(b"".join(pieces))  # owned bytes: the views die with ``data``
         else:
             n = tracker.feed(data)
             if n == len(data) and isinstance(data, bytes):
