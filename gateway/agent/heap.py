@@ -16,7 +16,6 @@ on their own. Without glibc (another libc: no ``mallopt``) nothing changes.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 
 # mallopt parameters (glibc's malloc.h).
 M_TRIM_THRESHOLD = -1
@@ -28,11 +27,10 @@ MMAP_THRESHOLD = 4 << 20  # blocks at least this large get a mapping of their ow
 
 def tune_heap() -> bool:
     """Set the thresholds for this process; True if the C library took them."""
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
+    # The process's own symbols: libc is loaded already. find_library would run ldconfig in a
+    # subprocess, which a minimal image may not have (then nothing would be tuned).
     try:
-        mallopt = ctypes.CDLL(name).mallopt
+        mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
