@@ -35,6 +35,7 @@ from certs.identity import validate_cluster_name
 from certs.tls import TLS1_3, ReloadingContext, client_context
 from gateway.agent.config import AgentConfig
 from gateway.agent.enroll import EnrollmentError
+from gateway.agent.heap import tune_heap
 from gateway.agent.impersonation import ProfileWatch
 from gateway.agent.kubeapi import KubeAPIAccess, KubeAPIConfigError, load
 from gateway.ops import diagnostics, settings, startup
@@ -285,6 +286,7 @@ def tunnel_alpn() -> list[str]:
 def run(args: argparse.Namespace) -> int:
     config = settings.from_args(AgentConfig, args)
     diagnostics.configure(config.log_level)
+    tune_heap()
     try:
         try:
             import uvloop
