@@ -426,7 +426,9 @@ class H2Stream:
     # A whole plain response is relayed without a head object: response_started primes the
     # translator with its status (ResponseTranslator.expect_whole), else with the parsed head.
     relays_whole = True
-    keeps_views = True  # this stream is the Exchange's transport, and it keeps what it gets
+    # The Exchange may hand ``write`` views of a tunnel read: write copies only what the
+    # client's windows hold back (the translator's pieces are borrowed until it returns).
+    keeps_views = False
 
     __slots__ = (
         "_data_ended",
@@ -652,12 +654,22 @@ class H2Stream:
             self._reset(INTERNAL_ERROR)
             return
         conn = self.door.conn
+        pending = self.pending
+        borrowed = 0  # pieces appended now: they may be views of ``data``
         for item in items:
             if isinstance(item, ResponseStart):
                 conn.send_headers(self.stream_id, item.fields)
             else:
-                self.pending.append(item)
-        self.send_pending()
+                pending.append(item)
+                borrowed += 1
+        self.send_pending()  # send_data copies what it sends
+        if pending and borrowed:
+            # What the windows held back outlives ``data``: own it (only the last pieces
+            # can be this write's; send_pending takes from the front).
+            for i in range(max(len(pending) - borrowed, 0), len(pending)):
+                piece = pending[i]
+                if type(piece) is not bytes:
+                    pending[i] = bytes(piece)
         door = self.door
         if self._data_ended and len(door.requests) == 1:
             # The whole response of the connection's only stream: nothing else can join this

@@ -305,13 +305,16 @@ _RESPONSE_LIMITS = Limits(256 * 1024, 64 * 1024, 64 * 1024, 512)
 class ResponseTranslator:
     """HTTP/1.1 response bytes -> one :class:`ResponseStart`, then payload bytes.
 
-    ``feed`` returns what to send, in order: a :class:`ResponseStart` and/or ``bytes`` chunks of
+    ``feed`` returns what to send, in order: a :class:`ResponseStart` and/or pieces of
     payload. The input is what the Exchange relays, so framing errors here are the agent's
     (raised as :class:`HTTPError` 502). ``complete`` is set when the body has ended by its own
     framing; a close-delimited body completes at :meth:`feed_eof`. A chunked body is checked
-    and de-chunked in one pass by its tracker (:class:`gateway.wire.http1.ChunkedBody`); the
-    payload pieces are copied to ``bytes`` because the front door may keep them (flow control)
-    after the buffer they came in is reused.
+    and de-chunked in one pass by its tracker (:class:`gateway.wire.http1.ChunkedBody`).
+
+    A payload piece may be a view of the bytes fed, **valid only until feed's caller returns**
+    (the buffer it came in, a tunnel read, is then reused): a caller that keeps a piece longer
+    (the front door, for the client's flow-control windows) copies it then. Most of a large
+    body leaves at once, so only what a window holds back is copied, not every byte.
     """
 
     __slots__ = (
@@ -352,7 +355,8 @@ class ResponseTranslator:
         self._primed = (status, None, NO_BODY)
         self._state = _WHOLE
 
-    def _whole(self, data: bytes | bytearray | memoryview) -> list[ResponseStart | bytes]:
+    def _whole(self, data: bytes | bytearray | memoryview
+               ) -> list[ResponseStart | bytes | memoryview]:
         if not isinstance(data, bytes):
             data = bytes(data)
         primed = self._primed
@@ -364,10 +368,11 @@ class ResponseTranslator:
         start = ResponseStart(status, relayed_fields(data[:end], status))
         return [start, data[end:]] if len(data) > end else [start]
 
-    def feed(self, data: bytes | bytearray | memoryview) -> list[ResponseStart | bytes]:
+    def feed(self, data: bytes | bytearray | memoryview
+             ) -> list[ResponseStart | bytes | memoryview]:
         if self._state == _WHOLE:
             return self._whole(data)
-        out: list[ResponseStart | bytes] = []
+        out: list[ResponseStart | bytes | memoryview] = []
         if self._state == _HEAD:
             buf = self._buf
             if buf:  # a head that came in pieces
@@ -413,16 +418,19 @@ class ResponseTranslator:
             # DATA frames as its windows allow, not one frame (and one trip through the
             # flow-control accounting) per chunk; a watch's read often carries many events.
             # Chunk boundaries mean nothing in HTTP/2 (RFC 9113 §8.1).
+            # One chunk (a large body's read is mostly one) leaves as the view it is.
             pieces: list[memoryview] = []
             chunks.feed(data, payload=pieces)
-            if pieces:
-                out.append(b"".join(pieces))  # owned bytes: the views die with ``data``
+            if len(pieces) == 1:
+                out.append(pieces[0])
+            elif pieces:
+                out.append(b"".join(pieces))
         else:
             n = tracker.feed(data)
             if n == len(data) and isinstance(data, bytes):
-                out.append(data)  # immutable: kept as it is
+                out.append(data)
             elif n:
-                out.append(bytes(memoryview(data)[:n]))
+                out.append(memoryview(data)[:n])
         if tracker.complete:
             self._state, self.complete = _DONE, True
         return out

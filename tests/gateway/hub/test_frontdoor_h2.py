@@ -227,6 +227,32 @@ async def test_large_body_to_a_client_with_wide_windows_streams_with_back_pressu
         await client.close()
 
 
+@pytest.mark.parametrize("chunked", [True, False])
+async def test_body_held_back_by_the_clients_window_survives_reuse_of_the_tunnels_buffer(
+        gw: Harness, client: H2Client, chunked: bool) -> None:
+    """The tunnel hands the Exchange views of its read buffer, reused once the call returns:
+    what the client's window (64 KiB by default) holds back of a larger piece must reach the
+    client as it was, not as the buffer's later contents."""
+    size = 300_000
+    body = bytes(range(256)) * (size // 256) + b"e" * (size % 256)
+
+    async def reusing_agent(stream: FakeStream) -> None:
+        await stream.request()
+        framing = b"Transfer-Encoding: chunked" if chunked else b"Content-Length: %d" % size
+        stream.send(b"HTTP/1.1 200 OK\r\n" + framing + b"\r\n\r\n")
+        buf = bytearray(b"%x\r\n" % size + body + b"\r\n" if chunked else body)
+        stream.send(memoryview(buf))  # type: ignore[arg-type]
+        buf[:] = b"x" * len(buf)  # the tunnel reads its next bytes into the same buffer
+        if chunked:
+            stream.send(b"0\r\n\r\n")
+        stream.send_eof()
+
+    gw.connect_cluster("reuse", reusing_agent)
+    r = await client.request("/reuse/api/v1/namespaces/default/pods/p/log", token=HUB_TOKEN)
+    assert r.status == 200 and r.ended and r.reset is None
+    assert r.body == body
+
+
 async def test_truncated_response_resets_the_stream(gw: Harness, client: H2Client) -> None:
     async def short_agent(stream: FakeStream) -> None:
         await stream.request()

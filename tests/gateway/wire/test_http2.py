@@ -285,11 +285,9 @@ def test_response_translated() -> None:
     assert payload == b":1}" and t.complete
 
 
-def test_response_payload_is_owned_bytes_one_piece_per_feed() -> None:
-    # The front door may hold a piece for the client's flow-control window after the buffer
-    # it came in (a tunnel read) is reused: pieces are bytes, not views. Every chunk of one
-    # read leaves as one piece (a watch's read carries many events: one DATA frame, not one
-    # per event).
+def test_response_payload_is_one_piece_per_feed_and_borrowed_only_when_one_chunk() -> None:
+    # Every chunk of one read leaves as one piece (a watch's read carries many events: one
+    # DATA frame, not one per event); several are joined into owned bytes.
     t = ResponseTranslator(b"GET")
     t.feed(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
     buf = bytearray(b"".join(b"2\r\n%02d\r\n" % i for i in range(64)) + b"0\r\n\r\n")
@@ -299,14 +297,23 @@ def test_response_payload_is_owned_bytes_one_piece_per_feed() -> None:
     buf[:] = b"x" * len(buf)  # reuse (and resizing) of the input buffer changes nothing
     buf += b"more"
     assert out[0][:2] == b"00" and out[0][-2:] == b"63"
-    # One chunk alone, and a read that ends inside a chunk, are owned bytes as well.
+    # One chunk's payload (most of a large body's reads) is a view of the input, not a copy:
+    # valid until the caller returns (the front door copies what it keeps).
     t = ResponseTranslator(b"GET")
     t.feed(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
-    buf = bytearray(b"5\r\nabcde\r\n4\r\nfg")
-    out = t.feed(memoryview(buf))
-    buf[:] = b"x" * len(buf)
-    assert out == [b"abcdefg"] and type(out[0]) is bytes
+    buf = bytearray(b"5\r\nabcde\r\n")
+    [piece] = t.feed(memoryview(buf))
+    assert isinstance(piece, memoryview) and piece.obj is buf and bytes(piece) == b"abcde"
+    buf = bytearray(b"4\r\nfg")  # a read that ends inside a chunk
+    [piece] = t.feed(memoryview(buf))
+    assert isinstance(piece, memoryview) and piece.obj is buf and bytes(piece) == b"fg"
     assert t.feed(b"hi\r\n") == [b"hi"] and not t.complete
+    # A Content-Length body: the input as it is when all of it is body, else a view.
+    t = ResponseTranslator(b"GET")
+    t.feed(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\n")
+    buf = bytearray(b"abcd")
+    [piece] = t.feed(memoryview(buf))
+    assert isinstance(piece, memoryview) and piece.obj is buf and bytes(piece) == b"abcd"
 
 
 @pytest.mark.parametrize("body", [b"g\r\n", b"2\nab\r\n", b"2\r\nabX", b"0\r\nT\r\n\r\n"])
