@@ -618,11 +618,13 @@ class TunnelSession(asyncio.BufferedProtocol):
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
 
-    def _write_now(self) -> None:
-        """Write what is queued now, if the transport takes writes (see ``_flush``)."""
+    def _write_now(self) -> bool:
+        """Write what is queued now, if the transport takes writes (False: it does not)."""
         transport = self._transport
-        if transport is not None and not transport.is_closing():
-            self._write_pending()
+        if transport is None or transport.is_closing():
+            return False
+        self._write_pending()
+        return True
 
     def _write_pending(self) -> None:
         """Write what the core has queued (control frames only while the transport is paused)."""
@@ -634,11 +636,9 @@ class TunnelSession(asyncio.BufferedProtocol):
 
     def _flush(self) -> None:
         self._flush_scheduled = False
-        transport = self._transport
-        if transport is None or transport.is_closing():
+        if not self._write_now():
             return
         core = self._core
-        self._write_pending()
         for sid in core.take_writable():
             stream = self._streams.get(sid)
             st = core.streams.get(sid)
