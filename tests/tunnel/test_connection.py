@@ -49,6 +49,15 @@ class AnswersLater(Collector):
         self.stream.write_eof()
 
 
+async def ask(hub) -> Collector:
+    """The hub's side of a stream that sends b"ask" with its EOF, once the stream has ended
+    without error (what it received is for the caller to check)."""
+    client = Collector(keep=True)
+    hub.open_stream(KubeAPITarget(), b"", client, initial_data=b"ask", fin=True)
+    assert await asyncio.wait_for(client.lost, 5) is None
+    return client
+
+
 async def test_echo_with_0rtt_and_half_close(tls_contexts):
     requests: list[OpenRequest] = []
 
@@ -106,9 +115,7 @@ async def test_an_accept_with_nothing_to_send_schedules_no_flush(tls_contexts):
 
     hub, _agent, server = await session_pair(tls_contexts, on_open=lambda req: Later())
     await asyncio.sleep(0.05)  # settled: SETTINGS and the first pings are out
-    client = Collector(keep=True)
-    hub.open_stream(KubeAPITarget(), b"", client, initial_data=b"ask", fin=True)
-    assert await asyncio.wait_for(client.lost, 5) is None
+    client = await ask(hub)
     assert bytes(client.data) == b"done" and client.eof
     assert accepted == [False]
     hub.close()
@@ -133,18 +140,14 @@ async def test_a_streams_last_frame_leaves_at_once_only_when_no_other_stream_is_
 
     hub, agent, server = await session_pair(tls_contexts, on_open=lambda req: Later())
     await asyncio.sleep(0.05)  # settled: SETTINGS and the first pings are out
-    client = Collector(keep=True)
-    hub.open_stream(KubeAPITarget(), b"", client, initial_data=b"ask", fin=True)
-    assert await asyncio.wait_for(client.lost, 5) is None
+    client = await ask(hub)
     assert bytes(client.data) == b"done" and client.eof
     assert written_at_once == [True]
     assert agent.active_streams == 0  # the stream's end was still delivered
 
     other = Collector(keep=True)  # open, not ended: its answer waits for its EOF
     hub.open_stream(KubeAPITarget(), b"", other, initial_data=b"wait")
-    client = Collector(keep=True)
-    hub.open_stream(KubeAPITarget(), b"", client, initial_data=b"ask", fin=True)
-    assert await asyncio.wait_for(client.lost, 5) is None
+    client = await ask(hub)
     assert bytes(client.data) == b"done"
     assert written_at_once == [True, False]
     other.stream.write_eof()
