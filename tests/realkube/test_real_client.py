@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -119,9 +119,18 @@ def ingress(fleet: Fleet) -> Iterator[Setup]:
                        tls=(pem, fleet.pki / "front-ca" / "ca.crt"))
 
 
-def audit_lines(gateway: Gateway) -> list[dict[str, object]]:
-    return [json.loads(line) for line in gateway.process.output.splitlines()
-            if line.startswith('{"event":"request"')]
+def audit_lines(gateway: Gateway, until: Callable[[list[dict[str, object]]], bool] | None = None,
+                timeout: float = 5.0) -> list[dict[str, object]]:
+    """The gateway's audit lines so far, read again (bounded by ``timeout``) until ``until``
+    holds: a request's line is written after its response, and reaches this process through
+    the gateway's output pipe, so the client can have its answer before the line is here."""
+    deadline = time.monotonic() + timeout
+    while True:
+        lines = [json.loads(line) for line in gateway.process.output.splitlines()
+                 if line.startswith('{"event":"request"')]
+        if until is None or until(lines) or time.monotonic() > deadline:
+            return lines
+        time.sleep(0.05)
 
 
 def test_before_one_clients_bad_tokens_cost_another_a_429(fleet: Fleet, before: Setup) -> None:
@@ -139,9 +148,12 @@ def test_proxy_protocol_v2_separates_the_clients(fleet: Fleet, after: Setup) -> 
           f"tokens -> {figures.bad}; B's {FRESH_TOKENS} new valid tokens -> {figures.good}")
     assert figures.bad == [401] * 5 + [429] * (BAD_ATTEMPTS - 5)
     assert figures.good == [404] * FRESH_TOKENS  # the managed apiserver's own answer
-    lines = audit_lines(after.gateway)
+    def b_lines_of(lines: list[dict[str, object]]) -> list[dict[str, object]]:
+        return [line for line in lines if "after-b" in str(line.get("path"))]
+
+    lines = audit_lines(after.gateway, until=lambda ls: len(b_lines_of(ls)) >= FRESH_TOKENS)
     assert {line["client"] for line in lines if line["status"] in (401, 429)} == {CLIENT_A}
-    b_lines = [line for line in lines if "after-b" in str(line.get("path"))]
+    b_lines = b_lines_of(lines)
     assert len(b_lines) == FRESH_TOKENS
     assert all(line["client"] == CLIENT_B and line["proxies"] == [LOOPBACK] for line in b_lines)
     # The managed kube-apiserver read the X-Forwarded-For the gateway sent: B comes first.
