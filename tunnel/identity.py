@@ -37,7 +37,7 @@ MAX_NAME_LENGTH = 253
 MAX_LABEL_LENGTH = 63
 
 
-def validate_cluster_name(name: str) -> str:
+def validate_cluster_name(name: object) -> str:
     """``name`` unchanged if it is a DNS-1123 subdomain, else :class:`AgentIdentityError`.
 
     The message says which rule was broken and repeats the name (cluster names are not

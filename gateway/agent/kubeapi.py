@@ -233,7 +233,7 @@ def in_cluster(environ: dict[str, str] | os._Environ[str] | None = None,
     )
 
 
-def _pick(entries: list[dict[str, Any]] | None, name: str, kind: str, path: str) -> dict[str, Any]:
+def _pick(entries: list[Any] | None, name: str, kind: str, path: str) -> dict[str, Any]:
     for entry in entries or []:
         if isinstance(entry, dict) and entry.get("name") == name:
             body = entry.get(kind)

@@ -341,7 +341,9 @@ class FrontDoor(asyncio.Protocol):
         early = tracker.feed(self.buf)
         data = bytes(self.buf[:early])
         del self.buf[:early]
-        return data, b"" if tracker.complete else None
+        # Asked of self.tracker, not of tracker: the checks above narrowed tracker.complete to
+        # False for mypy, and mypyc compiles what mypy infers; feed() may have completed it.
+        return data, b"" if self.tracker.complete else None
 
     def opened(self, request: Request) -> None:
         exchange = request.exchange

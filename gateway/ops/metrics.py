@@ -869,7 +869,7 @@ def _certificate_lines(stats: list[tuple[str, TunnelStats]], own: dict[str, floa
         yield lines
     if not expiries:
         return
-    earliest = min(when for _, when in expiries if when is not None)
+    earliest = min(when for _, when in expiries)
     lines = [
         "# HELP hubproxy_agent_certificate_earliest_expiry_timestamp_seconds When the first of "
         "the connected agents' client certificates expires (Unix time).",
@@ -880,6 +880,6 @@ def _certificate_lines(stats: list[tuple[str, TunnelStats]], own: dict[str, floa
         "# TYPE hubproxy_agent_certificates_expiring gauge",
     ]
     for days, seconds in EXPIRY_WINDOWS:
-        count = sum(1 for _, when in expiries if when is not None and when - now <= seconds)
+        count = sum(1 for _, when in expiries if when - now <= seconds)
         lines.append(f'hubproxy_agent_certificates_expiring{{within="{days}d"}} {count}')
     yield lines

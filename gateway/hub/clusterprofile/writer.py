@@ -308,7 +308,7 @@ class AccessProviderWriter:
         self._store(key, profile)
 
 
-def _has_entry(status: dict[str, Any], provider_name: str) -> bool:
+def _has_entry(status: object, provider_name: str) -> bool:
     """Does this ``status`` carry an access provider named ``provider_name``?"""
     return isinstance(status, dict) and any(isinstance(e, dict) and e.get("name") == provider_name
                for e in status.get("accessProviders") or ())
