@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -225,6 +225,30 @@ async def eventually(check: Callable[[], T], timeout: float = 10.0,
         assert asyncio.get_running_loop().time() < deadline, f"{what} not reached in {timeout}s"
         await asyncio.sleep(POLL_INTERVAL)
     return found
+
+
+@contextlib.contextmanager
+def tasks_started() -> Iterator[list[str]]:
+    """The names of the coroutines the running loop starts as tasks while the block runs. A
+    name is the coroutine's qualified name, or, compiled by mypyc, its class's name (which
+    holds the function's: ``_setup_HttpExchange_gen`` for ``HttpExchange._setup``), so test
+    it with ``in``. A way to see that a path took no task without patching the code, which a
+    compiled module does not allow."""
+    loop = asyncio.get_running_loop()
+    previous = loop.get_task_factory()
+    names: list[str] = []
+
+    def recording(loop: asyncio.AbstractEventLoop, coro: object, **kwargs: object) -> object:
+        names.append(getattr(coro, "__qualname__", None) or type(coro).__name__)
+        if previous is not None:
+            return previous(loop, coro, **kwargs)  # type: ignore[arg-type]
+        return asyncio.Task(coro, loop=loop, **kwargs)  # type: ignore[arg-type]
+
+    loop.set_task_factory(recording)  # type: ignore[arg-type]
+    try:
+        yield names
+    finally:
+        loop.set_task_factory(previous)
 
 
 def eventually_blocking(check: Callable[[], T], timeout: float = 10.0,

@@ -63,7 +63,8 @@ from tunnel.session_state import SessionConfig
 from tunnel.targets import Target
 from tunnel.tlswrites import tls_pieces
 
-__all__ = ["OpenRequest", "SessionConfig", "StreamProtocol", "TunnelSession", "TunnelStream"]
+__all__ = ["OpenRequest", "SessionConfig", "StreamHandle", "StreamOpener", "StreamProtocol",
+           "TunnelSession", "TunnelStream"]
 
 log = logging.getLogger("hubproxy.tunnel")
 
@@ -77,6 +78,26 @@ class StreamProtocol(Protocol):
     def connection_lost(self, exc: StreamError | None) -> None: ...
     def pause_writing(self) -> None: ...
     def resume_writing(self) -> None: ...
+
+
+class StreamHandle(Protocol):
+    """A stream as the code above the tunnel uses it: :class:`TunnelStream` or a stand-in
+    (an interface, so compiled callers take either; see pyproject's [tool.hubproxy.compiled])."""
+
+    def write(self, data: bytes | bytearray | memoryview) -> None: ...
+    def write_eof(self) -> None: ...
+    def reset(self, code: ResetCode = ResetCode.CANCEL) -> None: ...
+    def pause_reading(self) -> None: ...
+    def resume_reading(self) -> None: ...
+
+
+class StreamOpener(Protocol):
+    """A session as the code above the tunnel uses it: :class:`TunnelSession` or a stand-in."""
+
+    draining: bool
+
+    def open_stream(self, target: Target, metadata: bytes, protocol: StreamProtocol,
+                    initial_data: bytes = b"", *, fin: bool = False) -> StreamHandle: ...
 
 
 class OpenRequest(NamedTuple):

@@ -41,7 +41,7 @@ from gateway.wire.websocket import (
     exec_goodbye,
     status_json,
 )
-from tunnel.connection import TunnelSession, TunnelStream
+from tunnel.connection import StreamHandle, StreamOpener
 from tunnel.errors import OpenErrorCode, OpenRefused, SessionClosed, StreamError
 from tunnel.targets import KubeAPITarget
 
@@ -67,7 +67,7 @@ class ClientConnection(Protocol):
     def exchange_failed(self, exchange: Exchange, status: int, message: str,
                         retry_after: int | None) -> None: ...
 
-    def another_session(self, cluster: str) -> TunnelSession | None:
+    def another_session(self, cluster: str) -> StreamOpener | None:
         """A usable session of ``cluster`` to send a refused OPEN again, or None."""
 
 
@@ -165,7 +165,7 @@ class Exchange:
         self.method = method
         self.admitted = admitted
         self.request_id = request_id
-        self.stream: TunnelStream | None = None
+        self.stream: StreamHandle | None = None
         self._lost = False  # the tunnel ended the stream (connection_lost)
         self._state = _HEAD
         self._resp_buf: bytearray | None = None  # a response head that came in pieces
@@ -215,7 +215,7 @@ class Exchange:
 
     # --- StreamProtocol ----------------------------------------------------------------------
 
-    def connection_made(self, stream: TunnelStream) -> None:
+    def connection_made(self, stream: StreamHandle) -> None:
         self.stream = stream
 
     def data_received(self, data: bytes | memoryview) -> None:

@@ -58,7 +58,7 @@ from gateway.ops.metrics import OTHER_CLUSTER, GatewayMetrics
 from gateway.wire.http1 import HTTPError, RequestHead
 from gateway.wire.identity import AUDIT_ID
 from gateway.wire.requestclass import SHORT, front_door_class
-from tunnel.connection import TunnelSession
+from tunnel.connection import StreamOpener
 
 log = logging.getLogger("hubproxy.gateway")
 
@@ -485,7 +485,7 @@ class Request:
         self.gw.metrics.stream_closed()
         self.refuse(status, message, retry_after=retry_after)
 
-    def another_session(self, cluster: str) -> TunnelSession | None:
+    def another_session(self, cluster: str) -> StreamOpener | None:
         return self.gw.registry.pick(cluster)
 
     # --- the end --------------------------------------------------------------------------------

@@ -64,7 +64,9 @@ import logging
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import ClassVar, Protocol
+
+from mypy_extensions import mypyc_attr
 
 from gateway.hub.admission.auth import Authenticator, AuthUnavailable, Unauthenticated, UserInfo
 from gateway.hub.admission.authorize import Authorizer, NotAuthorized
@@ -82,12 +84,13 @@ from gateway.hub.config import GatewayConfig
 from gateway.wire.http1 import Headers, RequestHead, check_request_head, serialize_request_head
 from gateway.wire.identity import Identity, IdentityError
 from gateway.wire.requestclass import SHORT, front_door_class
-from tunnel.connection import TunnelSession
+from tunnel.connection import StreamOpener
 from tunnel.targets import KubeAPITarget, ServiceTarget, Target
 
 log = logging.getLogger("hubproxy.gateway")
 
 
+@mypyc_attr(native_class=False)
 class Refusal(Exception):
     """The gateway answers this request itself with a ``Status`` of ``status``."""
 
@@ -110,7 +113,7 @@ class Refusal(Exception):
 class ClusterSessions(Protocol):
     """The registry of connected agents, as admission sees it."""
 
-    def pick(self, cluster: str) -> TunnelSession | None:
+    def pick(self, cluster: str) -> StreamOpener | None:
         """The least-loaded session of a connected cluster, or None."""
 
 
@@ -150,7 +153,7 @@ class Admitted:
     """A request allowed through: where it goes and the exact bytes that start it."""
 
     cluster: str
-    session: TunnelSession
+    session: StreamOpener
     target: Target
     metadata: bytes
     head: bytes  # rewritten request head for the agent (initial_data of the OPEN)
@@ -205,7 +208,7 @@ class _RequestIds:
     per 256 requests, not one per request). A forked worker starts on fresh bytes: no two
     processes hand out the same ids."""
 
-    BATCH = 256
+    BATCH: ClassVar[int] = 256
     _hex = ""
     _next = 0
 

@@ -14,7 +14,8 @@ from gateway.agent.kubeapi import from_kubeconfig
 from gateway.fixtures import managed_rbac
 from kubesim.testing import RunningKubeSim, run_kubesim
 from tests.gateway.agent.conftest import FakeStream
-from tests.gateway.agent.test_exchange import FakePolicy, Open, get, identity_metadata
+from tests.gateway.agent.test_exchange import FakePolicy, get, identity_metadata
+from tunnel.connection import OpenRequest
 from tunnel.targets import KubeAPITarget
 
 AGENT_TOKEN = "agent-static-token-0123"
@@ -40,7 +41,7 @@ def agent(sim: RunningKubeSim, tmp_path: Path) -> Agent:
 def exchange(agent: Agent, request: bytes, metadata: bytes | None = None) -> FakeStream:
     target = KubeAPITarget()
     meta = identity_metadata() if metadata is None else metadata
-    stream = FakeStream(agent.on_open(Open(3, target, meta)), target, meta)
+    stream = FakeStream(agent.on_open(OpenRequest(3, target, meta)), target, meta)
     stream.send(request)
     return stream
 

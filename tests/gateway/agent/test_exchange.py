@@ -19,6 +19,7 @@ from gateway.agent.kubeapi import from_kubeconfig
 from gateway.agent.pool import UpstreamPool
 from tests.gateway.agent.conftest import FakeStream, Upstream
 from tests.support import free_port
+from tunnel.connection import OpenRequest
 from tunnel.errors import OpenErrorCode, OpenRefused, ResetCode
 from tunnel.targets import KubeAPITarget, ServiceTarget, TCPTarget
 
@@ -84,15 +85,8 @@ def identity_metadata(user: str = "cluster:hub:system:serviceaccount:demo:demo")
                     extra={}, request_id="req-1").to_metadata()
 
 
-@dataclass
-class Open:
-    stream_id: int
-    target: Any
-    metadata: bytes
-
-
 def open_stream(agent: Agent, target: Any, metadata: bytes, data: bytes = b"") -> FakeStream:
-    protocol = agent.on_open(Open(7, target, metadata))
+    protocol = agent.on_open(OpenRequest(7, target, metadata))
     assert protocol is not None
     stream = FakeStream(protocol, target, metadata)
     if data:
@@ -379,7 +373,7 @@ async def test_stream_back_pressure_pauses_the_upstream_socket(agent: Agent) -> 
 
     stream_cls: Any = SlowStream
     stream_cls.drained, stream_cls.full = 0, False
-    protocol = agent.on_open(Open(9, KubeAPITarget(), identity_metadata()))
+    protocol = agent.on_open(OpenRequest(9, KubeAPITarget(), identity_metadata()))
     stream = stream_cls(protocol, KubeAPITarget(), b"")
     stream.send(get("/big?n=2000000"))
     stream.send_eof()

@@ -27,6 +27,7 @@ from tests.gateway.agent.test_exchange import (
     seen_headers,
     write_kubeconfig,
 )
+from tests.support import tasks_started
 from tunnel.errors import OpenErrorCode
 from tunnel.targets import KubeAPITarget
 
@@ -129,19 +130,19 @@ async def test_metadata_of_another_shape_is_decoded_and_checked_every_time(agent
     assert CountingIdentity.decoded == 4
 
 
-async def test_with_an_idle_connection_the_setup_needs_no_task(agent: Agent, monkeypatch) -> None:
-    first = await request(agent, metadata("cluster:hub:alice", "01"))
+async def test_with_an_idle_connection_the_setup_needs_no_task(agent: Agent) -> None:
+    with tasks_started() as dialing:
+        first = await request(agent, metadata("cluster:hub:alice", "01"))
     assert first.response()[0] == 200 and agent.pool.dials == 1
+    assert any("_setup" in name for name in dialing)  # no idle connection yet: a task dials
 
-    async def no_task(self: HttpExchange) -> None:
-        raise AssertionError("the setup task ran although a pooled connection was idle")
-
-    monkeypatch.setattr(HttpExchange, "_setup", no_task)
-    for rid in ("02", "03"):
-        stream = await request(agent, metadata("cluster:hub:alice", rid), f"/echo/{rid}")
-        status, _, body = stream.response()
-        assert status == 200 and json.loads(body)["path"] == f"/echo/{rid}"
-        assert ("authorization", f"Bearer {AGENT_TOKEN}") in seen_headers(json.loads(body))
+    with tasks_started() as pooled:
+        for rid in ("02", "03"):
+            stream = await request(agent, metadata("cluster:hub:alice", rid), f"/echo/{rid}")
+            status, _, body = stream.response()
+            assert status == 200 and json.loads(body)["path"] == f"/echo/{rid}"
+            assert ("authorization", f"Bearer {AGENT_TOKEN}") in seen_headers(json.loads(body))
+    assert not [name for name in pooled if "_setup" in name], pooled
     assert agent.pool.dials == 1
 
 

@@ -22,7 +22,6 @@ from tests.gateway.agent import h2server
 from tests.gateway.agent.conftest import FakeStream, Upstream
 from tests.gateway.agent.test_exchange import (
     FakePolicy,
-    Open,
     get,
     identity_metadata,
     open_stream,
@@ -30,6 +29,7 @@ from tests.gateway.agent.test_exchange import (
 )
 from tests.gateway.agent.test_fast_path import ImmediatePolicy
 from tests.support import eventually
+from tunnel.connection import OpenRequest
 from tunnel.errors import OpenErrorCode
 from tunnel.targets import KubeAPITarget
 
@@ -121,7 +121,7 @@ async def test_a_complete_request_of_a_lone_stream_is_written_before_the_turn_en
     await first.wait_done()  # the connection is up and idle in the pool
     (conn,) = agent.pool.h2_connections()
     for alone in (True, False):
-        protocol = agent.on_open(Open(7, KUBE, identity_metadata()))
+        protocol = agent.on_open(OpenRequest(7, KUBE, identity_metadata()))
         assert protocol is not None
         stream = FakeStream(protocol, KUBE, identity_metadata())
         stream.alone = alone

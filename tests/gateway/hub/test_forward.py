@@ -26,6 +26,7 @@ from tests.gateway.hub.test_frontdoor_harness import (
     tls,  # noqa: F401
 )
 from tests.gateway.hub.test_frontdoor_harness import gw as gw
+from tests.support import tasks_started
 from tunnel.errors import OpenErrorCode, OpenRefused, ResetCode, SessionClosed, StreamReset
 from tunnel.targets import ServiceTarget
 
@@ -473,8 +474,7 @@ async def test_malformed_chunked_response_body_closes_the_client(gw: Harness) ->
     assert gw.streams("c5")[0].reset_code is not None
 
 
-async def test_cached_admission_decides_like_the_reviewed_one(tls, monkeypatch) -> None:  # noqa: F811
-    from gateway.hub.admission import chain
+async def test_cached_admission_decides_like_the_reviewed_one(tls) -> None:  # noqa: F811
     from gateway.hub.admission.authorize import SarAuthorizer
 
     decisions: list[tuple[str, str]] = []
@@ -487,20 +487,19 @@ async def test_cached_admission_decides_like_the_reviewed_one(tls, monkeypatch) 
     async with running(tls, authorizer=authorizer) as h:
         h.connect_cluster("c1")
         h.connect_cluster("c2")
-        first = json.loads(parse_raw(await h.exchange(get("/c1/api/v1/pods", close=True)))[2])
-        slow_admit = chain.admit
-
-        async def no_slow_path(*args, **kwargs):
-            raise AssertionError("a cached request took the awaiting path")
-
-        monkeypatch.setattr(chain, "admit", no_slow_path)
+        with tasks_started() as reviewed:
+            first = json.loads(parse_raw(await h.exchange(get("/c1/api/v1/pods",
+                                                              close=True)))[2])
+        assert any("_admit_and_seat" in name for name in reviewed)  # the awaiting path
         # Same token and cluster again: answered from the caches, without a task or a review.
-        second = json.loads(parse_raw(await h.exchange(get("/c1/api/v1/pods", close=True)))[2])
+        with tasks_started() as cached:
+            second = json.loads(parse_raw(await h.exchange(get("/c1/api/v1/pods",
+                                                               close=True)))[2])
+        assert not [name for name in cached if "admit" in name], cached
         assert h.reviewer.seen.count(HUB_TOKEN) == 1 and decisions == [(decisions[0][0], "c1")]
         for meta in (first["metadata"], second["metadata"]):
             meta.pop("rid")
         assert first == second
-        monkeypatch.setattr(chain, "admit", slow_admit)
         # A cached denial is never taken for an allow by the synchronous path.
         for _ in range(2):
             status, _obj = status_of(await h.exchange(get("/c2/api", close=True)))
