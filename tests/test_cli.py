@@ -82,6 +82,8 @@ def test_kubesim_commands_explain_themselves_where_kubesim_is_not_installed(
     for package in ("gateway", "tunnel", "certs"):
         shutil.copytree(root / package, tmp_path / package,
                         ignore=shutil.ignore_patterns("__pycache__"))
+    for runtime in root.glob("*__mypyc.*"):  # the compiled modules' shared library (setup.py)
+        shutil.copy(runtime, tmp_path)
     # The editable install of this checkout maps kubesim through a meta-path finder: drop that
     # finder (it is what makes kubesim importable) and import our packages from the copy.
     probe = (

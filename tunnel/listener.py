@@ -54,6 +54,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from cryptography import x509
+from mypy_extensions import mypyc_attr
 
 from tunnel import frames
 from tunnel.admission import (
@@ -192,6 +193,7 @@ class AgentSession(TunnelSession):
         return cluster, self.certificate.not_valid_after_utc.timestamp()
 
 
+@mypyc_attr(native_class=False)
 class _Refused(AgentIdentityError):
     """A verified certificate the hub still refuses (none sent, or its cluster removed)."""
 
@@ -229,6 +231,7 @@ class TunnelListener:
         self.handshakes_started = 0
         self.slots = HandshakeSlots(max_handshakes)
         self.stale_after = stale_after
+        self.slot_hold = SLOT_HOLD
         self._throttle = LogThrottle(log_interval)
         self._accepting: list[asyncio.Task[None]] = []
         self._handshakes: set[asyncio.Task[None]] = set()
@@ -281,7 +284,7 @@ class TunnelListener:
 
     async def _handshake(self, conn: socket.socket, peer: tuple[str, int] | None) -> None:
         loop = asyncio.get_running_loop()
-        # The slot goes back when the handshake ends, or after SLOT_HOLD if it has not by then
+        # The slot goes back when the handshake ends, or after slot_hold if it has not by then
         # (a peer that never finishes must not hold admission for everyone).
         holding = True
 
@@ -291,7 +294,7 @@ class TunnelListener:
                 holding = False
                 self.slots.give_back()
 
-        hold = loop.call_later(SLOT_HOLD, give_back)
+        hold = loop.call_later(self.slot_hold, give_back)
         # A failed handshake's alert goes out on this socket (tunnel.listener._Alert).
         _pending_alert.set(_Alert(conn))  # this task's context only
         try:

@@ -116,92 +116,77 @@ COALESCE_BELOW = 16 * 1024
 # Events -------------------------------------------------------------------------------------
 
 class Event:
+    """What :meth:`Session.receive` reports. Each is a slotted dataclass: its equality and repr
+    come from its fields, in pure Python and compiled alike (mypyc keeps no ``__slots__``)."""
+
     __slots__ = ()
 
-    def __repr__(self) -> str:
-        slots: tuple[str, ...] = self.__slots__
-        fields = ", ".join(f"{k}={getattr(self, k)!r}" for k in slots)
-        return f"{type(self).__name__}({fields})"
 
-    def __eq__(self, other: object) -> bool:
-        slots: tuple[str, ...] = self.__slots__
-        return type(self) is type(other) and all(
-            getattr(self, k) == getattr(other, k) for k in slots)
-
-
+@dataclass(slots=True)
 class SettingsReceived(Event):
-    __slots__ = ("settings",)
-
-    def __init__(self, settings: dict[int, int]) -> None:
-        self.settings = settings
+    settings: dict[int, int]
 
 
+@dataclass(slots=True)
 class StreamOpened(Event):
     """The peer opened a stream; ``data`` is the 0-RTT initial data (a view: copy to keep)."""
 
-    __slots__ = ("data", "fin", "metadata", "stream_id", "target")
+    stream_id: int
+    target: Target
+    metadata: bytes
+    data: memoryview | bytes
+    fin: bool
 
-    def __init__(self, stream_id: int, target: Target, metadata: bytes, data: memoryview | bytes,
-                 fin: bool) -> None:
-        self.stream_id, self.target, self.metadata = stream_id, target, metadata
-        self.data, self.fin = data, fin
 
-
+@dataclass(slots=True)
 class OpenAccepted(Event):
-    __slots__ = ("stream_id",)
-
-    def __init__(self, stream_id: int) -> None:
-        self.stream_id = stream_id
+    stream_id: int
 
 
+@dataclass(slots=True)
 class OpenFailed(Event):
-    __slots__ = ("code", "message", "stream_id")
+    stream_id: int
+    code: int
+    message: str
 
-    def __init__(self, stream_id: int, code: int, message: str) -> None:
-        self.stream_id, self.code, self.message = stream_id, code, message
 
-
+@dataclass(slots=True)
 class DataReceived(Event):
     """``data`` is a view into the receive buffer: hand it on or copy it, never keep it."""
 
-    __slots__ = ("data", "fin", "stream_id")
+    stream_id: int
+    data: memoryview | bytes
+    fin: bool
 
-    def __init__(self, stream_id: int, data: memoryview | bytes, fin: bool) -> None:
-        self.stream_id, self.data, self.fin = stream_id, data, fin
 
-
+@dataclass(slots=True)
 class StreamResetReceived(Event):
-    __slots__ = ("code", "stream_id")
-
-    def __init__(self, stream_id: int, code: int) -> None:
-        self.stream_id, self.code = stream_id, code
+    stream_id: int
+    code: int
 
 
+@dataclass(slots=True)
 class StreamClosed(Event):
     """Both directions finished cleanly; the stream is forgotten."""
 
-    __slots__ = ("stream_id",)
-
-    def __init__(self, stream_id: int) -> None:
-        self.stream_id = stream_id
+    stream_id: int
 
 
+@dataclass(slots=True)
 class PongReceived(Event):
-    __slots__ = ("rtt",)
-
-    def __init__(self, rtt: float) -> None:
-        self.rtt = rtt
+    rtt: float
 
 
+@dataclass(slots=True)
 class GoAwayReceived(Event):
-    __slots__ = ("code", "last_stream_id", "message")
+    last_stream_id: int
+    code: int
+    message: str
 
-    def __init__(self, last_stream_id: int, code: int, message: str) -> None:
-        self.last_stream_id, self.code, self.message = last_stream_id, code, message
 
-
+@dataclass(slots=True)
 class DrainReceived(Event):
-    __slots__ = ()
+    pass
 
 
 # Streams ------------------------------------------------------------------------------------

@@ -60,3 +60,11 @@ build_base() {
   base_image build-base --variant=minbase \
     --include=python3,python3-venv,libpython3.11,binutils --aptopt='APT::Install-Recommends "false"'
 }
+
+# The hubproxy image's build root: the above, and gcc with the C library's and Python's headers,
+# which compile the request path (setup.py). The plugin needs no compiler.
+compile_base() {
+  base_image compile-base --variant=minbase \
+    --include=python3,python3-venv,libpython3.11,binutils,gcc,libc6-dev,libpython3.11-dev \
+    --aptopt='APT::Install-Recommends "false"'
+}

@@ -8,11 +8,11 @@
 #
 # 1. mmdebstrap makes two Debian bookworm root filesystems, cached as tarballs in
 #    $HUBPROXY_IMAGE_CACHE (default ~/.cache/hubproxy-image):
-#    - the build image: minbase + python3, python3-venv, libpython3.11, binutils (shared with
-#      deploy/plugin/build.sh; see bases.sh);
+#    - the build image: minbase + python3, python3-venv, libpython3.11, binutils, and gcc with
+#      the C library's and Python's headers for the compiled request path (see bases.sh);
 #    - the runtime image: python3 and the libraries it links, extracted only (no shell, no
 #      package manager, no maintainer scripts), the standard library compiled, /tmp.
-# 2. buildah imports them as localhost/hubproxy-build-base:bookworm-<hash> and
+# 2. buildah imports them as localhost/hubproxy-compile-base:bookworm-<hash> and
 #    localhost/hubproxy-base:bookworm-<hash> (<hash>: of the mmdebstrap arguments), once.
 # 3. buildah builds the Containerfile on them (--pull=never, chroot isolation, vfs storage: no
 #    daemon, no cgroups, no overlay mounts needed), tags TAG and prints it on stdout.
@@ -35,7 +35,7 @@ TAG="${1:-localhost/hubproxy:dev}"
 CACHE="${HUBPROXY_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hubproxy-image}"
 . "$ROOT/deploy/image/bases.sh"
 
-BUILD_BASE="$(build_base)"
+BUILD_BASE="$(compile_base)"
 # extract: packages unpacked, no maintainer scripts, so no shell or package manager needed in
 # the image; the standard library is compiled here instead (py3compile would have in postinst;
 # the image's root filesystem is read-only at run time), and /tmp made.

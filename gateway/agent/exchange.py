@@ -36,7 +36,7 @@ import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from gateway.agent.h2pool import H2Stream, StreamRefused
 from gateway.agent.pool import (
@@ -279,7 +279,10 @@ class HttpExchange:
     """StreamProtocol (tunnel side) and UpstreamUser (pool side) of one exchange."""
 
     # states
-    SETUP, OPEN, UPGRADED, DONE = "setup", "open", "upgraded", "done"
+    SETUP: ClassVar[str] = "setup"
+    OPEN: ClassVar[str] = "open"
+    UPGRADED: ClassVar[str] = "upgraded"
+    DONE: ClassVar[str] = "done"
 
     # An idle watch keeps its exchange for hours: no per-instance __dict__.
     __slots__ = ("_closed", "_conn_reusable", "_conn_reused", "_discard_input", "_early",

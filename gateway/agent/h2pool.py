@@ -55,6 +55,8 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+from mypy_extensions import mypyc_attr
+
 from gateway.wire.h2client import (
     ClientConnection,
     ConnectionTerminated,
@@ -78,6 +80,7 @@ from gateway.wire.http2 import LAST_CHUNK
 log = logging.getLogger(__name__)
 
 
+@mypyc_attr(native_class=False)
 class StreamRefused(ConnectionResetError):
     """The server did not process the request (a stream above a GOAWAY's ``last_stream_id``,
     or reset with REFUSED_STREAM): sending it again is safe (RFC 9113 §8.7)."""

@@ -27,6 +27,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from mypy_extensions import mypyc_attr
+
 from gateway.agent.kubeapi import KubeAPIAccess
 
 log = logging.getLogger("hubproxy.agent")
@@ -88,6 +90,7 @@ def review_body(attributes: dict[str, str]) -> bytes:
                        "spec": {"resourceAttributes": attributes}}).encode()
 
 
+@mypyc_attr(native_class=False)
 class ReviewError(Exception):
     """The apiserver gave no usable answer; the message is safe to log (no credential).
     ``final``: asking again will not help (a 4xx: no such API, or not allowed to ask)."""

@@ -91,6 +91,8 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 
+from mypy_extensions import mypyc_attr
+
 from gateway.wire.h2server import (
     ACK,
     ANSWERED_BURST,
@@ -281,6 +283,7 @@ _SETTINGS_CHANGED = SettingsChanged()
 
 # --- errors -----------------------------------------------------------------------------------
 
+@mypyc_attr(native_class=False)
 class ServerProtocolError(Exception):
     """The server broke a connection rule; GOAWAY with ``code`` is queued. The connection is
     over: write what :meth:`ClientConnection.data_to_send` returns, then close."""
@@ -290,10 +293,12 @@ class ServerProtocolError(Exception):
         self.code = code
 
 
+@mypyc_attr(native_class=False)
 class StreamClosedError(Exception):
     """Sending on a stream that is closed (or never was)."""
 
 
+@mypyc_attr(native_class=False)
 class NoNewStreams(Exception):
     """No stream can be opened: the server's limit is reached, a GOAWAY was sent or received,
     the stream ids are used up, or the server's SETTINGS have not arrived."""

@@ -68,6 +68,8 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 
+from mypy_extensions import mypyc_attr
+
 from gateway.wire.hpackdecode import Decoder, HeaderListTooLarge, HPACKDecodeError
 from gateway.wire.hpackfields import FieldEncoder
 from gateway.wire.http1 import plain_content_length
@@ -239,6 +241,7 @@ _SETTINGS_CHANGED = SettingsChanged()
 
 # --- errors -----------------------------------------------------------------------------------
 
+@mypyc_attr(native_class=False)
 class H2ConnectionError(Exception):
     """The client broke a connection rule; GOAWAY with ``code`` is queued. The connection is
     over: write what :meth:`ServerConnection.data_to_send` returns, then close."""
@@ -248,10 +251,12 @@ class H2ConnectionError(Exception):
         self.code = code
 
 
+@mypyc_attr(native_class=False)
 class StreamClosedError(Exception):
     """Sending on a stream that is closed (or never was)."""
 
 
+@mypyc_attr(native_class=False)
 class _StreamError(Exception):
     def __init__(self, code: int) -> None:
         self.code = code

@@ -30,16 +30,20 @@ from __future__ import annotations
 
 from typing import TypeAlias
 
+from mypy_extensions import mypyc_attr
+
 MAX_INTEGER = 2**32 - 1
 MAX_INTEGER_BYTES = 5  # continuation bytes after the prefix: 35 bits, more than MAX_INTEGER
 
 Field: TypeAlias = tuple[bytes, bytes]
 
 
+@mypyc_attr(native_class=False)
 class HPACKDecodeError(Exception):
     """A header block that is not valid HPACK: a connection error, COMPRESSION_ERROR."""
 
 
+@mypyc_attr(native_class=False)
 class HeaderListTooLarge(HPACKDecodeError):
     """A header block whose fields add up to more than the header-list limit."""
 

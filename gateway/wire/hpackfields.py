@@ -144,7 +144,8 @@ class FieldEncoder:
     nothing to do: our table stays empty).
     """
 
-    MAX_CACHED = 1024  # fields; the cache is emptied when full (per-request unique values)
+    # fields; the cache is emptied when full (per-request unique values)
+    MAX_CACHED: ClassVar[int] = 1024
     _cache: ClassVar[dict[tuple[bytes, bytes], bytes]] = {}  # shared: a field's own encoding
     _names: ClassVar[dict[bytes, tuple[dict[bytes, bytes] | None, bytes, bool]]] = {}  # _name()
 

@@ -52,6 +52,8 @@ import re
 from dataclasses import dataclass, field
 from typing import NoReturn
 
+from mypy_extensions import mypyc_attr
+
 Headers = list[tuple[bytes, bytes]]
 
 # --- byte classes -------------------------------------------------------------------------------
@@ -75,6 +77,7 @@ _HTTP10 = b"HTTP/1.0"
 _MAX_CONTENT_LENGTH_DIGITS = 18  # < 2**63
 
 
+@mypyc_attr(native_class=False)
 class HTTPError(ValueError):
     """A message refused; ``status`` is what to answer with (or 502 for upstream messages)."""
 

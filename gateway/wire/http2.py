@@ -35,6 +35,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mypy_extensions import mypyc_attr
+
 from gateway.wire.http1 import (
     NO_BODY,
     BodyTracker,
@@ -74,6 +76,7 @@ _REQUIRED = _METHOD | _SCHEME | _PATH
 _SCHEMES = frozenset((b"https", b"http"))
 
 
+@mypyc_attr(native_class=False)
 class H2RequestError(ValueError):
     """A request refused before admission; ``status`` is what the stream is answered with."""
 

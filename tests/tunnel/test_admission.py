@@ -161,18 +161,16 @@ async def hold_the_only_slot(listener: TunnelListener) -> socket.socket:
     return holder
 
 
-async def test_stale_and_abandoned_connections_are_refused_without_a_handshake(
-        pki: PKI, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("tunnel.listener.SLOT_HOLD", 1.0)
+async def test_stale_and_abandoned_connections_are_refused_without_a_handshake(pki: PKI) -> None:
     async with listening(pki, max_handshakes=1, handshake_timeout=3.0) as listener:
-        listener.stale_after = 0.3
+        listener.stale_after, listener.slot_hold = 0.3, 1.0
         holder = await hold_the_only_slot(listener)
         abandoned = socket.create_connection(("127.0.0.1", listener.port))
         abandoned.close()  # gave up while queued
         waiting = [asyncio.ensure_future(tls_client(pki, listener.port)) for _ in range(3)]
         await asyncio.sleep(0.2)
         assert listener.admission()["accept_queue"] == 4  # waiting in the kernel, for free
-        # The holder's slot comes back after SLOT_HOLD: by then the queued ones waited 0.8 s.
+        # The holder's slot comes back after slot_hold: by then the queued ones waited 0.8 s.
         results = await asyncio.gather(*waiting, return_exceptions=True)
         assert all(isinstance(r, ssl.SSLError) and hub_busy(r) for r in results), results
         assert listener.refused_early == {STALE: 3, GONE: 1}
@@ -186,8 +184,7 @@ async def test_stale_and_abandoned_connections_are_refused_without_a_handshake(
 
 
 async def test_an_agent_told_the_hub_is_busy_backs_off_for_seconds(
-        pki: PKI, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.setattr("tunnel.listener.SLOT_HOLD", 0.8)
+        pki: PKI, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, "hubproxy.tunnel")
     delays: list[float] = []
     backoff = Backoff(rand=lambda: 1.0)
@@ -199,7 +196,7 @@ async def test_an_agent_told_the_hub_is_busy_backs_off_for_seconds(
 
     backoff.next_delay = recorded  # type: ignore[method-assign]
     async with listening(pki, max_handshakes=1, handshake_timeout=3.0) as listener:
-        listener.stale_after = 0.3
+        listener.stale_after, listener.slot_hold = 0.3, 0.8
         holder = await hold_the_only_slot(listener)
         agent = AgentDialer("127.0.0.1", listener.port, lambda: pki.agent_context("c1"),
                             echo_on_open, SessionConfig(), server_hostname="localhost",

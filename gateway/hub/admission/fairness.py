@@ -41,6 +41,9 @@ from __future__ import annotations
 
 import hashlib
 from collections import deque
+from typing import ClassVar
+
+from mypy_extensions import mypyc_attr
 
 from gateway.hub.config import GatewayConfig
 
@@ -56,6 +59,7 @@ ESTIMATED_SERVICE = 1.0
 _MAX_CACHED_HANDS = 4096
 
 
+@mypyc_attr(native_class=False)
 class QueueFull(Exception):
     """The request's queue already holds ``queue_length`` waiting requests (429)."""
 
@@ -83,7 +87,9 @@ class Ticket:
 
     __slots__ = ("arrived", "dispatched", "flow", "queue", "seq", "state")
 
-    WAITING, EXECUTING, DONE = "waiting", "executing", "done"
+    WAITING: ClassVar[str] = "waiting"
+    EXECUTING: ClassVar[str] = "executing"
+    DONE: ClassVar[str] = "done"
 
     def __init__(self, flow: str, queue: _Queue, seq: int, arrived: float) -> None:
         self.flow = flow

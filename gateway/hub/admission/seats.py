@@ -28,6 +28,8 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from mypy_extensions import mypyc_attr
+
 from gateway.hub.admission.fairness import (
     DEFAULT_HAND_SIZE,
     DEFAULT_QUEUE_LENGTH,
@@ -48,6 +50,7 @@ MAX_FLOW_LABELS = 20
 OTHER_FLOW = "_other"
 
 
+@mypyc_attr(native_class=False)
 class SeatRefused(Exception):
     """No seat for this request: its queue is full, or it waited too long (429)."""
 
