@@ -227,6 +227,16 @@ async def eventually(check: Callable[[], T], timeout: float = 10.0,
     return found
 
 
+def needs_pure(module: object) -> None:
+    """Skip a test that patches ``module``'s code when it is compiled (a compiled module cannot
+    be patched); tests/test_compiled.py runs the test's file on the pure source."""
+    import pytest
+
+    if not str(getattr(module, "__file__", "")).endswith(".py"):
+        pytest.skip(f"patches {getattr(module, '__name__', module)}, which is compiled here: "
+                    "tests/test_compiled.py runs this test on the pure source")
+
+
 @contextlib.contextmanager
 def tasks_started() -> Iterator[list[str]]:
     """The names of the coroutines the running loop starts as tasks while the block runs. A

@@ -20,7 +20,9 @@ EXTENSION = tuple(importlib.machinery.EXTENSION_SUFFIXES)
 # Sans-IO cores and in-process hub and agent tests: the source's own behaviour, in seconds.
 PURE_RUN = ["tests/tunnel/test_session.py", "tests/tunnel/test_frames.py",
             "tests/gateway/wire/test_http1.py", "tests/gateway/wire/test_h2client.py",
-            "tests/gateway/hub/test_forward.py", "tests/gateway/agent/test_fast_path.py"]
+            "tests/gateway/hub/test_forward.py", "tests/gateway/agent/test_fast_path.py",
+            # and the tests that patch a module's code (tests.support.needs_pure)
+            "tests/gateway/hub/test_request_phases.py", "tests/gateway/hub/test_header_verdict.py"]
 
 
 def listed() -> list[str]:

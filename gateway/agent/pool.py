@@ -33,6 +33,8 @@ import time
 from collections import Counter, deque
 from typing import NamedTuple, Protocol
 
+from mypy_extensions import mypyc_attr
+
 from gateway.agent.config import AgentConfig
 from gateway.agent.h2pool import READ_BUFFER_SIZE, WINDOW_BUDGET, H2Stream, H2Upstream
 from gateway.agent.h2pool import UpstreamUser as H2StreamUser
@@ -42,18 +44,22 @@ from gateway.wire.http1 import RequestHead, serialize_request_head
 log = logging.getLogger(__name__)
 
 
+@mypyc_attr(native_class=False)
 class PoolError(Exception):
     """The pool could not hand out a connection."""
 
 
+@mypyc_attr(native_class=False)
 class PoolExhausted(PoolError):
     pass
 
 
+@mypyc_attr(native_class=False)
 class UpstreamTimeout(PoolError):
     pass
 
 
+@mypyc_attr(native_class=False)
 class UpstreamUnreachable(PoolError):
     pass
 

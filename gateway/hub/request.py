@@ -41,6 +41,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
+from mypy_extensions import mypyc_attr
+
 from gateway.hub.admission.auth import UserInfo
 from gateway.hub.admission.chain import (
     AdmissionContext,
@@ -93,6 +95,7 @@ TRANSITIONS: dict[Phase, frozenset[Phase]] = {
 }
 
 
+@mypyc_attr(native_class=False)
 class LifecycleError(RuntimeError):
     """A move :data:`TRANSITIONS` does not allow: a bug in the gateway."""
 
@@ -198,10 +201,13 @@ class _Gone:
     pause or resume from the tunnel (a window that opens after the response ended) does
     nothing. Nothing else may be asked of it: that would be a bug."""
 
-    protocol = client_ip = peer_ip = ""
+    protocol = ""
+    client_ip = ""
+    peer_ip = ""
     audit_memo = None  # shared by every request that is over: never a memo
     closed = True
-    reads_response_fields = keeps_views = True
+    reads_response_fields = True
+    keeps_views = True
     relays_whole = False
     transport = None
     header_verdict = HeaderVerdict()  # never used: a request that is over admits nothing

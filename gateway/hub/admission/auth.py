@@ -43,6 +43,8 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
+from mypy_extensions import mypyc_attr
+
 from gateway.hub.config import GatewayConfig
 
 log = logging.getLogger(__name__)
@@ -53,6 +55,7 @@ MAX_TOKEN_BYTES = 16 * 1024
 DEFAULT_REVIEW_TIMEOUT = 5.0
 
 
+@mypyc_attr(native_class=False)
 class Unauthenticated(Exception):
     """The token was rejected (401). The message is generic and never contains the token.
 
@@ -68,6 +71,7 @@ class Unauthenticated(Exception):
         self.hub_token = hub_token
 
 
+@mypyc_attr(native_class=False)
 class AuthUnavailable(Exception):
     """The hub could not authenticate/authorize now (503). Never cached."""
 

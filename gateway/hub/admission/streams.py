@@ -22,11 +22,14 @@ import hashlib
 import hmac
 import secrets
 
+from mypy_extensions import mypyc_attr
+
 from gateway.hub.config import GatewayConfig
 
 DEFAULT_MAX_STREAMS_PER_IDENTITY = GatewayConfig.max_streams_per_identity  # the flag's
 
 
+@mypyc_attr(native_class=False)
 class TooManyStreams(Exception):
     """This identity has ``limit`` long-running requests open on the cluster already (429)."""
 

@@ -28,6 +28,7 @@ from tests.gateway.hub.test_frontdoor_harness import (
     tls,  # noqa: F401  (fixture)
 )
 from tests.gateway.hub.test_frontdoor_harness import gw as gw
+from tests.support import needs_pure
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -208,6 +209,9 @@ async def test_rule5_a_connection_keeps_its_tokens_review_key_and_changes_it_wit
     """The token's review-cache key (a MAC, never the token) is made once per connection and
     token, not per request; another token on the same connection gets its own key (and its
     own identity), and a new connection makes its own."""
+    from gateway.hub.admission import auth
+
+    needs_pure(auth)
     authenticator = gw.gateway.authenticator
     macs: list[bytes] = []
     real_mac = authenticator._mac  # type: ignore[attr-defined]

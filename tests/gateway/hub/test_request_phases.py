@@ -30,6 +30,7 @@ from tests.gateway.hub.test_frontdoor_harness import (
     running,
     tls,  # noqa: F401 - the session fixture
 )
+from tests.support import needs_pure
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -54,6 +55,7 @@ async def test_a_move_the_table_does_not_list_is_a_bug(h2tls: Tls) -> None:  # n
 @pytest.fixture
 def moves(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[Phase, Phase]]]:
     """Every move any request makes, as (from, to)."""
+    needs_pure(request_module)
     seen: list[tuple[Phase, Phase]] = []
     original = request_module.Request._to
 
