@@ -4,8 +4,9 @@ Everything else about the package is in pyproject.toml. The modules listed there
 ``[tool.hubproxy.compiled]`` are the ones every request and watch event runs through (tunnel
 framing, the HTTP/1.1 and HTTP/2 cores, the hub's request path, the agent's exchange). mypyc
 turns their type-checked Python into C extensions; the Python source stays the one truth and
-runs unchanged where no extension was built. Measured side by side (bench/README.md): about
-0.7x the gateway's and 0.6x the agent's CPU per request.
+runs unchanged where no extension was built. Measured side by side with `python -m bench
+gateway`: about 0.6x the CPU per small request in each process (README: "The compiled request
+path").
 
 The build needs mypyc (the pinned mypy in [build-system]) and a C compiler with Python's
 headers. Without them, or with ``HUBPROXY_PURE=1``, it installs the pure Python modules and says
