@@ -3,19 +3,18 @@ from __future__ import annotations
 import importlib.machinery
 import os
 import sys
-import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.support import REPO, ProcessGroup, compiled_modules
+
 if os.environ.get("HUBPROXY_PURE_SOURCE") == "1":
     # The project's modules from their .py files, though compiled ones sit beside them
     # (tests/test_compiled.py): a finder for the tree's folders that knows only source files.
-    _TREE = Path(__file__).resolve().parent.parent
-
     def _source_only(path: str) -> importlib.machinery.FileFinder:
-        if not Path(path).resolve().is_relative_to(_TREE):
+        if not Path(path).resolve().is_relative_to(REPO):
             raise ImportError(path)  # everything else as usual
         return importlib.machinery.FileFinder(
             path, (importlib.machinery.SourceFileLoader, importlib.machinery.SOURCE_SUFFIXES))
@@ -23,23 +22,18 @@ if os.environ.get("HUBPROXY_PURE_SOURCE") == "1":
     sys.path_hooks.insert(0, _source_only)
     sys.path_importer_cache.clear()
 
-from tests.support import ProcessGroup
-
 
 def pytest_configure(config: pytest.Config) -> None:
     """Refuse to test compiled modules that are older than their source: the tests would run
     the last build, not the code on disk (see setup.py)."""
     if os.environ.get("HUBPROXY_PURE_SOURCE") == "1":
         return
-    tree = Path(__file__).resolve().parent.parent
-    with open(tree / "pyproject.toml", "rb") as f:
-        listed = tomllib.load(f)["tool"]["hubproxy"]["compiled"]["modules"]
     stale = []
-    for name in listed:
-        source = tree.joinpath(*name.split(".")).with_suffix(".py")
+    for name in compiled_modules():
+        source = REPO.joinpath(*name.split(".")).with_suffix(".py")
         for built in source.parent.glob(source.stem + ".*.so"):
             if built.stat().st_mtime < source.stat().st_mtime:
-                stale.append(str(source.relative_to(tree)))
+                stale.append(str(source.relative_to(REPO)))
     if stale:
         raise pytest.UsageError(
             f"compiled modules older than their source: {', '.join(stale)}. Build them again "

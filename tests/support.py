@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.machinery
 import json
 import os
 import signal
@@ -16,13 +17,16 @@ import subprocess
 import sys
 import threading
 import time
+import tomllib
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import TypeVar
 
 T = TypeVar("T")
 
 LOOPBACK = "127.0.0.1"
+REPO = Path(__file__).resolve().parent.parent
 
 
 _HANDED_OUT: set[int] = set()
@@ -227,13 +231,29 @@ async def eventually(check: Callable[[], T], timeout: float = 10.0,
     return found
 
 
-def needs_pure(module: object) -> None:
+def in_ci() -> bool:
+    """Whether this run is CI (``CI=true``, which .ci/run sets)."""
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+def compiled_modules() -> list[str]:
+    """The modules setup.py compiles: pyproject.toml's [tool.hubproxy.compiled]."""
+    with open(REPO / "pyproject.toml", "rb") as f:
+        return list(tomllib.load(f)["tool"]["hubproxy"]["compiled"]["modules"])
+
+
+def is_compiled(module: ModuleType) -> bool:
+    """Whether ``module`` was loaded from a C extension, not from its .py file."""
+    return str(module.__file__).endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES))
+
+
+def needs_pure(module: ModuleType) -> None:
     """Skip a test that patches ``module``'s code when it is compiled (a compiled module cannot
     be patched); tests/test_compiled.py runs the test's file on the pure source."""
     import pytest
 
-    if not str(getattr(module, "__file__", "")).endswith(".py"):
-        pytest.skip(f"patches {getattr(module, '__name__', module)}, which is compiled here: "
+    if is_compiled(module):
+        pytest.skip(f"patches {module.__name__}, which is compiled here: "
                     "tests/test_compiled.py runs this test on the pure source")
 
 

@@ -5,17 +5,13 @@ runs as plain Python where it could not."""
 from __future__ import annotations
 
 import importlib
-import importlib.machinery
 import os
 import subprocess
 import sys
-import tomllib
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-EXTENSION = tuple(importlib.machinery.EXTENSION_SUFFIXES)
+from tests.support import REPO, compiled_modules, in_ci, is_compiled
 
 # Sans-IO cores and in-process hub and agent tests: the source's own behaviour, in seconds.
 PURE_RUN = ["tests/tunnel/test_session.py", "tests/tunnel/test_frames.py",
@@ -25,23 +21,11 @@ PURE_RUN = ["tests/tunnel/test_session.py", "tests/tunnel/test_frames.py",
             "tests/gateway/hub/test_request_phases.py", "tests/gateway/hub/test_header_verdict.py"]
 
 
-def listed() -> list[str]:
-    with open(ROOT / "pyproject.toml", "rb") as f:
-        return list(tomllib.load(f)["tool"]["hubproxy"]["compiled"]["modules"])
-
-
-def is_compiled(name: str) -> bool:
-    return str(importlib.import_module(name).__file__).endswith(EXTENSION)
-
-
-def in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
-
-
 def test_every_listed_module_is_compiled_or_none_is() -> None:
     """All or nothing (setup.py): a half-built set would mean a build that failed unnoticed.
     In CI, where the machine has a compiler, all of them; with HUBPROXY_PURE_SOURCE=1, none."""
-    compiled = {name: is_compiled(name) for name in listed()}
+    compiled = {name: is_compiled(importlib.import_module(name))
+                for name in compiled_modules()}
     if os.environ.get("HUBPROXY_PURE_SOURCE") == "1":
         assert [name for name, done in compiled.items() if done] == []
     elif in_ci() or any(compiled.values()):
@@ -59,7 +43,7 @@ def test_the_pure_source_passes_the_cores_tests() -> None:
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist",
                           "-p", "no:cacheprovider", *PURE_RUN, "tests/test_compiled.py::"
                           "test_every_listed_module_is_compiled_or_none_is"],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     assert " passed" in run.stdout.splitlines()[-1]
 

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import in_ci
+
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "deploy" / "plugin" / "build.sh"
 TAG = "localhost/hubproxy-plugin:test"
@@ -45,8 +47,6 @@ EXEC_EXTENSION = "client.authentication.k8s.io/exec"
 os.environ["STORAGE_DRIVER"] = os.environ.get("STORAGE_DRIVER", "vfs")
 
 
-def in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
 
 
 def require_build_tools() -> None:

@@ -12,7 +12,6 @@ the tier must run, never pass by not running.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -30,7 +29,7 @@ from tests.realkube.apiserver import (
 )
 from tests.realkube.binaries import REPO, Binaries, MissingBinaries, find_binaries
 from tests.realkube.hubproxy import CLUSTER, Gateway, init_pki, start_gateway, wait_connected
-from tests.support import ProcessGroup
+from tests.support import ProcessGroup, in_ci
 
 HERE = Path(__file__).resolve().parent
 CRDS = REPO.parent / "shared" / "crds"
@@ -38,10 +37,6 @@ GATEWAY_SA = ("hubproxy", "hubproxy-gateway")  # deploy/hub
 AGENT_SA = ("hubproxy-agent", "hubproxy-agent")  # deploy/agent
 PREFIX = "cluster:hub:"
 TIMINGS: dict[str, float] = {}
-
-
-def in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
 
 
 BINARIES: Binaries | None = None
