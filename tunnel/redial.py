@@ -24,7 +24,8 @@ The rule, one search per set of missing instances:
 That holds for instances the hub *lists* (HUB_PEER): each holds a Lease renewed every few
 seconds, so a listed instance that does not exist is one that crashed, and it leaves the list
 when its Lease expires (15 s): a bounded search, about 20 dials per agent for the crashed one
-of two. A hub that announces only a *count* (``--workers`` without Leases, or the deprecated
+of two. (A pod's ``--workers`` without Leases are listed too: the supervisor fixes their ids,
+and a worker that exits stops the pod.) A hub that announces only a *count* (the deprecated
 ``--replicas``) may announce instances that never come, so a count gets one expected search,
 ``ceil(1 / p)`` free redials (3 for the missing one of three, as before this rule), then the
 delay doubles at every miss: such a hub costs an agent a redial every 30 s, not a storm.

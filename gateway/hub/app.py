@@ -422,8 +422,18 @@ def session_settings(config: GatewayConfig) -> SessionConfig:
     liveness flags and the process's window memory budget (one for all its sessions)."""
     # With instance discovery the count and the set follow the Leases (see
     # Gateway.announce_instances); until the first listing, agents hold at least this one.
-    instances = 1 if config.lease_namespace else (config.replicas or 1) * config.workers
-    peers = (config.hub_instance,) if config.lease_namespace and config.hub_instance else ()
+    # Without Leases, one pod's workers are a set the supervisor fixed: announced as a set, an
+    # agent searches for a missing one with free redials (tunnel.redial), where a bare count
+    # doubles its redial delay from the third miss and may leave a worker unreached for many
+    # seconds. Pods counted by --replicas can only be counted.
+    peers: tuple[int, ...]
+    if config.lease_namespace:
+        instances = 1
+        peers = (config.hub_instance,) if config.hub_instance else ()
+    elif config.replicas in (None, 1) and len(config.worker_instances) > 1:
+        instances, peers = len(config.worker_instances), config.worker_instances
+    else:
+        instances, peers = (config.replicas or 1) * config.workers, ()
     return SessionConfig(hub_instance=config.hub_instance, hub_instances=instances,
                          hub_peers=peers, ping_after=config.tunnel_keepalive,
                          dead_after=config.tunnel_timeout,

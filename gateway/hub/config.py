@@ -36,6 +36,7 @@ from gateway.ops.settings import (
 from gateway.wire.http1 import DEFAULT_LIMITS, Limits
 from gateway.wire.identity import DEFAULT_PREFIX, IdentityError, validate_prefix
 from tunnel.admission import DEFAULT_BACKLOG, DEFAULT_MAX_HANDSHAKES
+from tunnel.frames import MAX_HUB_INSTANCES
 from tunnel.identity import AgentNaming
 from tunnel.session_state import HUB_PING_AFTER
 
@@ -492,7 +493,19 @@ class GatewayConfig:
     # Not flags: set by the process itself.
     worker_index: int = 0  # which worker this is; worker 0 also serves health and metrics
     hub_instance: int = 0  # this process's id in the tunnel's SETTINGS (0: not announced)
+    # Every worker's hub_instance, fixed by the supervisor before forking: without Leases and
+    # replicas they are all the instances there are, announced as a set (see session_settings).
+    worker_instances: tuple[int, ...] = ()
     readiness_interval: float = 10.0  # hub auth probe period for /readyz
+
+    def _check_instance_count(self) -> None:
+        """Agents hold one session per instance, at most MAX_HUB_INSTANCES of them (the tunnel
+        refuses SETTINGS that announce more): refused here rather than by every agent."""
+        counted = self.workers if self.lease_namespace else (self.replicas or 1) * self.workers
+        if counted > MAX_HUB_INSTANCES:
+            flags = "--workers" if self.lease_namespace else "--replicas x --workers"
+            raise ValueError(f"{flags} = {counted}: agents hold at most {MAX_HUB_INSTANCES} "
+                             "sessions, one per gateway process")
 
     @property
     def agent_naming(self) -> AgentNaming:
@@ -524,6 +537,7 @@ class GatewayConfig:
             raise ValueError(f"--fair-hand-size {self.fair_hand_size} is more than "
                              f"--fair-queues {self.fair_queues}")
         check_tunnel_liveness(self.tunnel_keepalive, self.tunnel_timeout)
+        self._check_instance_count()
         if self.audit_policy_file and not (self.audit_log_path
                                            or self.audit_webhook_config_file):
             raise ValueError("--audit-policy-file needs --audit-log-path or "

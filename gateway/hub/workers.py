@@ -36,6 +36,14 @@ def instance_id() -> int:
     return secrets.randbits(32) or 1  # 0 means "a single process" on the wire
 
 
+def distinct_instance_ids(count: int) -> tuple[int, ...]:
+    """One instance id per worker, no two alike (agents hold one session per id)."""
+    ids: dict[int, None] = {}
+    while len(ids) < count:
+        ids[instance_id()] = None
+    return tuple(ids)
+
+
 STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
 
 # What a worker adds to the snapshot it sends worker 0: why it is not ready, or None.
@@ -81,6 +89,7 @@ def run(config: GatewayConfig,
     # parent and orphan them. Each worker resets both signals for its own event loop.
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
+    instances = distinct_instance_ids(config.workers)
     for index in range(config.workers):
         # Held across the fork: one sent to the new worker before it resets its handlers would
         # run the parent's `forward` there, which knows no children, and be lost; the worker
@@ -94,8 +103,9 @@ def run(config: GatewayConfig,
                     signal.signal(signal.SIGTERM, signal.SIG_DFL)
                     signal.signal(signal.SIGINT, signal.SIG_DFL)
                     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-                    code = serve_one(dataclasses.replace(config, worker_index=index,
-                                                         hub_instance=instance_id()), link)
+                    code = serve_one(dataclasses.replace(
+                        config, worker_index=index, hub_instance=instances[index],
+                        worker_instances=instances), link)
                 finally:
                     os._exit(code)
             children[pid] = index

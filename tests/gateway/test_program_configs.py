@@ -5,6 +5,7 @@ to the config."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 from typing import Any
 
@@ -94,6 +95,24 @@ def test_gateway_sessions_share_one_budget_of_the_configured_size() -> None:
     assert first.process_budget is second.process_budget is settings.process_budget
 
 
+def test_a_pods_workers_are_announced_as_a_set_and_pods_only_as_a_count() -> None:
+    """Workers without Leases name each other (agents then search with free redials); pods
+    counted by --replicas cannot be named; with Leases each process starts with itself."""
+    from gateway.hub.app import session_settings
+
+    workers = GatewayConfig(workers=2, hub_instance=7, worker_instances=(7, 9))
+    assert (session_settings(workers).hub_instances, session_settings(workers).hub_peers) == (
+        2, (7, 9))
+    pods = dataclasses.replace(workers, replicas=3)
+    assert (session_settings(pods).hub_instances, session_settings(pods).hub_peers) == (6, ())
+    leased = dataclasses.replace(workers, lease_namespace="hub")
+    assert (session_settings(leased).hub_instances, session_settings(leased).hub_peers) == (
+        1, (7,))
+    single = GatewayConfig(hub_instance=7)
+    assert (session_settings(single).hub_instances, session_settings(single).hub_peers) == (
+        1, ())
+
+
 def test_config_validation_names_the_flag() -> None:
     argv = REQUIRED["gateway"][0]
     for extra, message in (
@@ -101,6 +120,9 @@ def test_config_validation_names_the_flag() -> None:
         (["--identity-prefix", "system:"], "--identity-prefix"),
         (["--agent-identity", "ocm", "--ocm-addon-name", "Not_A_Label"], "--ocm-addon-name"),
         (["--clusterprofiles", "on"], "--clusterprofiles=on needs --public-url"),
+        (["--replicas", "9", "--workers", "8", "--lease-namespace", "off"],
+         "--replicas x --workers = 72: agents hold at most 64"),
+        (["--workers", "65", "--lease-namespace", "hub"], "--workers = 65"),
     ):
         with pytest.raises(ValueError, match=message):
             config_from_args(build_parser().parse_args(["gateway", *argv, *extra]))

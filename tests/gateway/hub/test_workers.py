@@ -129,7 +129,8 @@ async def test_two_workers_serve_every_request_through_one_agent(pki: Path,
             group.stop_all()
 
 
-async def _two_listeners(pki: Path, port: int, announced: int) -> tuple[list, list]:
+async def _two_listeners(pki: Path, port: int, announced: int,
+                         listed: bool = False) -> tuple[list, list]:
     from certs.tls import TLS1_3, server_context
     from tunnel.connection import ALPN, SessionConfig
     from tunnel.listener import start_tunnel_listener
@@ -144,7 +145,8 @@ async def _two_listeners(pki: Path, port: int, announced: int) -> tuple[list, li
         registry = SessionRegistry()
         listeners.append(await start_tunnel_listener(
             "127.0.0.1", port, ctx, registry,
-            SessionConfig(hub_instance=instance, hub_instances=announced), reuse_port=True))
+            SessionConfig(hub_instance=instance, hub_instances=announced,
+                          hub_peers=(101, 202) if listed else ()), reuse_port=True))
         registries.append(registry)
     return registries, listeners
 
@@ -163,13 +165,15 @@ def _fanout(pki: Path, port: int) -> Any:
 
 
 @contextlib.asynccontextmanager
-async def fanout_to_two_hubs(pki: Path, announced: int) -> AsyncIterator[tuple[list, Any]]:
-    """Two hub instances on one port (SO_REUSEPORT) announcing ``announced``; an agent fan-out
-    dialling them; yields once both hubs hold a session for c1."""
+async def fanout_to_two_hubs(pki: Path, announced: int,
+                             listed: bool = False) -> AsyncIterator[tuple[list, Any]]:
+    """Two hub instances on one port (SO_REUSEPORT) announcing ``announced``, or, ``listed``,
+    naming each other as ``--workers`` does; an agent fan-out dialling them; yields once both
+    hubs hold a session for c1."""
     if not hasattr(socket, "SO_REUSEPORT"):
         pytest.skip("needs SO_REUSEPORT")
     port = free_port()
-    registries, listeners = await _two_listeners(pki, port, announced)
+    registries, listeners = await _two_listeners(pki, port, announced, listed)
     fanout = _fanout(pki, port)
     task = asyncio.ensure_future(fanout.run())
     try:
@@ -186,7 +190,7 @@ async def fanout_to_two_hubs(pki: Path, announced: int) -> AsyncIterator[tuple[l
 
 
 async def test_fanout_holds_one_session_per_hub_instance(pki: Path) -> None:
-    async with fanout_to_two_hubs(pki, announced=2) as (registries, fanout):
+    async with fanout_to_two_hubs(pki, announced=2, listed=True) as (registries, fanout):
         assert len(fanout.dialers) == 2 and len(fanout.sessions) == 2
         assert sorted(s.hub_instance for s in fanout.sessions) == [101, 202]
         assert all(len(list(r.sessions("c1"))) == 1 for r in registries)
@@ -215,7 +219,9 @@ def serve_one(config, link):
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # as serve() does: handle it
     # One write(2) per line: two forked workers share the pipe, and print() may write a line
     # in pieces that interleave with the other worker's.
-    os.write(1, f"worker {config.worker_index} instance {config.hub_instance}\\n".encode())
+    siblings = ",".join(map(str, config.worker_instances))
+    os.write(1, f"worker {config.worker_index} instance {config.hub_instance} of {siblings}\\n"
+             .encode())
     if sys.argv[1] == "crash" and config.worker_index == 1:
         return 3
     signal.sigwait({signal.SIGTERM})
@@ -250,6 +256,9 @@ def test_sigterm_reaches_every_worker_and_the_parent_exits_0() -> None:
     assert all(len(line.split()) > 3 for line in seen), (seen, proc.poll())
     assert sorted(line.split()[1] for line in seen) == ["0", "1"]
     assert len({line.split()[3] for line in seen}) == 2  # distinct hub instance ids
+    # Each worker knows the whole set (announced to agents as the live instances).
+    [siblings] = {line.split()[5] for line in seen}
+    assert sorted(siblings.split(",")) == sorted(line.split()[3] for line in seen)
     proc.send_signal(signal.SIGTERM)  # the parent only: it forwards
     out, _ = proc.communicate(timeout=20)
     assert "rc 0" in out and proc.returncode == 0
