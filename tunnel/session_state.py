@@ -339,7 +339,7 @@ class Session:
                 self.events.append(OpenFailed(st.id, code, msg))
         elif t == f.RESET:
             st = self.streams.get(fr.stream_id)
-            if st is None or (not st.acked and not self._is_local(st.id)):
+            if st is None or (not st.acked and not self.is_local(st.id)):
                 # Only resets that waste our work count as a flood: for streams already gone,
                 # or opened by the peer and reset before we accepted them (rapid reset). A
                 # reset of an established stream is a client going away; thousands of them at
@@ -347,7 +347,7 @@ class Session:
                 self._rate("reset", self.config.max_resets_per_second)
             self._check_id_known(fr.stream_id)
             if st is not None:
-                if not st.acked and not self._is_local(st.id):
+                if not st.acked and not self.is_local(st.id):
                     self._pending_in -= 1
                 self._forget(st)
                 self.events.append(StreamResetReceived(st.id, f.parse_u32(fr.payload)))
@@ -394,7 +394,7 @@ class Session:
 
     def _on_open(self, fr: f.Frame) -> None:
         sid = fr.stream_id
-        if self._is_local(sid):
+        if self.is_local(sid):
             raise BadStreamId(f"peer OPEN with our parity: stream {sid}")
         if sid <= self._last_peer_id:
             raise BadStreamId(f"OPEN stream {sid} <= {self._last_peer_id}: ids never reused")
@@ -480,13 +480,13 @@ class Session:
         self.goaway_received = last
         self.events.append(GoAwayReceived(last, code, msg))
         for st in list(self.streams.values()):
-            if self._is_local(st.id) and st.id > last:
+            if self.is_local(st.id) and st.id > last:
                 self._forget(st)
                 self.events.append(OpenFailed(st.id, OpenErrorCode.SHUTTING_DOWN,
                                               "peer going away"))
 
     def _own_stream(self, sid: int) -> StreamState | None:
-        if not self._is_local(sid):
+        if not self.is_local(sid):
             raise BadStreamId(f"OPEN answer for peer-parity stream {sid}")
         st = self.streams.get(sid)
         if st is None:
@@ -497,11 +497,12 @@ class Session:
         """Frames for streams that existed and were closed are ignored; never-opened ids are not."""
         if sid == 0:
             raise BadStreamId("stream frame on stream 0")
-        last = self._last_local_id if self._is_local(sid) else self._last_peer_id
+        last = self._last_local_id if self.is_local(sid) else self._last_peer_id
         if sid > last:
             raise BadStreamId(f"frame for stream {sid}, which was never opened")
 
-    def _is_local(self, sid: int) -> bool:
+    def is_local(self, sid: int) -> bool:
+        """Stream ``sid`` was opened by this side (its messages to the peer are requests)."""
         return sid & 1 == self._local_parity
 
     def _rate(self, kind: str, limit: int) -> None:
@@ -555,7 +556,7 @@ class Session:
         the OPEN_ACK itself (the opener may send before it); it keeps the order PROTOCOL.md
         asks for, an answer before any other frame of the stream."""
         st = self.streams.get(sid)
-        if st is None or self._is_local(sid) or st.acked:
+        if st is None or self.is_local(sid) or st.acked:
             return
         st.acked = True
         st.ack_unsent = True
@@ -570,7 +571,7 @@ class Session:
 
     def refuse(self, sid: int, code: int, message: str = "") -> None:
         st = self.streams.get(sid)
-        if st is None or self._is_local(sid) or st.acked:
+        if st is None or self.is_local(sid) or st.acked:
             return
         self._pending_in -= 1
         self._forget(st)
@@ -603,7 +604,7 @@ class Session:
         st = self.streams.get(sid)
         if st is None:
             return
-        if not st.acked and not self._is_local(sid):
+        if not st.acked and not self.is_local(sid):
             self._pending_in -= 1
         if st.ack_unsent:
             self._send_ack(st)
@@ -703,7 +704,7 @@ class Session:
     def _schedule(self, st: StreamState, force: bool = False) -> None:
         if st.scheduled or not st.local_open:
             return
-        if not st.acked and not self._is_local(st.id):
+        if not st.acked and not self.is_local(st.id):
             return  # peer-opened: nothing goes out before OPEN_ACK
         if force or (st.send_buffered and st.send_window > 0) or (
                 st.fin_queued and not st.send_buffered):
@@ -789,7 +790,7 @@ class Session:
     def _maybe_closed(self, st: StreamState) -> None:
         if st.local_open or st.remote_open or st.id not in self.streams:
             return
-        if not st.acked and not self._is_local(st.id):
+        if not st.acked and not self.is_local(st.id):
             return  # the agent still has to answer the OPEN
         self._forget(st)
         self.events.append(StreamClosed(st.id))
@@ -797,7 +798,7 @@ class Session:
     def _forget(self, st: StreamState) -> None:
         if self.streams.pop(st.id, None) is None:
             return
-        if not self._is_local(st.id):
+        if not self.is_local(st.id):
             self._peer_streams -= 1
         st.send_buf = None
         st.local_open = False

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from tests.tunnel.conftest import Collector, session_pair
-from tunnel.connection import OpenRequest
+from tunnel.connection import WRITE_EVERY_REQUESTS, OpenRequest
 from tunnel.errors import OpenErrorCode, OpenRefused, SessionClosed, StreamReset
 from tunnel.targets import KubeAPITarget, ServiceTarget
 
@@ -99,6 +99,71 @@ async def test_the_opens_of_a_loop_turn_share_one_write(tls_contexts):
     for client, body in zip(clients, (b"a", b"b", b"c"), strict=True):
         assert await asyncio.wait_for(client.lost, 5) is None
         assert bytes(client.data) == body
+    hub.close()
+    server.close()
+
+
+async def test_every_eighth_complete_request_of_a_turn_is_written_at_once(tls_contexts):
+    """Complete requests (an OPEN with FIN, or a write_eof that ends a stream's request) share
+    the turn's write, but every WRITE_EVERY_REQUESTS of them go at once, so the agent starts on
+    them while the hub makes the rest; what remains leaves with the turn."""
+    hub, _agent, server = await session_pair(tls_contexts, on_open=lambda req: Echo())
+    await asyncio.sleep(0.05)  # settled: SETTINGS and the first pings are out
+    count = 2 * WRITE_EVERY_REQUESTS + 3
+    clients = [Collector(keep=True) for _ in range(count)]
+    written: list[bool] = []
+    for i, client in enumerate(clients):
+        before = hub.bytes_sent
+        if i % 2:  # the OPEN carries the whole request
+            hub.open_stream(KubeAPITarget(), b"", client, initial_data=b"%d" % i, fin=True)
+        else:  # the request ends with write_eof; a second one is no other request
+            hub.open_stream(KubeAPITarget(), b"", client, initial_data=b"%d" % i)
+            client.stream.write_eof()
+            client.stream.write_eof()
+        written.append(hub.bytes_sent > before)
+    assert [i + 1 for i, w in enumerate(written) if w] == [WRITE_EVERY_REQUESTS,
+                                                             2 * WRITE_EVERY_REQUESTS]
+    before = hub.bytes_sent
+    await asyncio.sleep(0)
+    assert hub.bytes_sent > before  # the last three, with the turn's write
+    for i, client in enumerate(clients):
+        assert await asyncio.wait_for(client.lost, 5) is None
+        assert bytes(client.data) == b"%d" % i and client.eof
+    hub.close()
+    server.close()
+
+
+async def test_answers_of_a_turn_share_its_one_write(tls_contexts):
+    """Answers (write_eof on streams the peer opened) are not counted: they end work rather
+    than start it, and the agent's turn of answers stays one write."""
+    held: list[Collector] = []
+
+    class Held(Collector):
+        def connection_made(self, stream) -> None:
+            super().connection_made(stream)
+            stream.accept()
+
+        def eof_received(self) -> None:
+            super().eof_received()
+            held.append(self)
+
+    hub, agent, server = await session_pair(tls_contexts, on_open=lambda req: Held())
+    await asyncio.sleep(0.05)
+    count = WRITE_EVERY_REQUESTS + 2
+    clients = [Collector(keep=True) for _ in range(count)]
+    for client in clients:
+        hub.open_stream(KubeAPITarget(), b"", client, initial_data=b"ask", fin=True)
+    async with asyncio.timeout(5):
+        while len(held) < count:
+            await asyncio.sleep(0.01)
+    before = agent.bytes_sent
+    for answer in held:
+        answer.stream.write(b"done")
+        answer.stream.write_eof()
+    assert agent.bytes_sent == before  # all of them with the turn's write
+    for client in clients:
+        assert await asyncio.wait_for(client.lost, 5) is None
+        assert bytes(client.data) == b"done" and client.eof
     hub.close()
     server.close()
 
