@@ -1,16 +1,15 @@
 from __future__ import annotations
 
 import importlib.machinery
-import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support import REPO, ProcessGroup, compiled_modules
+from tests.support import REPO, ProcessGroup, compiled_modules, pure_source_run
 
-if os.environ.get("HUBPROXY_PURE_SOURCE") == "1":
+if pure_source_run():
     # The project's modules from their .py files, though compiled ones sit beside them
     # (tests/test_compiled.py): a finder for the tree's folders that knows only source files.
     def _source_only(path: str) -> importlib.machinery.FileFinder:
@@ -26,7 +25,7 @@ if os.environ.get("HUBPROXY_PURE_SOURCE") == "1":
 def pytest_configure(config: pytest.Config) -> None:
     """Refuse to test compiled modules that are older than their source: the tests would run
     the last build, not the code on disk (see setup.py)."""
-    if os.environ.get("HUBPROXY_PURE_SOURCE") == "1":
+    if pure_source_run():
         return
     stale = []
     # Each module's .so is a small shim over the group's one library, which holds the code: a

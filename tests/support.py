@@ -236,6 +236,16 @@ def in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
 
 
+# Set to "1": the tree's modules are imported from their .py files even where compiled ones
+# sit beside them (tests/conftest.py; tests/test_compiled.py runs a subset that way).
+PURE_SOURCE = "HUBPROXY_PURE_SOURCE"
+
+
+def pure_source_run() -> bool:
+    """Whether this run imports the project's source only (:data:`PURE_SOURCE`)."""
+    return os.environ.get(PURE_SOURCE) == "1"
+
+
 def compiled_modules() -> list[str]:
     """The modules setup.py compiles: pyproject.toml's [tool.hubproxy.compiled]."""
     with open(REPO / "pyproject.toml", "rb") as f:

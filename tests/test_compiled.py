@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.support import REPO, compiled_modules, in_ci, is_compiled
+from tests.support import PURE_SOURCE, REPO, compiled_modules, in_ci, is_compiled, pure_source_run
 
 # Sans-IO cores and in-process hub and agent tests: the source's own behaviour, in seconds.
 PURE_RUN = ["tests/tunnel/test_session.py", "tests/tunnel/test_frames.py",
@@ -26,7 +26,7 @@ def test_every_listed_module_is_compiled_or_none_is() -> None:
     In CI, where the machine has a compiler, all of them; with HUBPROXY_PURE_SOURCE=1, none."""
     compiled = {name: is_compiled(importlib.import_module(name))
                 for name in compiled_modules()}
-    if os.environ.get("HUBPROXY_PURE_SOURCE") == "1":
+    if pure_source_run():
         assert [name for name, done in compiled.items() if done] == []
     elif in_ci() or any(compiled.values()):
         # If none is: setup.py fell back to pure Python (a type error, no compiler);
@@ -39,14 +39,13 @@ def test_every_listed_module_is_compiled_or_none_is() -> None:
 def test_the_pure_source_passes_the_cores_tests() -> None:
     """The tree's own .py files, with the compiled extensions beside them ignored
     (tests/conftest.py, HUBPROXY_PURE_SOURCE=1): what a machine without a compiler runs."""
-    env = {**os.environ, "HUBPROXY_PURE_SOURCE": "1"}
+    env = {**os.environ, PURE_SOURCE: "1"}
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist",
                           "-p", "no:cacheprovider", *PURE_RUN, "tests/test_compiled.py::"
                           "test_every_listed_module_is_compiled_or_none_is"],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     assert " passed" in run.stdout.splitlines()[-1]
-
 
 
 def test_a_bytes_slice_that_ends_before_it_starts_is_empty() -> None:
