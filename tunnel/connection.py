@@ -263,12 +263,12 @@ class TunnelStream:
 
 
 # Complete requests written at once, not with the rest of the loop turn (module docstring).
-# Measured through gateway and agent, alternating runs of small GETs: every 8 requests gave
-# 1.19-1.27x the requests per second at 16 concurrent and 1.44x at 64, for 0.83-0.95x the
-# gateway's CPU per request and 0.87-1.02x the agent's; every 4 gained as much for 1.03x and
-# 1.16x the CPU; counting answers too (the agent's) gained no more for 5-8% more agent CPU.
-# (Every request at once, the first of a turn only included, had cost 15-18% more CPU per
-# request: the peer read and turned twice as often.)
+# Measured through gateway and agent, alternating runs of small GETs against one write per
+# turn: every 8 requests gave 1.20x the requests per second at 16 concurrent and 1.32x at 64,
+# for 0.92-0.95x the gateway's CPU per request and 0.95-1.02x the agent's; every 4 gained about
+# as much for 1.03x and 1.07-1.16x the CPU; counting answers too (the agent's) gained no more
+# for 5-8% more agent CPU. (Every request at once, the first of a turn only included, had cost
+# 15-18% more CPU per request: the peer read and turned twice as often.)
 WRITE_EVERY_REQUESTS = 8
 
 
