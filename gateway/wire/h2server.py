@@ -67,6 +67,7 @@ import struct
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+from typing import Final
 
 from mypy_extensions import mypyc_attr
 
@@ -92,7 +93,7 @@ MAX_FRAME_SIZE, MAX_HEADER_LIST_SIZE = 5, 6
 
 DEFAULT_WINDOW = 65535
 MAX_WINDOW = 2**31 - 1
-FRAME_LIMIT = 16384  # our SETTINGS_MAX_FRAME_SIZE: the default, so never announced
+FRAME_LIMIT: Final = 16384  # our SETTINGS_MAX_FRAME_SIZE: the default, so never announced
 MAX_CONTINUATIONS = 64  # CONTINUATION frames per header block (as the h2 library allowed)
 RECENT_RESETS = 1024  # streams we reset whose late frames are still ignored, not errors
 RESET_BURST, RESET_RATE = 200, 50.0  # stream resets: burst, then per second

@@ -37,6 +37,7 @@ from hyperframe.frame import (
 )
 
 from gateway.wire.h2client import (
+    COPIED_BELOW,
     MAX_SETTINGS_ENTRIES,
     ClientConnection,
     ConnectionTerminated,
@@ -409,8 +410,62 @@ def test_consecutive_data_of_one_stream_in_one_read_is_one_event() -> None:
                                ("DataReceived", 1, b"cd", 2, True)]
     first = events[0]
     assert isinstance(first, DataReceived)
-    assert [bytes(p) for p in first.pieces] == [b"a", b"bb"]  # views of the input, no copy
-    assert all(isinstance(p, memoryview) for p in first.pieces)
+    assert first.pieces == [b"a", b"bb"]
+
+
+def watch_read(server: Server, sid: int, sizes: list[int]) -> tuple[bytearray, list[bytes]]:
+    """A read as the agent's adapter hands it over: DATA frames of ``sizes`` bytes in a
+    reused read buffer, and their payloads."""
+    payloads = [bytes([65 + i % 26]) * n for i, n in enumerate(sizes)]
+    return bytearray(b"".join(data_frame(sid, p) for p in payloads)), payloads
+
+
+def test_small_payloads_are_copied_out_of_a_read_buffer_and_large_ones_are_views_of_it() -> None:
+    server = Server(connection_window=1 << 30, initial_window_size=1 << 20)
+    sid = server.request()
+    server.respond(sid)
+    buffer, payloads = watch_read(server, sid, [COPIED_BELOW, COPIED_BELOW + 1, 16384])
+    [event] = server.client.receive_data(memoryview(buffer))
+    assert isinstance(event, DataReceived)
+    assert [bytes(p) for p in event.pieces] == payloads
+    assert all(isinstance(p, memoryview) and p.obj is buffer for p in event.pieces)
+
+    buffer, payloads = watch_read(server, sid, [542] * 100 + [COPIED_BELOW - 1, COPIED_BELOW])
+    [event] = server.client.receive_data(memoryview(buffer))
+    assert isinstance(event, DataReceived)
+    buffer[:] = bytes(len(buffer))  # the next read lands in the same buffer
+    small = [p for p in event.pieces if len(p) < COPIED_BELOW]
+    assert small == payloads[:-1] and all(type(p) is bytes for p in small)
+    assert isinstance(event.pieces[-1], memoryview) and len(event.pieces[-1]) == COPIED_BELOW
+    assert event.flow_controlled_length == sum(map(len, payloads))
+
+
+def test_a_read_buffer_of_small_frames_cut_anywhere_gives_the_same_events_as_bytes() -> None:
+    sizes = [542] * 6 + [0]
+    whole = Server()
+    sid = whole.request()
+    whole.respond(sid)
+    wire, payloads = watch_read(whole, sid, sizes[:-1])
+    wire += whole.headers(sid, [(b"grpc-status", b"0")], end_stream=True)
+    assert whole.send(bytes(wire)) == [
+        ("DataReceived", sid, b"".join(payloads), 542 * 6, False), ("TrailersReceived", sid)]
+    for cut in (5, 9, 551, 552, 1000, 551 * 3 + 4, len(wire) - 3):
+        server = Server()
+        sid = server.request()
+        server.respond(sid)
+        got: list[Event] = []
+        buffer = bytearray(len(wire))
+        for piece in (wire[:cut], wire[cut:]):
+            buffer[:len(piece)] = piece
+            for event in server.client.receive_data(memoryview(buffer)[:len(piece)]):
+                if isinstance(event, DataReceived):
+                    event = DataReceived(event.stream_id, event.data,
+                                         event.flow_controlled_length, event.stream_ended,
+                                         event.body_complete)  # read before the next read
+                got.append(event)
+        assert b"".join(e.data for e in got if isinstance(e, DataReceived)) == b"".join(payloads)
+        assert summary(got)[-1] == ("TrailersReceived", sid), cut
+        assert server.client.streams == {}
 
 
 def test_interim_responses_come_before_the_final_one() -> None:
