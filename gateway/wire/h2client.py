@@ -86,9 +86,10 @@ Such a run of small frames is parsed from ``bytes``, even when the input is a vi
 buffer: compiled, indexing ``bytes`` is a C array access, while a view's bytes, ``struct``'s
 tuples and their ints are Python objects. Copying the rest of the read once (a watch's read is
 a hundred events of a few hundred bytes) made a frame about three times cheaper to take, and
-slicing a small payload out of ``bytes`` cheaper than a view of it. A payload of
-``COPIED_BELOW`` bytes or more (a large list or body: 16 KiB frames) is never copied: it stays
-a view of the input.
+slicing a small payload out of ``bytes`` cheaper than a view of it. A read is copied from its
+first small DATA frame on, so a read of large frames (a large list or body: 16 KiB frames) is
+not copied; a payload of ``COPIED_BELOW`` bytes or more is handed on as a view, of the input or
+of the read's copy, never sliced into bytes of its own.
 """
 
 from __future__ import annotations
@@ -201,12 +202,11 @@ class InformationalResponse(Event):
 class DataReceived(Event):
     """Body bytes of one stream: the payloads of one or more consecutive DATA frames of one
     :meth:`ClientConnection.receive_data` call, in ``pieces`` (those of ``COPIED_BELOW`` bytes
-    or more are views of its input: read or copy them before the event is dropped, never keep
-    them). ``flow_controlled_length`` (padding
-    included) is what to acknowledge; ``stream_ended``: the last frame ended the stream;
-    ``body_complete``: the response's body is whole with these bytes (the stream ended, or
-    its content-length is reached: the server's END_STREAM may come later, in a frame of its
-    own, as Go's does)."""
+    or more may be views of its input: read or copy them before the event is dropped, never
+    keep them). ``flow_controlled_length`` (padding included) is what to acknowledge;
+    ``stream_ended``: the last frame ended the stream; ``body_complete``: the response's body
+    is whole with these bytes (the stream ended, or its content-length is reached: the
+    server's END_STREAM may come later, in a frame of its own, as Go's does)."""
 
     __slots__ = ("body_complete", "flow_controlled_length", "pieces", "stream_ended",
                  "stream_id")
@@ -504,6 +504,7 @@ class ClientConnection:
         end = len(data)
         handlers = self._handlers
         while end - pos >= 9:
+            # Declared, so that the compiled loop keeps them as C integers.
             high: int
             low: int
             ftype: int

@@ -413,7 +413,7 @@ def test_consecutive_data_of_one_stream_in_one_read_is_one_event() -> None:
     assert first.pieces == [b"a", b"bb"]
 
 
-def watch_read(server: Server, sid: int, sizes: list[int]) -> tuple[bytearray, list[bytes]]:
+def watch_read(sid: int, sizes: list[int]) -> tuple[bytearray, list[bytes]]:
     """A read as the agent's adapter hands it over: DATA frames of ``sizes`` bytes in a
     reused read buffer, and their payloads."""
     payloads = [bytes([65 + i % 26]) * n for i, n in enumerate(sizes)]
@@ -424,13 +424,13 @@ def test_small_payloads_are_copied_out_of_a_read_buffer_and_large_ones_are_views
     server = Server(connection_window=1 << 30, initial_window_size=1 << 20)
     sid = server.request()
     server.respond(sid)
-    buffer, payloads = watch_read(server, sid, [COPIED_BELOW, COPIED_BELOW + 1, 16384])
+    buffer, payloads = watch_read(sid, [COPIED_BELOW, COPIED_BELOW + 1, 16384])
     [event] = server.client.receive_data(memoryview(buffer))
     assert isinstance(event, DataReceived)
     assert [bytes(p) for p in event.pieces] == payloads
     assert all(isinstance(p, memoryview) and p.obj is buffer for p in event.pieces)
 
-    buffer, payloads = watch_read(server, sid, [542] * 100 + [COPIED_BELOW - 1, COPIED_BELOW])
+    buffer, payloads = watch_read(sid, [542] * 100 + [COPIED_BELOW - 1, COPIED_BELOW])
     [event] = server.client.receive_data(memoryview(buffer))
     assert isinstance(event, DataReceived)
     buffer[:] = bytes(len(buffer))  # the next read lands in the same buffer
@@ -441,11 +441,10 @@ def test_small_payloads_are_copied_out_of_a_read_buffer_and_large_ones_are_views
 
 
 def test_a_read_buffer_of_small_frames_cut_anywhere_gives_the_same_events_as_bytes() -> None:
-    sizes = [542] * 6 + [0]
     whole = Server()
     sid = whole.request()
     whole.respond(sid)
-    wire, payloads = watch_read(whole, sid, sizes[:-1])
+    wire, payloads = watch_read(sid, [542] * 6)
     wire += whole.headers(sid, [(b"grpc-status", b"0")], end_stream=True)
     assert whole.send(bytes(wire)) == [
         ("DataReceived", sid, b"".join(payloads), 542 * 6, False), ("TrailersReceived", sid)]
