@@ -35,6 +35,7 @@ from gateway.agent.metrics import AgentMetrics
 from gateway.agent.pool import UpstreamKey, UpstreamPool
 from gateway.agent.tcp import RawRelay, Refusal
 from gateway.wire.identity import Identity, impersonation_headers
+from gateway.wire.repeatedhead import RepeatedHead
 from tunnel.connection import OpenRequest, StreamProtocol
 from tunnel.errors import OpenErrorCode, OpenRefused
 from tunnel.policy import ResolvedTarget
@@ -94,6 +95,9 @@ class Agent:
         self._service_ctx: ssl.SSLContext | None = None
         self._service_ca = service_ca or (kube.ca_file if kube else None)
         self._identities: dict[bytes, _User] = {}
+        # The last request head parsed: the gateway forwards a client's fields unchanged from
+        # one request to the next, so the next such head is read by its request line.
+        self.heads = RepeatedHead()
         self._decode_identity: Callable[[bytes], Identity] = Identity.from_metadata
 
     # ---------------------------------------------------------------- tunnel callback ----
@@ -163,12 +167,13 @@ class Agent:
         self.stats.active += 1
         if resolved is not None:  # the usual case: no lookup, no route factory to make
             return HttpExchange(None, self.pool, audit_id=request_id, on_done=self._done_kube,
-                                known_route=self._kube_route(user, resolved))
+                                known_route=self._kube_route(user, resolved), heads=self.heads)
 
         async def route() -> Route:
             return self._kube_route(user, await self.policy.resolve(target))
 
-        return HttpExchange(route, self.pool, audit_id=request_id, on_done=self._done_kube)
+        return HttpExchange(route, self.pool, audit_id=request_id, on_done=self._done_kube,
+                            heads=self.heads)
 
     def _kube_route(self, user: _User, resolved: ResolvedTarget) -> Route:
         """The user's route to the apiserver at ``resolved``: made once and kept with the
@@ -212,7 +217,7 @@ class Agent:
             )
 
         self.stats.active += 1
-        return HttpExchange(route, self.pool, on_done=self._done_service)
+        return HttpExchange(route, self.pool, on_done=self._done_service, heads=self.heads)
 
     def _service_context(self, insecure: bool) -> ssl.SSLContext:
         if insecure:

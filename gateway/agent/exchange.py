@@ -71,6 +71,7 @@ from gateway.wire.identity import (
     REQUEST_ID_HEADER,
     is_identity_header,
 )
+from gateway.wire.repeatedhead import RepeatedHead
 from gateway.wire.status import error_response
 from gateway.wire.websocket import BEARER_PROTOCOL_PREFIX
 from tunnel.errors import OpenErrorCode, OpenRefused, ResetCode, StreamError
@@ -286,7 +287,7 @@ class HttpExchange:
 
     # An idle watch keeps its exchange for hours: no per-instance __dict__.
     __slots__ = ("_closed", "_conn_reusable", "_conn_reused", "_discard_input", "_early",
-                 "_early_size", "_head_buf", "_head_ready", "_known_route", "_linger",
+                 "_early_size", "_head_buf", "_head_ready", "_heads", "_known_route", "_linger",
                  "_req_done", "_req_tracker", "_resp_buf", "_resp_done", "_resp_started",
                  "_resp_tracker", "_retryable", "_route_factory", "_stream_eof",
                  "_stream_pauses", "_task", "audit_id", "bytes_down", "bytes_up", "conn",
@@ -302,14 +303,18 @@ class HttpExchange:
         head_timeout: float = HEAD_TIMEOUT,
         on_done: Callable[[HttpExchange], None] | None = None,
         known_route: Route | None = None,
+        heads: RepeatedHead | None = None,
     ) -> None:
         """``route``: how to find the route (None: it is ``known_route``). ``audit_id``: this
-        request's Audit-ID (:func:`rewrite_request_fields`), the gateway's request id."""
+        request's Audit-ID (:func:`rewrite_request_fields`), the gateway's request id.
+        ``heads``: the agent's last parsed head, so that a head with the same fields is read
+        by its request line (:mod:`gateway.wire.repeatedhead`); None: every head in full."""
         assert route is not None or known_route is not None
         self._route_factory = route
         # A route known without any lookup (the apiserver) allows the synchronous fast path.
         self._known_route = known_route
         self.pool = pool
+        self._heads = heads
         self.audit_id = audit_id
         self.head_timeout = head_timeout
         self.on_done = on_done
@@ -436,7 +441,9 @@ class HttpExchange:
                 self._head_buf = bytearray()
             else:
                 head, rest = data, b""
-            self.request = parse_request_head(head, HEAD_LIMITS)
+            heads = self._heads
+            self.request = (parse_request_head(head, HEAD_LIMITS) if heads is None
+                            else heads.parse(head, HEAD_LIMITS))
             self._req_tracker = framing_for_request(self.request)
         except HTTPError as exc:
             self.request = None

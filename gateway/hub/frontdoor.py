@@ -10,7 +10,7 @@ the client instead of memory growing.
 
 Per request: the head is found and parsed strictly (``gateway.wire.http1``;
 400/414/431/417/501/505 as ``Status``; a head repeating the last one's fields has only its
-request line read, ``gateway.hub.repeatedhead``) and handed to a
+request line read, ``gateway.wire.repeatedhead``) and handed to a
 :class:`gateway.hub.request.Request`,
 which admits it, opens its tunnel stream and sees it to its end. What stays here is HTTP/1.1's
 own: the request body is relayed verbatim as it arrives (Content-Length or chunked bytes; the
@@ -49,7 +49,6 @@ from typing import Any
 
 from gateway.hub.admission.chain import Admitted, HeaderVerdict
 from gateway.hub.exchange import Exchange
-from gateway.hub.repeatedhead import RepeatedHead
 from gateway.hub.request import BODY, RAW, UPGRADE, FrontDoorHost, Phase, Request
 from gateway.hub.wakeup import Wakeup
 from gateway.ops.audit import LineMemo
@@ -61,6 +60,7 @@ from gateway.wire.http1 import (
     find_head_end,
     framing_for_request,
 )
+from gateway.wire.repeatedhead import RepeatedHead
 from gateway.wire.requestclass import SHORT
 from gateway.wire.status import error_response
 

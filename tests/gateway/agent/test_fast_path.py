@@ -20,6 +20,7 @@ from gateway.wire.identity import Identity
 from tests.gateway.agent.conftest import Upstream
 from tests.gateway.agent.test_exchange import (
     AGENT_TOKEN,
+    HUB_TOKEN,
     FakePolicy,
     Resolved,
     get,
@@ -164,3 +165,41 @@ async def test_an_open_watch_keeps_only_the_parsed_flags_of_its_heads(agent: Age
     stream.client_reset()  # the client leaves: the upstream watch is cancelled as before
     await stream.wait(lambda: agent.pool.in_use == 0, 10)
     assert exchange.outcome == "cancelled"
+
+
+async def test_a_head_with_the_last_ones_fields_is_read_by_its_request_line(
+    agent: Agent,
+) -> None:
+    """The gateway forwards a client's fields unchanged from request to request, so the agent
+    reads such a head by its request line (gateway.wire.repeatedhead: the kept head is not
+    parsed again). Each request still reaches the apiserver as the full parse gives it: its
+    own path, the agent's credential, the stream's Authorization never; and a request line
+    that breaks a rule is refused as the full parse refuses it."""
+    fields = (f"Authorization: Bearer {HUB_TOKEN}", "Impersonate-User: system:admin",
+              "Accept: application/json")
+    meta = metadata("cluster:hub:alice", "0a")
+
+    async def send(request_line_path: str) -> Any:
+        stream = open_stream(agent, KubeAPITarget(), meta, get(request_line_path, *fields))
+        stream.send_eof()
+        await stream.wait_done()
+        return stream
+
+    assert (await send("/echo/first")).response()[0] == 200
+    kept = agent.heads._head
+    assert kept is not None
+    for path in ("/echo/second", "/echo/third?watch=0"):
+        status, _, body = (await send(path)).response()
+        entry = json.loads(body)
+        assert status == 200 and entry["path"] == path
+        headers = seen_headers(entry)
+        assert ("authorization", f"Bearer {AGENT_TOKEN}") in headers
+        assert ("authorization", f"Bearer {HUB_TOKEN}") not in headers
+        assert [v for k, v in headers if k == "impersonate-user"] == ["cluster:hub:alice"]
+        assert agent.heads._head is kept  # read by its request line
+    refused = await send("/echo/a b")  # four parts: the full parse refuses it
+    assert refused.refused is not None and refused.refused[0] == OpenErrorCode.PROTOCOL
+    other = open_stream(agent, KubeAPITarget(), meta, get("/echo/other", "Accept: */*"))
+    other.send_eof()
+    await other.wait_done()
+    assert other.response()[0] == 200 and agent.heads._head is not kept  # other fields

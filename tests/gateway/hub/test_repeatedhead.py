@@ -1,4 +1,4 @@
-"""A head whose fields repeat the last one's (``gateway.hub.repeatedhead``) reads exactly as
+"""A head whose fields repeat the last one's (``gateway.wire.repeatedhead``) reads exactly as
 ``parse_request_head`` reads it -- the same head, or the same refusal -- and the HTTP/1.1 front
 door judges every request line on its own over a real TLS connection."""
 
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.hub.repeatedhead import RepeatedHead
 from gateway.wire.http1 import DEFAULT_LIMITS, HTTPError, Limits, parse_request_head
+from gateway.wire.repeatedhead import RepeatedHead
 from tests.gateway.hub.test_frontdoor_harness import (
     Harness,
     get,

@@ -24,7 +24,9 @@ _CRLF = b"\r\n"
 
 
 class RepeatedHead:
-    """One connection's last parsed head, for its next request; see the module docstring."""
+    """The last parsed head, for the next request: one per client connection at the hub's
+    front door, one per agent (the gateway forwards a client's fields unchanged); see the
+    module docstring."""
 
     __slots__ = ("_fields", "_head")
 
