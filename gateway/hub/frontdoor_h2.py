@@ -44,7 +44,7 @@ import collections
 import contextlib
 import logging
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Final
 
 from gateway.hub.admission.chain import Admitted, HeaderVerdict
 from gateway.hub.exchange import Exchange
@@ -73,12 +73,14 @@ from gateway.wire.http2 import (
     request_head_from_h2,
 )
 from gateway.wire.status import error_response
+from tunnel.connection import WRITE_EVERY_REQUESTS
 
 log = logging.getLogger("hubproxy.gateway")
 
 STREAM_WINDOW = 65535  # per-stream receive window (the HTTP/2 default)
-REQUESTS_PER_TURN = 8  # new requests a connection admits per event-loop turn (_work_backlog);
-# as many as the tunnel writes at once (tunnel.connection.WRITE_EVERY_REQUESTS)
+# New requests a connection admits per event-loop turn (_work_backlog): as many as the tunnel
+# writes at once, so that one turn's admissions leave in one tunnel write.
+REQUESTS_PER_TURN: Final = WRITE_EVERY_REQUESTS
 FLUSH_AT = 64 * 1024  # DATA bytes queued that are written at once, not at the turn's end
 
 
