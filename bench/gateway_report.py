@@ -5,6 +5,8 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from bench import profiling
+
 HUB = "hubproxy"
 BASE = "hubproxy-base"  # --baseline-tree: another checkout, measured beside hubproxy
 FLOOR = "floor-2hop"  # bench.hopfloor twice in series: the design's floor in Python
@@ -394,13 +396,15 @@ def table(result: dict[str, Any]) -> str:
                 hot = "; ".join(f"{f} {pct}%" for f, pct in top["self_pct"][:6])
                 lines.append(f"  {label} {role} ({top['samples']} samples{cost}) self: {hot}")
                 native = (p.get("native") or {}).get(role) or {}
+                lines += profiling.stack_lines(native, per_op)
                 if "us" in native:
                     lines.append("    by binary (perf): " + "; ".join(
                         f"{group} {us:g} us" for group, us in native["us"]))
                 layer_us = dict(top.get("layer_us") or [])
                 if layer_us:
-                    lines.append("    by layer: " + "; ".join(
-                        f"{layer} {us:g} us" for layer, us in layer_us.items()))
+                    lines.append("    by layer (py-spy: compiled code counts as the event "
+                                 "loop): " + "; ".join(
+                                     f"{layer} {us:g} us" for layer, us in layer_us.items()))
     m = result.get("machine", {})
     if m:
         lines.append("")

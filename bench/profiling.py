@@ -10,7 +10,11 @@ workload (``/proc``), and when the workload says how many operations it did (req
 events), turns both into CPU µs per operation per process, and each top function's share into
 µs per operation (``top.<role>.self_us``): the share of the samples times the process's CPU
 per operation. py-spy samples only the Python stacks (no ``--native``), so time spent in C
-(OpenSSL, uvloop's socket calls) counts as the Python line that called it.
+(OpenSSL, uvloop's socket calls) counts as the Python line that called it -- and so does all
+of the request path once it is compiled (pyproject's ``[tool.hubproxy.compiled]``): its
+functions have no Python frames, and py-spy shows them as the event loop's line. The perf
+part (:mod:`bench.nativeprof`, ``native.<role>.stacks``) sees them: the CPU by layer with the
+compiled modules in their own layers (:func:`layer_of_path`), and our functions' shares.
 """
 
 from __future__ import annotations
@@ -35,7 +39,8 @@ def record(pids: dict[str, int], seconds: float, outdir: Path, label: str,
     the CPU by binary, :mod:`bench.nativeprof`); returns file names, top functions and each
     process's CPU seconds (``cpu_s``). A workload that returns ``{"ops": N, ...}`` also gets
     CPU µs per operation per process (``us_per_op``), its top functions in µs per operation
-    (``top.<role>.self_us``) and its CPU by binary in µs (``native.<role>.us``)."""
+    (``top.<role>.self_us``), its CPU by binary in µs (``native.<role>.us``) and by layer
+    and function of ours from perf's stacks (``native.<role>.stacks``, ``*_us``)."""
     if PY_SPY is None:
         return {"skipped": f"py-spy not installed ({INSTALL_HINT})"}
     outdir.mkdir(parents=True, exist_ok=True)
@@ -70,7 +75,7 @@ def record(pids: dict[str, int], seconds: float, outdir: Path, label: str,
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(5)
-            result["native"][role] = (nativeprof.result(data) if data.exists() else
+            result["native"][role] = (nativeprof.result(data, layer_of_path) if data.exists() else
                                       {"skipped": data.with_suffix(".log").read_text()[-300:]})
         for role, fmt, proc, out in samplers:
             try:
@@ -98,14 +103,19 @@ def record(pids: dict[str, int], seconds: float, outdir: Path, label: str,
             per_op = result["us_per_op"].get(role, 0.0)
             if "pct" in native:
                 native["us"] = [(g, round(pct * per_op / 100, 2)) for g, pct in native["pct"]]
+            stacks = native.get("stacks")
+            if isinstance(stacks, dict):
+                for key in ("layer", "innermost", "inclusive"):
+                    stacks[f"{key}_us"] = [(f, round(pct * per_op / 100, 2))
+                                           for f, pct in stacks[f"{key}_pct"]]
     return result
 
 
 # Where a sample's innermost frame is, as a layer of the program: checked in order, the first
 # prefix of the frame's file (as :func:`_short` writes it) that matches names the layer.
 LAYERS: tuple[tuple[str, str], ...] = (
-    ("runners.py", "event loop (uvloop: epoll, socket reads, callbacks)"),
-    ("ssl.py", "TLS (OpenSSL)"),
+    ("runners.py", nativeprof.EVENT_LOOP_LAYER),
+    ("ssl.py", nativeprof.TLS_LAYER),
     ("tunnel/", "tunnel (framing, flow control, streams)"),
     ("gateway/wire/", "HTTP wire (HTTP/1.1, HTTP/2, HPACK)"),
     ("gateway/hub/admission/", "admission (routing, auth, identity, seats)"),
@@ -119,8 +129,14 @@ OTHER_LAYER = "other Python (stdlib, libraries)"
 def layer_of(frame: str) -> str:
     """The layer (:data:`LAYERS`) of a frame written by :func:`_short`."""
     _, _, where = frame.partition(" (")
+    return layer_of_path(where)
+
+
+def layer_of_path(path: str) -> str:
+    """The layer (:data:`LAYERS`) of a file as :func:`_short` writes it
+    (``gateway/agent/exchange.py``)."""
     for prefix, layer in LAYERS:
-        if where.startswith(prefix):
+        if path.startswith(prefix):
             return layer
     return OTHER_LAYER
 
@@ -199,6 +215,7 @@ def summary(profile: dict[str, Any], n: int = 8) -> str:
             if "pct" in native:
                 lines.append("    by binary (perf): "
                              + nativeprof.summary_line(native["pct"], per_op))
+            lines += stack_lines(native, per_op, n)
             layer_us = dict(top.get("layer_us") or [])
             if top.get("layer_pct"):
                 lines.append("    by layer: " + "; ".join(
@@ -207,6 +224,24 @@ def summary(profile: dict[str, Any], n: int = 8) -> str:
             lines.append("    inclusive: " + "; ".join(
                 f"{f} {pct}%" for f, pct in top["inclusive_pct"] if pct < 95)[:1000])
     return "\n".join(lines)
+
+
+def stack_lines(native: dict[str, Any], per_op: float | None, n: int = 8) -> list[str]:
+    """What perf's stacks say of one process (``native.<role>``, :mod:`bench.nativeprof`):
+    the CPU by layer, compiled code in its own layers, and our hottest functions."""
+    stacks = native.get("stacks")
+    if isinstance(stacks, str):
+        return [f"    by layer (perf): none ({stacks})"]
+    if not isinstance(stacks, dict) or not stacks.get("samples"):
+        return []
+    return [
+        f"    by layer (perf, {stacks['samples']} stacks): "
+        + nativeprof.summary_line(stacks["layer_pct"], per_op),
+        "    ours, own work (perf): "
+        + nativeprof.summary_line(stacks["innermost_pct"][:n], per_op),
+        "    ours, inclusive (perf): "
+        + nativeprof.summary_line(stacks["inclusive_pct"][:n], per_op),
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
