@@ -297,7 +297,6 @@ def table(result: dict[str, Any]) -> str:
                  "client side; h2 rows: h2load, one connection, in the direct and nginx columns "
                  "direct-h2 and nginx-h2)")
 
-    hub = cfgs.get(HUB)
     for name in (HUB, BASE):
         if name not in cfgs:
             continue
@@ -311,42 +310,8 @@ def table(result: dict[str, Any]) -> str:
                          f"(h2 1x16: {_fmt(h2cpu.get(role), 2)}), "
                          f"{_fmt(c.get('s_per_gb'), 2)} s/GB, peak RSS "
                          f"{_fmt(cfgs[name]['peak_rss_mib'].get(role), 1)} MiB")
-    if hub:
-        for key, clients in (("idle_watches", "HTTP/1.1"), ("idle_watches_h2", "HTTP/2")):
-            idle = result.get(key)
-            if idle and "error" not in idle:
-                est = " (extrapolated)" if idle.get("extrapolated") else ""
-                lines.append(
-                    f"  idle watches, {clients} clients: {idle['open']}/{idle['requested']} open "
-                    f"{idle['outcomes']}; gateway {idle['rss_before_mib']['gateway']:.1f} -> "
-                    f"{idle['rss_with_watches_mib']['gateway']:.1f} MiB "
-                    f"({idle['gateway_bytes_per_watch']:.0f} B/watch); gateway RSS at "
-                    f"10k{est}: {idle['gateway_rss_at_10k_mib']:.1f} MiB")
-                lines.append(
-                    f"    agent {idle['rss_before_mib']['agent']:.1f} -> "
-                    f"{idle['rss_with_watches_mib']['agent']:.1f} MiB "
-                    f"({idle['agent_bytes_per_watch']:.0f} B/watch) over "
-                    f"{_upstream_seen(idle.get('upstream_seen'))}")
-            elif idle:
-                lines.append(f"  idle watches, {clients} clients: FAILED {idle['error'][:300]}")
-        floor = result.get("tls_floor")
-        if floor and "error" not in floor:
-            ossl = floor.get("openssl_bytes_per_connection")
-            of_which = f", of which OpenSSL's own state {ossl:.0f} B" if ossl else ""
-            lines.append(
-                f"  floor: a bare uvloop TLS server holds {floor['bytes_per_connection']:.0f} B "
-                f"per idle connection{of_which} ({floor['connections']} connections, one small "
-                "request answered each)")
-        elif floor:
-            lines.append(f"  floor: FAILED {floor['error'][:300]}")
-        soak = result.get("soak")
-        if soak:
-            lines.append(f"  soak {soak['seconds']:g}s: {soak['requests']} mixed requests "
-                         f"({soak['errors']} errors), gateway RSS "
-                         f"{soak['gateway_rss_baseline_mib']:.1f} -> "
-                         f"{soak['gateway_rss_end_mib']:.1f} MiB "
-                         f"(drift {soak['gateway_rss_drift_pct']:+.1f}%, span "
-                         f"{soak['gateway_rss_span_pct']:.1f}%)")
+        if name == HUB:  # measured on hubproxy alone: under its heading, not the base's
+            lines += _hub_extras(result)
     if "relay" in cfgs:
         r = result.get("ratios", {})
         lines.append(f"relay only (tunnel framing, no HTTP): large body "
@@ -413,3 +378,45 @@ def table(result: dict[str, Any]) -> str:
                      f"nginx {m.get('nginx')}; {m.get('wrk')}; kubectl {m.get('kubectl')}")
     lines.append(f"mode {result.get('mode')}, {result.get('elapsed_s')} s")
     return "\n".join(lines)
+
+
+def _hub_extras(result: dict[str, Any]) -> list[str]:
+    """The hubproxy block's lines measured on hubproxy alone: idle watches, the TLS
+    floor, the soak."""
+    lines: list[str] = []
+    for key, clients in (("idle_watches", "HTTP/1.1"), ("idle_watches_h2", "HTTP/2")):
+        idle = result.get(key)
+        if idle and "error" not in idle:
+            est = " (extrapolated)" if idle.get("extrapolated") else ""
+            lines.append(
+                f"  idle watches, {clients} clients: {idle['open']}/{idle['requested']} open "
+                f"{idle['outcomes']}; gateway {idle['rss_before_mib']['gateway']:.1f} -> "
+                f"{idle['rss_with_watches_mib']['gateway']:.1f} MiB "
+                f"({idle['gateway_bytes_per_watch']:.0f} B/watch); gateway RSS at "
+                f"10k{est}: {idle['gateway_rss_at_10k_mib']:.1f} MiB")
+            lines.append(
+                f"    agent {idle['rss_before_mib']['agent']:.1f} -> "
+                f"{idle['rss_with_watches_mib']['agent']:.1f} MiB "
+                f"({idle['agent_bytes_per_watch']:.0f} B/watch) over "
+                f"{_upstream_seen(idle.get('upstream_seen'))}")
+        elif idle:
+            lines.append(f"  idle watches, {clients} clients: FAILED {idle['error'][:300]}")
+    floor = result.get("tls_floor")
+    if floor and "error" not in floor:
+        ossl = floor.get("openssl_bytes_per_connection")
+        of_which = f", of which OpenSSL's own state {ossl:.0f} B" if ossl else ""
+        lines.append(
+            f"  floor: a bare uvloop TLS server holds {floor['bytes_per_connection']:.0f} B "
+            f"per idle connection{of_which} ({floor['connections']} connections, one small "
+            "request answered each)")
+    elif floor:
+        lines.append(f"  floor: FAILED {floor['error'][:300]}")
+    soak = result.get("soak")
+    if soak:
+        lines.append(f"  soak {soak['seconds']:g}s: {soak['requests']} mixed requests "
+                     f"({soak['errors']} errors), gateway RSS "
+                     f"{soak['gateway_rss_baseline_mib']:.1f} -> "
+                     f"{soak['gateway_rss_end_mib']:.1f} MiB "
+                     f"(drift {soak['gateway_rss_drift_pct']:+.1f}%, span "
+                     f"{soak['gateway_rss_span_pct']:.1f}%)")
+    return lines

@@ -44,6 +44,19 @@ def test_the_baseline_gets_a_column_and_after_over_before_ratios():
     assert f"{BASE} processes:" in text
 
 
+def test_what_was_measured_on_hubproxy_alone_stands_under_its_heading_not_the_bases():
+    cfgs = summarized(**{HUB: raw(4_000, 300e-6, 170_000), BASE: raw(2_000, 600e-6, 85_000)})
+    idle = {"requested": 10, "open": 10, "outcomes": {"200": 10},
+            "rss_before_mib": {"gateway": 100.0, "agent": 50.0},
+            "rss_with_watches_mib": {"gateway": 101.0, "agent": 50.5},
+            "gateway_bytes_per_watch": 3000.0, "agent_bytes_per_watch": 2000.0,
+            "gateway_rss_at_10k_mib": 130.0}
+    lines = table({"configs": cfgs, "ratios": ratios(cfgs), "goals": {},
+                   "idle_watches_h2": idle}).splitlines()
+    idle_at = next(i for i, line in enumerate(lines) if "idle watches, HTTP/2" in line)
+    assert lines.index(f"{HUB} processes:") < idle_at < lines.index(f"{BASE} processes:")
+
+
 def test_without_a_baseline_there_is_no_column():
     cfgs = summarized(direct=raw(40_000, 20e-6, 100_000), **{HUB: raw(4_000, 300e-6, 1)})
     r = ratios(cfgs)
