@@ -77,16 +77,15 @@ def unavailable() -> str | None:
     return None
 
 
-def start(pid: int, seconds: float, out: Path, *, stacks: bool = True
-          ) -> subprocess.Popen[bytes]:
-    """``perf record`` of ``pid`` for ``seconds`` (cpu-clock, ~1 kHz) into ``out``;
-    ``stacks``: with call stacks (DWARF, :data:`STACK_BYTES` a sample), for :func:`attribute`."""
+def start(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes]:
+    """``perf record`` of ``pid`` for ``seconds`` (cpu-clock, ~1 kHz) into ``out``, with call
+    stacks (DWARF, :data:`STACK_BYTES` a sample) for :func:`attribute`."""
     assert PERF is not None
-    call_graph = ["--call-graph", f"dwarf,{STACK_BYTES}"] if stacks else []
     log = open(out.with_suffix(".log"), "wb")  # noqa: SIM115 (the child holds it)
     try:
         return subprocess.Popen(
-            [PERF, "record", "--event", "cpu-clock", "--freq", "999", *call_graph,
+            [PERF, "record", "--event", "cpu-clock", "--freq", "999",
+             "--call-graph", f"dwarf,{STACK_BYTES}",
              "--pid", str(pid), "--output", str(out), "--", "sleep", f"{seconds:g}"],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     finally:
@@ -138,13 +137,10 @@ def _us(value: float) -> str:
 
 
 def compiled_modules(pyproject: Path = PYPROJECT) -> list[str]:
-    """The modules built with mypyc (pyproject's ``[tool.hubproxy.compiled]``; none when the
-    file is not there, as in an installed copy without the sources)."""
-    try:
-        with open(pyproject, "rb") as f:
-            return list(tomllib.load(f)["tool"]["hubproxy"]["compiled"]["modules"])
-    except (OSError, KeyError, tomllib.TOMLDecodeError):
-        return []
+    """The modules setup.py compiles with mypyc: pyproject's ``[tool.hubproxy.compiled]``
+    (OSError without the source tree's pyproject.toml)."""
+    with open(pyproject, "rb") as f:
+        return list(tomllib.load(f)["tool"]["hubproxy"]["compiled"]["modules"])
 
 
 def compiled_module(symbol: str, modules: Sequence[str]) -> str | None:
@@ -207,7 +203,7 @@ def attribute(stacks: Iterable[list[Frame]], modules: Sequence[str],
     layers: Counter[str] = Counter()
     innermost: Counter[str] = Counter()
     inclusive: Counter[str] = Counter()
-    modules_of: dict[str, str | None] = {}
+    ours: dict[str, tuple[str, str] | None] = {}  # symbol -> (function, layer), once each
     total = 0
     for frames in stacks:
         total += 1
@@ -216,18 +212,20 @@ def attribute(stacks: Iterable[list[Frame]], modules: Sequence[str],
                  else TLS_LAYER if leaf_group == TLS_GROUP else None)
         seen: set[str] = set()
         for sym, dso in frames:
-            if sym not in modules_of:
-                modules_of[sym] = compiled_module(sym, modules)
-            module = modules_of[sym]
-            if module is None:
+            if sym not in ours:
+                module = compiled_module(sym, modules)
+                ours[sym] = None if module is None else (
+                    function_name(sym, module), layer_of_path(f"{module.replace('.', '/')}.py"))
+            found = ours[sym]
+            if found is None:
                 group = group_of(dso)
                 if layer is None and group in (TLS_GROUP, UVLOOP_GROUP):
                     layer = TLS_LAYER if group == TLS_GROUP else EVENT_LOOP_LAYER
                 continue
-            fn = function_name(sym, module)
+            fn, fn_layer = found
             if not seen and layer is None:  # its own work, not a syscall's or TLS's
                 innermost[fn] += 1
-                layer = layer_of_path(f"{module.replace('.', '/')}.py")
+                layer = fn_layer
             seen.add(fn)
         for fn in seen:
             inclusive[fn] += 1
@@ -246,7 +244,11 @@ def by_layer(data: Path, layer_of_path: Callable[[str], str]) -> dict[str, Any] 
                           capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         return f"perf script failed: {done.stderr.strip()[-300:]}"
-    return attribute(samples(done.stdout), compiled_modules(), layer_of_path)
+    try:
+        modules = compiled_modules()
+    except OSError as exc:
+        return f"no list of compiled modules: {exc}"
+    return attribute(samples(done.stdout), modules, layer_of_path)
 
 
 def result(data: Path, layer_of_path: Callable[[str], str] | None = None) -> dict[str, Any]:

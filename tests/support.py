@@ -17,11 +17,12 @@ import subprocess
 import sys
 import threading
 import time
-import tomllib
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import TypeVar
+
+from bench import nativeprof
 
 T = TypeVar("T")
 
@@ -248,8 +249,7 @@ def pure_source_run() -> bool:
 
 def compiled_modules() -> list[str]:
     """The modules setup.py compiles: pyproject.toml's [tool.hubproxy.compiled]."""
-    with open(REPO / "pyproject.toml", "rb") as f:
-        return list(tomllib.load(f)["tool"]["hubproxy"]["compiled"]["modules"])
+    return nativeprof.compiled_modules(REPO / "pyproject.toml")
 
 
 def is_compiled(module: ModuleType) -> bool:
